@@ -1,0 +1,88 @@
+"""`topotune memory` as a user runs it: JSON keys, readable table, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+
+REQUIRED_KEYS = {"block_size", "page_size_bytes", "num_gpu_blocks", "blocks_per_request", "max_concurrency",
+                 "max_concurrency_instance", "weights_gib_per_gpu", "kv_cache_gib_per_gpu", "fits"}
+
+
+def test_json_output(reference_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["memory", str(reference_model_path), "--hardware", "gb300", "--topology", "TP4DP4+EP",
+                 "--mtp", "3", "--gpu-memory-utilization", "0.92", "--isl", "8192", "--osl", "1024", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= REQUIRED_KEYS
+    assert data["fits"] is True and data["max_concurrency_instance"] == pytest.approx(4 * data["max_concurrency"])
+
+
+def test_kv_cache_memory_bytes_overrides(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["memory", str(models_dir / "qwen3-next-80b-a3b"), "--hardware", "h200", "--topology", "TP1",
+                 "--kv-cache-memory-bytes", "40G", "--isl", "262144", "--osl", "0", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["num_gpu_blocks"], data["blocks_per_request"]) == (3212, 485)
+    assert data["kv_budget_overridden"] is True
+
+
+def test_table_output(reference_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", str(reference_model_path), "--topology", "TEP8"]) == 0
+    out = capsys.readouterr().out
+    assert "KV budget" in out and "fits:" in out and "Maximum concurrency" in out
+
+
+def test_sweep_sorted_by_concurrency(reference_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", str(reference_model_path), "--sweep", "--gpus", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["topology"] for r in rows} >= {"TP8", "TEP8", "TP4DP4+EP"}
+    fitting = [r for r in rows if r["fits"]]
+    per_gpu = [r["max_concurrency_instance"] / r["num_gpus"] for r in fitting]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+    assert all(r["num_gpus"] <= 16 for r in rows)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--topology", "TP3"], "topology"),
+    (["--topology", "TP4DP4+EP", "--gpus", "8"], "topology"),
+    (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
+    (["--gpu-memory-utilization", "-0.2"], "gpu-memory-utilization"),
+    (["--hardware", "tpu9"], "hardware"),
+    (["--isl", "0"], "--isl"),
+    (["--kv-cache-memory-bytes", "lots"], "--kv-cache-memory-bytes"),
+    (["--max-model-len", "100"], "--max-model-len"),
+    (["--mtp", "2", "--topology", "TP8"], None),
+])
+def test_bad_input_is_one_line_exit_2(reference_model_path: Path, args: list[str], field: str | None,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["memory", str(reference_model_path), *args])
+    err = capsys.readouterr().err
+    if field is None:  # valid input: the reference model has an MTP layer
+        assert code == 0
+        return
+    assert code == 2
+    assert err.startswith("error: ") and field in err and "fix:" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_unreadable_and_unknown_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", str(tmp_path / "missing")]) == 2
+    (tmp_path / "config.json").write_text('{"model_type": "mamba_x"}')
+    assert main(["memory", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "model_type" in err and "Traceback" not in err
+
+
+def test_console_script_runs_in_a_subprocess(reference_model_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", "from tuner.cli import run; run()", "memory",
+                           str(reference_model_path), "--topology", "TP3"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "attention heads" in proc.stderr

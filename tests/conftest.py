@@ -1,0 +1,34 @@
+"""Shared fixtures: model configs from ../shared (copied into tests/data when the project must own them)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "examples" / "models"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--skip-slow", action="store_true", default=False,
+                     help="skip real-process tests (real vLLM on CPU, multi-node Ray); CI runs them")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--skip-slow") or os.environ.get("TOPOTUNE_SKIP_SLOW") == "1":
+        skip = pytest.mark.skip(reason="--skip-slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    return MODELS
+
+
+@pytest.fixture(scope="session")
+def reference_model_path() -> Path:
+    return MODELS / "qwen3.8-2.4t-a95b-nvfp4"

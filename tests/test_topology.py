@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import ConfigError, TopologyError
+from tuner.models import ModelSpec, load_model
+from tuner.topology import Topology, enumerate_topologies
+
+
+@pytest.mark.parametrize(("name", "tp", "dp", "ep"), [
+    ("TP8", 8, 1, False), ("TEP8", 8, 1, True), ("DEP8", 1, 8, True), ("TP4DP4+EP", 4, 4, True),
+    ("TP2DP4+EP", 2, 4, True), ("TP4DP2", 4, 2, False), ("DP2", 1, 2, False), ("tp8+ep", 8, 1, True),
+])
+def test_names_parse_and_print(name: str, tp: int, dp: int, ep: bool) -> None:
+    topo = Topology.parse(name)
+    assert (topo.tp, topo.dp, topo.ep) == (tp, dp, ep)
+    assert Topology.parse(topo.name) == topo
+    assert topo.num_gpus == tp * dp
+
+
+def test_canonical_names() -> None:
+    assert Topology(tp=8, ep=True).name == "TEP8"
+    assert Topology(tp=1, dp=8, ep=True).name == "DEP8"
+    assert Topology(tp=4, dp=4, ep=True).name == "TP4DP4+EP"
+
+
+@pytest.mark.parametrize("bad", ["TP", "EP8", "TP0", "8", "TP4DP"])
+def test_bad_names(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        Topology.parse(bad)
+
+
+def test_field_errors_name_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        Topology.create(gpu_memory_utilization=1.2)
+    assert err.value.field == "gpu-memory-utilization"
+    with pytest.raises(ConfigError) as err:
+        Topology.create(gpu_memory_utilization=-0.1)
+    assert "fraction" in str(err.value)
+
+
+def test_validation_against_model(reference_model_path: Path, models_dir: Path) -> None:
+    ref = load_model(reference_model_path)
+    with pytest.raises(TopologyError, match="attention heads"):
+        Topology(tp=3).check(ref)
+    with pytest.raises(TopologyError, match="TP x DP > 1"):
+        Topology(tp=1, ep=True).check(ref)
+    with pytest.raises(TopologyError, match="cluster has 8"):
+        Topology(tp=4, dp=4).check(ref, cluster_gpus=8)
+    with pytest.raises(TopologyError, match="experts"):
+        Topology(tp=1, dp=3, ep=True).check(ref)
+    Topology(tp=4, dp=4, ep=True, mtp=3).check(ref, cluster_gpus=72)
+    llama = load_model(models_dir / "llama-3.1-70b")
+    with pytest.raises(TopologyError, match="dense"):
+        Topology(tp=8, ep=True).check(llama)
+    with pytest.raises(TopologyError, match="MTP"):
+        Topology(tp=8, mtp=1).check(llama)
+    with pytest.raises(TopologyError, match="KV heads"):
+        Topology(tp=2).check(_with_kv(llama, 3))
+
+
+def _with_kv(spec: ModelSpec, kv: int) -> ModelSpec:
+    return dataclasses.replace(spec, attention=dataclasses.replace(spec.attention, num_kv_heads=kv, num_heads=6))
+
+
+def test_vllm_flags() -> None:
+    flags = Topology.parse("TP4DP4+EP", mtp=3, gpu_memory_utilization=0.92, max_num_seqs=256).vllm_flags()
+    assert flags[:5] == ["--tensor-parallel-size", "4", "--data-parallel-size", "4", "--enable-expert-parallel"]
+    assert flags[5:7] == ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}']
+    assert "--gpu-memory-utilization" in flags and flags[flags.index("--max-num-seqs") + 1] == "256"
+    assert "--data-parallel-size" not in Topology(tp=8).vllm_flags()
+
+
+def test_enumeration_covers_campaign_topologies() -> None:
+    shapes = set(enumerate_topologies(72))
+    for name in ("TP8", "TEP8", "TP4DP2+EP", "TP2DP4+EP", "TP4DP4+EP", "DEP8"):
+        t = Topology.parse(name)
+        assert (t.tp, t.dp, t.ep) in shapes
+    assert all(tp * dp <= 72 for tp, dp, _ in shapes)

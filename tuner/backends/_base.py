@@ -1,0 +1,92 @@
+"""The one plug-in point for measuring a deployment: a Backend turns a TrialRequest into a TrialResult."""
+
+from __future__ import annotations
+
+import abc
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.deployment import Deployment
+from tuner.metrics import ServingMetrics
+from tuner.workload import Workload
+
+
+class TrialStatus(StrEnum):
+    OK = "ok"
+    OOM = "oom"  # CUDA/CPU out of memory while starting or serving
+    KV_TOO_SMALL = "kv_too_small"  # KV cache cannot hold one request of max-model-len
+    UNSUPPORTED = "unsupported"  # the backend refused a feature (e.g. expert parallelism on CPU)
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    BENCHMARK_FAILED = "benchmark_failed"  # the load generator failed or saw too many errors
+    ACCURACY = "accuracy"  # below the accuracy bar
+    INFEASIBLE = "infeasible"  # screened out before launch (memory model)
+
+    @property
+    def ok(self) -> bool:
+        return self is TrialStatus.OK
+
+
+class HostAssignment(BaseModel):
+    """Where Ray placed one host's share of a deployment (filled by the executor)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str = "127.0.0.1"
+    node_id: str = ""
+    gpu_ids: tuple[int, ...] = ()
+
+
+class TrialRequest(BaseModel):
+    """Everything a backend needs to run one trial; serializable so it can cross to a Ray worker."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trial_id: str
+    model_path: str
+    gpu: str
+    deployment: Deployment
+    workload: Workload
+    artifacts_dir: str | None = None
+    timeout_s: float = Field(3600.0, gt=0)
+    min_accuracy: float | None = Field(None, ge=0, le=1)
+    hosts: tuple[HostAssignment, ...] = ()
+    seed: int = 0
+
+
+class TrialResult(BaseModel):
+    """What a trial measured (one point per concurrency level), or why it failed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: TrialStatus
+    reason: str = ""
+    points: tuple[ServingMetrics, ...] = ()
+    accuracy: float | None = None
+    observed_memory: dict[str, float] = Field(default_factory=dict)  # figures parsed from vLLM's log
+    predicted_memory: dict[str, float] = Field(default_factory=dict)  # the memory model's, for comparison
+    artifacts_dir: str | None = None
+    duration_s: float = 0.0
+
+    @classmethod
+    def failed(cls, status: TrialStatus, reason: str, **extra: object) -> TrialResult:
+        return cls(status=status, reason=reason, **extra)  # type: ignore[arg-type]
+
+
+class Backend(abc.ABC):
+    """Measures a deployment. Subclasses: SimulatedBackend (the performance model), VllmBackend (real).
+
+    `run` must never raise for a trial that failed on its own terms (OOM, crash, timeout): it returns a
+    TrialResult with the status and reason, so the study stores it and the sampler learns the boundary.
+    It raises only for programming or configuration errors.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def run(self, request: TrialRequest) -> TrialResult: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook, like Optuna's sampler hooks
+        """Release anything the backend holds (processes, venvs stay)."""

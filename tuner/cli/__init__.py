@@ -1,0 +1,34 @@
+"""The `topotune` command line: thin Typer commands over the library, rendered with Rich.
+
+Each command group lives in its own module and registers on `app`; heavy imports (ray, optuna, plotly)
+happen inside the commands so `topotune memory` starts fast.
+"""
+
+from __future__ import annotations
+
+# Importing the command modules registers their commands on `app`.
+from tuner.cli import _memory  # noqa: F401
+from tuner.cli._app import app, console, err_console
+from tuner.errors import TopotuneError
+
+__all__ = ["app", "console", "err_console", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every TopotuneError becomes one line on stderr and exit code 2, never a traceback."""
+    try:
+        app(args=argv, prog_name="topotune")
+    except TopotuneError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.user_message()}", highlight=False, soft_wrap=True)
+        return 2
+    except SystemExit as exc:  # click's own exit (usage errors exit 2, --help 0)
+        return int(exc.code or 0)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+    return 0
+
+
+def run() -> None:
+    """Console-script wrapper: exit with main()'s code."""
+    raise SystemExit(main())

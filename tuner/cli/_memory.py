@@ -1,0 +1,104 @@
+"""`topotune memory`: the KV-cache capacity calculation, for one topology or a sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tuner.cli._app import app, console, print_json
+from tuner.errors import ConfigError
+from tuner.hardware import get_gpu
+from tuner.memory import GIB, MemoryBreakdown, MemoryInputs, compute_memory, sweep_topologies
+from tuner.models import load_model
+from tuner.topology import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    Topology,
+)
+from tuner.units import parse_bytes
+
+ModelArg = Annotated[Path, typer.Argument(help="config.json or a model folder (safetensors headers are read).")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog: gb300, gb200, b200, ...")]
+HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPUs to the catalog.")]
+
+
+def _render(b: MemoryBreakdown) -> None:
+    table = Table(title=f"{b.model} on {b.gpu}, {b.topology} ({b.num_gpus} GPUs): per GPU", title_justify="left")
+    table.add_column("quantity")
+    table.add_column("GiB", justify="right")
+    table.add_column("how")
+    for line in b.lines:
+        table.add_row(line.label, "" if line.gib is None else f"{line.gib:,.2f}", line.how)
+    console.print(table)
+    style = "green" if b.fits else "bold red"
+    console.print(f"[{style}]{b.verdict()}[/]  (vLLM would log: GPU KV cache size: {b.kv_cache_tokens:,} tokens; "
+                  f"Maximum concurrency for {b.max_model_len:,} tokens per request: "
+                  f"{b.max_concurrency_at_max_model_len:.2f}x)", highlight=False)
+
+
+@app.command()
+def memory(
+    model: ModelArg,
+    hardware: HardwareOpt = "gb300",
+    topology: Annotated[str, typer.Option(help="TP8, TEP8, DEP8, TP4DP4+EP, ...")] = "TP8",
+    mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
+    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
+    osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
+    max_model_len: Annotated[int | None, typer.Option(help="Default: isl + osl.")] = None,
+    kv_cache_memory_bytes: Annotated[str | None, typer.Option(
+        help="Override the KV budget exactly as vLLM's flag does (e.g. 40G).")] = None,
+    block_size: Annotated[int | None, typer.Option(help="vLLM --block-size (default: the backend's).")] = None,
+    non_torch_gib: Annotated[float | None, typer.Option(help="Measured non-torch memory per GPU.")] = None,
+    activation_gib: Annotated[float | None, typer.Option(help="Measured peak activation memory.")] = None,
+    cuda_graph_gib: Annotated[float | None, typer.Option(help="Measured CUDA-graph memory.")] = None,
+    sweep: Annotated[bool, typer.Option(help="Every valid topology for --gpus, sorted by concurrency.")] = False,
+    gpus: Annotated[int, typer.Option(help="GPU count for --sweep (and the cluster limit).")] = 72,
+    hardware_file: HardwareFileOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """How much memory each GPU uses and how many requests fit, computed as vLLM does."""
+    if gpus < 1:
+        raise ConfigError(f"must be positive, got {gpus}", field="--gpus", fix="give the cluster's GPU count")
+    spec = load_model(model)
+    gpu = get_gpu(hardware, hardware_file)
+    inputs = MemoryInputs(
+        isl=isl, osl=osl, max_model_len=max_model_len,
+        kv_cache_memory_bytes=parse_bytes(kv_cache_memory_bytes, "--kv-cache-memory-bytes")
+        if kv_cache_memory_bytes else None,
+        non_torch_gib=non_torch_gib, activation_gib=activation_gib, cuda_graph_gib=cuda_graph_gib,
+        block_size=block_size)
+    engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+              "max_num_batched_tokens": max_num_batched_tokens}
+    if sweep:
+        Topology.create(mtp=mtp, **engine)  # validate the shared fields once, with a clear message
+        rows = sweep_topologies(spec, gpu, gpus, inputs, mtp_values=(mtp,), **engine)
+        if json_out:
+            print_json([{**r.memory.to_dict(), "topology": r.topology.name} for r in rows])
+            return
+        table = Table(title=f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: every valid topology",
+                      title_justify="left")
+        for col in ("topology", "GPUs", "weights GiB/GPU", "KV GiB/GPU", "block", "blocks", "blocks/req",
+                    "conc/DP rank", "conc/instance", "conc/GPU", "fits"):
+            table.add_column(col, justify="right" if col not in ("topology", "fits") else "left")
+        for r in rows:
+            b = r.memory
+            table.add_row(r.topology.name, str(b.num_gpus), f"{b.weights_gib:.1f}", f"{b.kv_budget_bytes / GIB:.1f}",
+                          str(b.layout.block_size), f"{b.num_gpu_blocks:,}", str(b.blocks_per_request),
+                          f"{b.max_concurrency:.1f}", f"{b.max_concurrency_instance:.1f}",
+                          f"{b.max_concurrency_instance / b.num_gpus:.1f}", "yes" if b.fits else "[red]no[/]")
+        console.print(table)
+        return
+    topo = Topology.parse(topology, mtp=mtp, **engine)
+    topo.check(spec, cluster_gpus=gpus)
+    breakdown = compute_memory(spec, gpu, topo, inputs)
+    if json_out:
+        print_json(breakdown.to_dict())
+    else:
+        _render(breakdown)

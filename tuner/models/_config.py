@@ -1,0 +1,79 @@
+"""Reading config.json (file or model folder, nested text_config) into a checked mapping."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ConfigError, UnsupportedModelError
+
+
+class RawConfig:
+    """A config.json mapping that reports every missing field at once, with the field names."""
+
+    def __init__(self, data: dict[str, Any], source: str, root: dict[str, Any] | None = None) -> None:
+        self.data = data
+        self.source = source
+        self.root = root if root is not None else data
+
+    def __contains__(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def require(self, family: str, keys: Iterable[str]) -> None:
+        missing = [k for k in keys if self.data.get(k) is None]
+        if missing:
+            raise UnsupportedModelError(
+                f"config for the {family} family lacks {', '.join(missing)}",
+                field=f"{self.source}: {missing[0]}",
+                fix="use the model's original config.json (these fields are required for this architecture)",
+            )
+
+    def int(self, key: str, default: int | None = None) -> int:
+        value = self.data.get(key, default)
+        if value is None:
+            raise UnsupportedModelError(f"missing {key}", field=f"{self.source}: {key}",
+                                        fix="use the model's original config.json")
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 0:
+            raise ConfigError(f"{key} must be a non-negative integer, got {value!r}",
+                              field=f"{self.source}: {key}", fix="correct the value in config.json")
+        return int(value)
+
+
+def read_config(path: str | Path) -> tuple[RawConfig, Path | None]:
+    """Return the (text) config and the model folder when `path` is a folder."""
+    path = Path(path).expanduser()
+    folder: Path | None = None
+    if path.is_dir():
+        folder = path
+        path = path / "config.json"
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise ConfigError(f"no such file {path}", field="MODEL",
+                          fix="give a config.json file or a model folder that contains one") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="MODEL",
+                          fix="check the path and its permissions") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})", field="MODEL",
+                          fix="wait until the file is completely written, or repair it") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object", field="MODEL", fix="use a Hugging Face config.json")
+    source = str(path)
+    text_config = data.get("text_config")
+    if isinstance(text_config, dict):
+        merged = dict(text_config)
+        for key in ("quantization_config", "architectures", "tie_word_embeddings", "torch_dtype"):
+            if key not in merged and key in data:
+                merged[key] = data[key]
+        merged.setdefault("model_type", data.get("model_type"))
+        return RawConfig(merged, f"{source} (text_config)", root=data), folder
+    return RawConfig(data, source), folder

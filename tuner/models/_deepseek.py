@@ -1,0 +1,64 @@
+"""DeepSeek-V3 style: multi-head latent attention, first-k dense layers, routed + shared experts, MTP."""
+
+from __future__ import annotations
+
+from tuner.models._config import RawConfig
+from tuner.models._quant import QuantPolicy
+from tuner.models._registry import make_spec, register_family
+from tuner.models._spec import LayerKind, MLASpec, ModelSpec, MoESpec
+from tuner.models._tensors import InventoryBuilder
+
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim",
+             "qk_rope_head_dim", "v_head_dim", "vocab_size", "intermediate_size")
+
+
+@register_family("deepseek_v3", "deepseek_v3", "deepseek_v2", "kimi_k2")
+def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
+    cfg.require("deepseek_v3", _REQUIRED)
+    hidden = cfg.int("hidden_size")
+    num_layers = cfg.int("num_hidden_layers")
+    q_lora = cfg.get("q_lora_rank")
+    mla = MLASpec(num_heads=cfg.int("num_attention_heads"), q_lora_rank=int(q_lora) if q_lora else None,
+                  kv_lora_rank=cfg.int("kv_lora_rank"), qk_nope_head_dim=cfg.int("qk_nope_head_dim"),
+                  qk_rope_head_dim=cfg.int("qk_rope_head_dim"), v_head_dim=cfg.int("v_head_dim"))
+    num_experts = cfg.int("n_routed_experts", 0)
+    moe = None
+    if num_experts:
+        n_shared = cfg.int("n_shared_experts", 0)
+        moe_inter = cfg.int("moe_intermediate_size")
+        moe = MoESpec(num_experts=num_experts, experts_per_token=cfg.int("num_experts_per_tok"),
+                      expert_intermediate_size=moe_inter, shared_intermediate_size=n_shared * moe_inter,
+                      num_shared_experts=n_shared)
+    first_dense = cfg.int("first_k_dense_replace", 0)
+    freq = cfg.int("moe_layer_freq", 1)
+    moe_layers = [bool(moe) and i >= first_dense and i % freq == 0 for i in range(num_layers)]
+    dense_inter = cfg.int("intermediate_size")
+
+    b = InventoryBuilder(policy)
+    b.embeddings(cfg.int("vocab_size"), hidden, bool(cfg.get("tie_word_embeddings", False)))
+
+    def decoder_layer(prefix: str, is_moe: bool, mtp: bool = False) -> None:
+        b.norm(f"{prefix}.input_layernorm", hidden, mtp=mtp)
+        b.norm(f"{prefix}.post_attention_layernorm", hidden, mtp=mtp)
+        b.mla_attention(prefix, hidden, mla, mtp=mtp)
+        if is_moe and moe:
+            b.moe(f"{prefix}.mlp", hidden, moe, shared_name="shared_experts", score_bias=True, mtp=mtp)
+        else:
+            b.mlp(f"{prefix}.mlp", hidden, dense_inter, mtp=mtp)
+
+    for i in range(num_layers):
+        decoder_layer(f"model.layers.{i}", moe_layers[i])
+    num_mtp = cfg.int("num_nextn_predict_layers", 0)
+    for j in range(num_mtp):
+        # The MTP layer's embed_tokens / shared_head.head copies are shared with the target model by vLLM.
+        prefix = f"model.layers.{num_layers + j}"
+        b.norm(f"{prefix}.enorm", hidden, mtp=True)
+        b.norm(f"{prefix}.hnorm", hidden, mtp=True)
+        b.linear(f"{prefix}.eh_proj", hidden, 2 * hidden, mtp=True)
+        b.norm(f"{prefix}.shared_head.norm", hidden, mtp=True)
+        decoder_layer(prefix, bool(moe), mtp=True)
+
+    return make_spec(cfg, policy, name, family="deepseek_v3", tensors=b.build(),
+                     layer_kinds=[LayerKind.MLA] * num_layers, moe_layers=moe_layers, attention=None, mla=mla,
+                     linear_attention=None, mamba=None, moe=moe, dense_intermediate_size=dense_inter,
+                     num_mtp_layers=num_mtp, mtp_layer_kind=LayerKind.MLA if num_mtp else None)

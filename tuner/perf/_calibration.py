@@ -1,0 +1,79 @@
+"""Calibration: every efficiency factor of the performance model, named, bounded and documented.
+
+A factor is a fraction of a vendor peak (or a fixed cost) that real kernels reach. The defaults per GPU are
+physically plausible values; the GB300 defaults are calibrated against the published reference campaign
+(docs/perf-model.md explains each value). `fit_calibration` refits them from measured trials.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.errors import ConfigError
+
+
+class Calibration(BaseModel):
+    """Efficiency factors of one GPU type (and software stack). Frozen: copy with `model_copy(update=...)`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hbm_efficiency: float = Field(
+        0.8, gt=0, le=1,
+        description="Fraction of peak HBM bandwidth that weight, KV and state reads reach in decode (0.7-0.9).")
+    flop_efficiency: float = Field(
+        0.5, gt=0, le=1,
+        description="Fraction of dense tensor-core peak that decode-step GEMMs reach (skinny GEMMs, 0.3-0.7).")
+    prefill_flop_efficiency: float = Field(
+        0.55, gt=0, le=1,
+        description="Fraction of dense peak that prefill (large chunked GEMMs + flash attention) reaches (0.4-0.8).")
+    allreduce_latency_us: float = Field(
+        8.0, ge=0, description="Fixed cost of one TP all-reduce (launch + synchronisation), microseconds.")
+    allreduce_bw_efficiency: float = Field(
+        0.7, gt=0, le=1, description="Fraction of per-direction link bandwidth a ring all-reduce reaches.")
+    alltoall_latency_us: float = Field(
+        15.0, ge=0, description="Fixed cost of one EP all-to-all (dispatch or combine), microseconds.")
+    alltoall_bw_efficiency: float = Field(
+        0.6, gt=0, le=1, description="Fraction of per-direction link bandwidth an EP dispatch/combine reaches.")
+    layer_overhead_us: float = Field(
+        40.0, ge=0,
+        description="Kernel-latency floor per decoder layer and forward pass (15-20 small kernels), microseconds.")
+    step_overhead_ms: float = Field(
+        1.0, ge=0, description="Fixed cost per engine step: scheduling, input preparation, sampling, milliseconds.")
+    mtp_acceptance: float = Field(
+        0.7, ge=0, le=1,
+        description="Probability that MTP draft position i is accepted given position i-1 was (per position).")
+    kv_transfer_efficiency: float = Field(
+        0.5, gt=0, le=1, description="Fraction of link bandwidth the prefill->decode KV transfer (NIXL) reaches.")
+
+
+#: Factors least_squares may change; everything a measurement can pin down.
+FITTABLE_FACTORS: tuple[str, ...] = (
+    "hbm_efficiency", "flop_efficiency", "prefill_flop_efficiency", "allreduce_latency_us",
+    "allreduce_bw_efficiency", "alltoall_latency_us", "alltoall_bw_efficiency", "layer_overhead_us",
+    "step_overhead_ms", "mtp_acceptance", "kv_transfer_efficiency",
+)
+
+_GENERIC = Calibration()
+
+# GB300 NVL72 with vLLM 0.2x: calibrated so the reference model's PD frontier lands on the campaign's
+# published ends (about 5,000 total tok/s/GPU and 180 tok/s/user); see docs/perf-model.md for the reasoning.
+_DEFAULTS: dict[str, Calibration] = {
+    "gb300": Calibration(),
+    "gb200": Calibration(),
+    "b200": Calibration(),
+    "h200": Calibration(hbm_efficiency=0.85, layer_overhead_us=35.0),
+    "h100": Calibration(hbm_efficiency=0.85, layer_overhead_us=35.0),
+}
+
+
+def default_calibration(gpu_name: str) -> Calibration:
+    """The documented defaults for a GPU; unknown GPUs get the generic factors (still physical)."""
+    key = gpu_name.strip().lower()
+    if not key:
+        raise ConfigError("empty GPU name", field="hardware", fix="give a GPU name such as gb300")
+    return _DEFAULTS.get(key, _GENERIC)
+
+
+def known_calibrations() -> dict[str, Calibration]:
+    """A copy of the built-in calibrations by GPU name."""
+    return dict(_DEFAULTS)

@@ -1,0 +1,181 @@
+"""One vLLM instance's parallel layout and engine limits: validated, named, rendered as vLLM flags."""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner.errors import ConfigError, TopologyError
+
+if TYPE_CHECKING:
+    from tuner.models import ModelSpec
+
+# vLLM V1 defaults for large GPUs (vllm/engine/arg_utils.py, usage context OpenAI API server).
+DEFAULT_MAX_NUM_SEQS = 1024
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # the campaign's 8% safety margin
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+
+_NAME_PATTERNS = (
+    (re.compile(r"^TEP(\d+)$"), lambda m: (int(m[1]), 1, True)),
+    (re.compile(r"^DEP(\d+)$"), lambda m: (1, int(m[1]), True)),
+    (re.compile(r"^TP(\d+)(?:DP(\d+))?(\+EP)?$"), lambda m: (int(m[1]), int(m[2] or 1), bool(m[3]))),
+    (re.compile(r"^DP(\d+)(\+EP)?$"), lambda m: (1, int(m[1]), bool(m[2]))),
+)
+
+
+class Topology(BaseModel):
+    """Parallelism of one vLLM instance (one `vllm serve`, possibly spanning hosts).
+
+    With expert parallelism the MoE layers are split over EP = TP x DP GPUs while attention keeps TP
+    inside each DP rank (vllm/model_executor/layers/fused_moe/config.py).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(1, ge=1, le=512, description="Tensor-parallel size (--tensor-parallel-size).")
+    dp: int = Field(1, ge=1, le=1024, description="Data-parallel size (--data-parallel-size).")
+    ep: bool = Field(False, description="Expert parallelism (--enable-expert-parallel).")
+    pp: Literal[1] = Field(1, description="Pipeline-parallel size; only 1 for now.")
+    mtp: int = Field(0, ge=0, le=8, description="MTP speculative tokens (0 = off).")
+    gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
+    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
+    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
+    role: Role = Role.BOTH
+
+    @classmethod
+    def create(cls, **fields: object) -> Topology:
+        """Build with a one-line error naming the bad field (instead of pydantic's multi-line report)."""
+        try:
+            return cls(**fields)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"]) or "topology"
+            raise ConfigError(f"{err['msg']} (got {err.get('input')!r})", field=loc.replace("_", "-"),
+                              fix=_FIELD_FIXES.get(loc, "see `topotune memory --help`")) from exc
+
+    @classmethod
+    def parse(cls, name: str, **fields: object) -> Topology:
+        """Parse a conventional name: TP8, TEP8, DEP8, TP4DP4+EP, TP2DP4+EP, DP2."""
+        key = name.strip().upper().replace(" ", "")
+        for pattern, unpack in _NAME_PATTERNS:
+            match = pattern.match(key)
+            if match:
+                tp, dp, ep = unpack(match)
+                return cls.create(tp=tp, dp=dp, ep=ep, **fields)
+        raise ConfigError(f"cannot parse topology {name!r}", field="topology",
+                          fix="write it like TP8, TEP8, DEP8, TP4DP2, TP4DP4+EP")
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    @property
+    def ep_size(self) -> int:
+        """GPUs the experts are split over (EP group, or the MoE-TP group when EP is off)."""
+        return self.tp * self.dp
+
+    @property
+    def name(self) -> str:
+        if self.dp == 1:
+            return f"TEP{self.tp}" if self.ep else f"TP{self.tp}"
+        if self.tp == 1:
+            return f"DEP{self.dp}" if self.ep else f"DP{self.dp}"
+        return f"TP{self.tp}DP{self.dp}" + ("+EP" if self.ep else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def label(self) -> str:
+        """Name plus the engine settings that differ between trials."""
+        extra = f" MTP{self.mtp}" if self.mtp else ""
+        return f"{self.name}{extra} seqs={self.max_num_seqs} util={self.gpu_memory_utilization:g}"
+
+    # -- validation against a model and a cluster --------------------------------------------------
+    def check(self, model: ModelSpec, *, cluster_gpus: int | None = None) -> None:
+        """Raise TopologyError when vLLM would refuse this layout for this model or cluster."""
+        if self.ep and self.tp * self.dp == 1:
+            raise TopologyError("expert parallelism needs TP x DP > 1", field="topology",
+                                fix="drop +EP or use more than one GPU (e.g. TEP4)")
+        if cluster_gpus is not None and self.num_gpus > cluster_gpus:
+            raise TopologyError(f"{self.name} needs {self.num_gpus} GPUs but the cluster has {cluster_gpus}",
+                                field="topology", fix=f"use at most {cluster_gpus} GPUs (TP x DP)")
+        heads = model.attention.num_heads if model.attention else model.mla.num_heads if model.mla else 0
+        if heads % self.tp:
+            raise TopologyError(f"TP{self.tp} does not divide the {heads} attention heads", field="topology",
+                                fix=f"use a TP that divides {heads}")
+        if model.attention:
+            kv = model.attention.num_kv_heads
+            if (self.tp >= kv and self.tp % kv) or (self.tp < kv and kv % self.tp):
+                raise TopologyError(f"TP{self.tp} and the {kv} KV heads must divide one another",
+                                    field="topology", fix=f"use a TP that divides or is a multiple of {kv}")
+        la = model.linear_attention
+        if la and (la.num_key_heads % self.tp or la.num_value_heads % self.tp):
+            raise TopologyError(
+                f"TP{self.tp} does not divide the linear-attention heads ({la.num_key_heads} key, "
+                f"{la.num_value_heads} value)", field="topology", fix="use a smaller power-of-two TP")
+        if model.moe:
+            experts = model.moe.num_experts
+            if self.ep and experts % self.ep_size:
+                raise TopologyError(f"{experts} experts do not divide over EP{self.ep_size}", field="topology",
+                                    fix=f"use TP x DP dividing {experts}")
+            if not self.ep and model.moe.expert_intermediate_size % self.ep_size:
+                raise TopologyError(
+                    f"expert intermediate size {model.moe.expert_intermediate_size} does not split over "
+                    f"TP x DP = {self.ep_size}", field="topology", fix="enable expert parallelism (+EP)")
+        elif self.ep:
+            raise TopologyError("expert parallelism on a dense model", field="topology", fix="drop +EP")
+        if self.mtp and not model.num_mtp_layers:
+            raise TopologyError(f"{model.name} has no MTP layers", field="mtp",
+                                fix="use --mtp 0 (or a draft model, not supported yet)")
+
+    # -- vLLM ----------------------------------------------------------------------------------------
+    def vllm_flags(self) -> list[str]:
+        flags = ["--tensor-parallel-size", str(self.tp)]
+        if self.dp > 1:
+            flags += ["--data-parallel-size", str(self.dp)]
+        if self.ep:
+            flags.append("--enable-expert-parallel")
+        if self.mtp:
+            flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": self.mtp})]
+        flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
+                  "--max-num-seqs", str(self.max_num_seqs),
+                  "--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        return flags
+
+
+_FIELD_FIXES = {
+    "gpu_memory_utilization": "give a fraction in (0, 1], e.g. 0.92",
+    "tp": "give a positive TP size such as 1, 2, 4, 8",
+    "dp": "give a positive DP size",
+    "mtp": "give 0 (off) to 8 speculative tokens",
+    "max_num_seqs": "give a positive number of sequences",
+    "max_num_batched_tokens": "give a positive token count",
+    "role": "use prefill, decode or both",
+}
+
+
+def enumerate_topologies(num_gpus: int, *, max_gpus_per_instance: int | None = None,
+                         powers_of_two: bool = True) -> list[tuple[int, int, bool]]:
+    """All (tp, dp, ep) with tp x dp <= num_gpus; callers filter with Topology.check."""
+    limit = min(num_gpus, max_gpus_per_instance or num_gpus)
+    sizes = [1 << i for i in range(limit.bit_length())] if powers_of_two else list(range(1, limit + 1))
+    out = []
+    for tp in sizes:
+        for dp in sizes:
+            if tp * dp <= limit:
+                out.append((tp, dp, False))
+                if tp * dp > 1:
+                    out.append((tp, dp, True))
+    return out
