@@ -7,7 +7,8 @@ happen inside the commands so `topotune memory` starts fast.
 from __future__ import annotations
 
 # Importing the command modules registers their commands on `app`.
-from tuner.cli import _memory  # noqa: F401
+import tuner.cli._vllm  # noqa: F401
+from tuner.cli import _memory, _perf  # noqa: F401
 from tuner.cli._app import app, console, err_console
 from tuner.errors import TopotuneError
 

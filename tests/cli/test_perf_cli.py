@@ -1,0 +1,95 @@
+"""`topotune simulate` and `topotune frontier` as a user runs them: JSON, tables, one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+
+
+@pytest.fixture(scope="module")
+def ref(models_dir: Path) -> str:
+    local = models_dir / "qwen3.8-2.4t-a95b-nvfp4"
+    return str(local if local.exists() else Path("/work/shared/models/qwen3.8-2.4t-a95b-nvfp4"))
+
+
+def test_simulate_decode_json(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", ref, "--hardware", "gb300", "--topology", "TEP8", "--role", "decode", "--mtp", "3",
+                 "--isl", "1", "--osl", "1000", "--concurrency", "1,8,64,256", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    points = data["points"]
+    assert [p["concurrency"] for p in points] == [1, 8, 64, 256]
+    assert data["topology"].startswith("TEP8 MTP3") and data["role"] == "decode"
+    tput = [p["total_tok_s"] for p in points]
+    user = [p["tok_s_per_user"] for p in points]
+    assert tput == sorted(tput) and user == sorted(user, reverse=True)
+    assert all(p["step"]["step_ms"] > 0 and p["osl"] == 1000 for p in points)
+
+
+def test_simulate_prefill_table(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", ref, "--topology", "TP4DP2+EP", "--role", "prefill", "--isl", "8192",
+                 "--concurrency", "1,4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "TP4DP2+EP prefill" in out and "TTFT ms" in out
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--role", "both"], "--role"),
+    (["--concurrency", "1,x"], "--concurrency"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--topology", "TP3"], "topology"),
+    (["--topology", "DEP8"], "does not fit"),
+    (["--isl", "0"], "--isl"),
+])
+def test_simulate_bad_input_is_one_line(ref: str, capsys: pytest.CaptureFixture[str], args: list[str],
+                                        field: str) -> None:
+    code = main(["simulate", ref, *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert field in err and "Traceback" not in err
+
+
+def test_frontier_json_and_html(ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    html = tmp_path / "front.html"
+    code = main(["frontier", ref, "--hardware", "gb300", "--gpus", "72", "--isl", "8192", "--osl", "1024",
+                 "--max-ttft-ms", "2000", "--json", "--html", str(html)])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    front = data["front"]
+    assert len(front) >= 5 and data["constraints"]["same_tp_and_mtp"] is True
+    assert all(p["num_gpus"] <= 72 and p["ttft_ms"] <= 2000 for p in front)
+    assert all(p["prefill_topology"].startswith(("TP", "DEP", "TEP", "DP")) for p in front)
+    users = [p["tok_s_per_user"] for p in front]
+    assert users == sorted(users)  # throughput end first
+    text = html.read_text()
+    assert "combined Pareto front" in text and "every deployment" in text
+
+
+def test_frontier_table(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frontier", ref, "--gpus", "32", "--max-mtp", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s/GPU" in out and "1P(" in out
+
+
+def test_frontier_impossible_sla_names_the_constraint(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["frontier", ref, "--max-ttft-ms", "10"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "--max-ttft-ms" in err and "no prefill point meets TTFT <= 10 ms" in err and "best TTFT" in err
+
+
+def test_frontier_budget_too_small(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frontier", ref, "--gpus", "8"]) == 2
+    assert "--gpus" in capsys.readouterr().err
+
+
+def test_frontier_bad_calibration_file(ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "cal.yaml"
+    bad.write_text("hbm_efficiency: 3\n")
+    assert main(["frontier", ref, "--calibration", str(bad)]) == 2
+    assert "hbm_efficiency" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""The simulated backend: the performance model answers instead of a GPU (optionally with seeded noise).
+
+It runs the same memory screen a real server would hit at start-up (a config that does not fit fails as OOM)
+and returns the shared TrialResult, so studies, executors and the API cannot tell it from a real backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from functools import lru_cache
+
+import numpy as np
+
+from tuner.backends._base import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.hardware import GpuSpec, get_gpu
+from tuner.memory import MemoryInputs, compute_memory
+from tuner.metrics import ServingMetrics
+from tuner.models import ModelSpec, load_model
+from tuner.perf import Calibration, RooflineModel
+
+
+@lru_cache(maxsize=16)
+def _model(path: str) -> ModelSpec:
+    return load_model(path)
+
+
+_PERF: dict[tuple[str, str, str], RooflineModel] = {}
+
+
+def _perf(path: str, gpu: GpuSpec, calibration: Calibration | None) -> RooflineModel:
+    """One model per (checkpoint, GPU, calibration): it caches per-topology constants across trials."""
+    key = (path, gpu.model_dump_json(), calibration.model_dump_json() if calibration else "")
+    if key not in _PERF:
+        _PERF[key] = RooflineModel(_model(path), gpu, calibration)
+    return _PERF[key]
+
+
+def _noisy(m: ServingMetrics, rate_factor: float, latency_factor: float) -> ServingMetrics:
+    """Scale rates by rate_factor and latencies by latency_factor, keeping the schema consistent."""
+    itl = m.itl_ms_mean * latency_factor
+    return ServingMetrics.from_rates(
+        concurrency=m.concurrency, num_gpus=m.num_gpus, isl=m.isl, osl=m.osl,
+        request_rps=m.request_throughput_rps * rate_factor, ttft_ms=m.ttft_ms_mean * latency_factor, itl_ms=itl,
+        ttft_ms_p99=m.ttft_ms_p99 * latency_factor, itl_ms_p99=m.itl_ms_p99 * latency_factor,
+        max_concurrency=m.max_concurrency, running=m.running_requests)
+
+
+class SimulatedBackend(Backend):
+    """Answers from RooflineModel.
+
+    noise: relative standard deviation of a seeded per-trial perturbation (0 = exact model). The same request
+    seed and deployment always give the same numbers, so studies stay reproducible.
+    delay_s: wall time each trial takes (exercises executors and fault handling as a real trial would).
+    """
+
+    name = "simulated"
+
+    def __init__(self, *, noise: float = 0.0, delay_s: float = 0.0, calibration: Calibration | None = None) -> None:
+        self.noise = noise
+        self.delay_s = delay_s
+        self.calibration = calibration
+
+    def _rng(self, request: TrialRequest) -> np.random.Generator:
+        key = f"{request.seed}|{request.deployment.model_dump_json()}|{request.workload.model_dump_json()}"
+        return np.random.default_rng(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+
+    def run(self, request: TrialRequest) -> TrialResult:
+        started = time.monotonic()
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if len(request.deployment.groups) != 1 or request.deployment.groups[0].count != 1:
+            return TrialResult.failed(TrialStatus.UNSUPPORTED, "the simulated backend measures one instance per "
+                                      "trial; PD deployments are composed from phase curves (tuner.frontier)")
+        group = request.deployment.groups[0]
+        topo = group.topology
+        gpu = get_gpu(request.gpu)
+        model = _model(request.model_path)
+        workload = request.workload
+        memory = compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl))
+        predicted = {"kv_budget_gib": memory.kv_budget_bytes / 2**30, "block_size": float(memory.layout.block_size),
+                     "num_gpu_blocks": float(memory.num_gpu_blocks), "max_concurrency": memory.max_concurrency}
+        if not memory.fits:
+            return TrialResult.failed(TrialStatus.OOM, f"simulated start-up: {memory.verdict()}",
+                                      predicted_memory=predicted, duration_s=time.monotonic() - started)
+        perf = _perf(request.model_path, gpu, self.calibration)
+        points = perf.predict_curve(topo, group.role, isl=workload.isl, osl=workload.osl,
+                                    concurrencies=workload.concurrency)
+        if self.noise > 0:
+            rng = self._rng(request)
+            trial_rate, trial_latency = rng.lognormal(0.0, self.noise, size=2)
+            points = [_noisy(p, trial_rate * rng.lognormal(0.0, self.noise / 3),
+                             trial_latency * rng.lognormal(0.0, self.noise / 3)) for p in points]
+        return TrialResult(status=TrialStatus.OK, points=tuple(points), predicted_memory=predicted,
+                           duration_s=time.monotonic() - started)

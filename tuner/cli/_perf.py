@@ -1,0 +1,271 @@
+"""`topotune simulate` (one instance, a concurrency sweep) and `topotune frontier` (the combined PD front)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tuner.cli._app import app, console, err_console, print_json
+from tuner.errors import ConfigError
+from tuner.frontier import ComposedPoint, Constraints, combined_front, compose_disaggregated, family_fronts
+from tuner.hardware import get_gpu
+from tuner.metrics import ServingMetrics
+from tuner.models import load_model
+from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration, sweep_curves
+from tuner.topology import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    Role,
+    Topology,
+)
+
+ModelArg = Annotated[Path, typer.Argument(help="config.json or a model folder.")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog: gb300, gb200, b200, ...")]
+HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPUs to the catalog.")]
+CalibrationOpt = Annotated[Path | None, typer.Option(
+    help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _positive(**values: int | float | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"must be >= 1, got {value}", field=f"--{name.replace('_', '-')}",
+                              fix="give a positive number")
+
+
+def _calibration(gpu_name: str, path: Path | None) -> Calibration:
+    base = default_calibration(gpu_name)
+    if path is None:
+        return base
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--calibration",
+                          fix="give a readable YAML or JSON file") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML/JSON: {exc}", field="--calibration", fix="fix the file's syntax") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of factor: value", field="--calibration",
+                          fix="write e.g. `hbm_efficiency: 0.8`")
+    try:
+        return Calibration.model_validate({**base.model_dump(), **data})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"{err['msg']} (got {err.get('input')!r})",
+                          field=f"--calibration: {'.'.join(str(p) for p in err['loc'])}",
+                          fix="see the factor list in docs/perf-model.md") from exc
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError as exc:
+        raise ConfigError(f"cannot read {text!r} as concurrency levels", field="--concurrency",
+                          fix="give comma-separated positive integers, e.g. 1,8,64,256") from exc
+    if not levels or levels[0] < 1:
+        raise ConfigError(f"concurrency levels must be >= 1, got {text!r}", field="--concurrency",
+                          fix="give comma-separated positive integers, e.g. 1,8,64,256")
+    return levels
+
+
+def _role(text: str) -> Role:
+    key = text.strip().lower()
+    if key not in (Role.PREFILL.value, Role.DECODE.value):
+        raise ConfigError(f"unknown role {text!r}", field="--role", fix="use prefill or decode")
+    return Role(key)
+
+
+def _metrics_row(m: ServingMetrics) -> dict[str, float | int]:
+    return {"concurrency": m.concurrency, "running": m.running_requests, "total_tok_s": round(m.total_tok_s, 1),
+            "total_tok_s_per_gpu": round(m.total_tok_s_per_gpu, 1),
+            "output_tok_s_per_gpu": round(m.output_tok_s_per_gpu, 1), "tok_s_per_user": round(m.tok_s_per_user, 2),
+            "ttft_ms": round(m.ttft_ms_mean, 2), "itl_ms": round(m.itl_ms_mean, 3),
+            "request_rps": round(m.request_throughput_rps, 4), "max_concurrency": round(m.max_concurrency, 1)}
+
+
+@app.command()
+def simulate(
+    model: ModelArg,
+    hardware: HardwareOpt = "gb300",
+    topology: Annotated[str, typer.Option(help="TP8, TEP8, DEP8, TP4DP4+EP, ...")] = "TEP8",
+    role: Annotated[str, typer.Option(help="prefill or decode.")] = "decode",
+    mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
+    isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
+    osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
+    concurrency: Annotated[str, typer.Option(help="Comma-separated levels, e.g. 1,8,64,256.")] = "1,8,64,256",
+    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    calibration: CalibrationOpt = None,
+    hardware_file: HardwareFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict one vLLM instance in one role over a concurrency sweep (the simulated backend)."""
+    _positive(isl=isl, osl=osl)
+    levels = _levels(concurrency)
+    the_role = _role(role)
+    spec = load_model(model)
+    gpu = get_gpu(hardware, hardware_file)
+    topo = Topology.parse(topology, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, role=the_role)
+    topo.check(spec)
+    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    curve = perf.predict_curve(topo, the_role, isl=isl, osl=osl, concurrencies=levels)
+    if the_role is Role.DECODE:
+        steps = [perf.decode_step(topo, int(m.running_requests), isl=isl, osl=osl) for m in curve]
+        breakdown = [{"memory_ms": s.memory_ms, "compute_ms": s.compute_ms, "comm_ms": s.comm_ms,
+                      "overhead_ms": s.overhead_ms, "draft_ms": s.draft_ms, "step_ms": s.step_ms} for s in steps]
+    else:
+        psteps = [perf.prefill_step(topo, int(m.running_requests), isl=isl) for m in curve]
+        breakdown = [{"memory_ms": s.memory_ms, "compute_ms": s.compute_ms, "comm_ms": s.comm_ms,
+                      "overhead_ms": s.overhead_ms, "draft_ms": 0.0, "step_ms": s.step_ms} for s in psteps]
+    if json_out:
+        print_json({"model": spec.name, "gpu": gpu.name, "topology": topo.label(), "role": the_role.value,
+                    "isl": isl, "osl": osl, "calibration": perf.calibration.model_dump(),
+                    "points": [{**m.model_dump(), "step": b} for m, b in zip(curve, breakdown, strict=True)]})
+        return
+    table = Table(title=f"{spec.name} on {topo.num_gpus} x {gpu.name}, {topo.name}"
+                        f"{f' MTP{mtp}' if mtp else ''} {the_role.value}, {isl}/{osl}", title_justify="left")
+    for col in ("conc", "running", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "req/s",
+                "step ms", "mem/compute/comm/ovh ms"):
+        table.add_column(col, justify="right")
+    for m, b in zip(curve, breakdown, strict=True):
+        queued = m.running_requests < m.concurrency
+        table.add_row(str(m.concurrency), f"{m.running_requests:.0f}" + (" [yellow](queue)[/]" if queued else ""),
+                      f"{m.total_tok_s_per_gpu:,.0f}", f"{m.output_tok_s_per_gpu:,.0f}", f"{m.tok_s_per_user:.1f}",
+                      f"{m.ttft_ms_mean:,.0f}", f"{m.itl_ms_mean:.2f}", f"{m.request_throughput_rps:.2f}",
+                      f"{b['step_ms']:.1f}", f"{b['memory_ms']:.1f}/{b['compute_ms']:.1f}/{b['comm_ms']:.1f}/"
+                                             f"{b['overhead_ms'] + b['draft_ms']:.1f}")
+    console.print(table)
+    tokens = isl + (osl if the_role is Role.DECODE else 1)
+    console.print(f"KV cache holds {curve[0].max_concurrency:,.1f} requests of {tokens:,} tokens per instance; "
+                  "past that, requests queue (TTFT grows, throughput stays).", highlight=False)
+
+
+def _point_dict(p: ComposedPoint) -> dict[str, object]:
+    return {"deployment": p.name, "num_gpus": p.num_gpus, "prefill_topology": p.prefill_topology.name,
+            "num_prefill": p.num_prefill, "prefill_concurrency": p.prefill.concurrency,
+            "decode_topology": p.decode_topology.name, "decode_mtp": p.decode_topology.mtp,
+            "num_decode": p.num_decode, "decode_concurrency": p.decode.concurrency,
+            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
+            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
+
+
+def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list[ComposedPoint]) -> None:
+    import plotly.graph_objects as go  # heavy: only when a chart is asked for
+
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    texts: list[str | None] = []
+    for family, curve in sorted(family_fronts(points).items()):
+        for p in curve:
+            xs.append(p.tok_s_per_user)
+            ys.append(p.total_tok_s_per_gpu)
+            texts.append(f"{p.name}<br>{family}<br>TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms")
+        xs.append(None)
+        ys.append(None)
+        texts.append(None)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=xs, y=ys, text=texts, hoverinfo="text", mode="lines+markers", name="every deployment",
+                             line={"width": 1, "color": "rgba(120,120,120,0.25)"},
+                             marker={"size": 3, "color": "rgba(120,120,120,0.35)"}))
+    fig.add_trace(go.Scatter(
+        x=[p.tok_s_per_user for p in front], y=[p.total_tok_s_per_gpu for p in front], hoverinfo="text",
+        text=[f"<b>{p.name}</b><br>{p.total_tok_s_per_gpu:,.0f} tok/s/GPU, {p.tok_s_per_user:.1f} tok/s/user<br>"
+              f"{p.num_gpus} GPUs, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms" for p in front],
+        mode="lines+markers", name="combined Pareto front", line={"width": 3, "color": "#d62728"},
+        marker={"size": 8}))
+    fig.update_layout(title=title, xaxis_title="generated tokens/s per user", template="plotly_white",
+                      yaxis_title="total tokens/s per GPU (prefill + decode GPUs)", hovermode="closest")
+    try:
+        fig.write_html(str(path), include_plotlyjs=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}", field="--html",
+                          fix="give a writable path") from exc
+
+
+@app.command()
+def frontier(
+    model: ModelArg,
+    hardware: HardwareOpt = "gb300",
+    gpus: Annotated[int, typer.Option(help="GPU budget of the whole deployment (prefill + decode).")] = 72,
+    isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
+    osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
+    max_ttft_ms: Annotated[float | None, typer.Option(help="TTFT limit (prefill + decode-side wait).")] = None,
+    max_itl_ms: Annotated[float | None, typer.Option(help="Inter-token latency limit.")] = None,
+    percentile: Annotated[str, typer.Option(help="Latency percentile the limits apply to: p50 or p99.")] = "p50",
+    max_mtp: Annotated[int, typer.Option(help="Decode MTP depths 0..N are swept (models with MTP layers).")] = 3,
+    same_tp: Annotated[bool | None, typer.Option(
+        "--same-tp/--any-tp", help="Pair only prefill/decode with equal TP and MTP (default: on for hybrid models, "
+                                   "as vLLM's NIXL connector requires).")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    calibration: CalibrationOpt = None,
+    hardware_file: HardwareFileOpt = None,
+    html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Sweep prefill and decode topologies, compose xPyD deployments and print the combined Pareto front."""
+    _positive(gpus=gpus, isl=isl, osl=osl)
+    if not 0 <= max_mtp <= 8:
+        raise ConfigError(f"must be 0..8, got {max_mtp}", field="--max-mtp", fix="give 0 (off) to 8")
+    if percentile not in ("p50", "p99"):
+        raise ConfigError(f"unknown percentile {percentile!r}", field="--percentile", fix="use p50 or p99")
+    started = time.perf_counter()
+    spec = load_model(model)
+    gpu = get_gpu(hardware, hardware_file)
+    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    pair_rules = spec.is_hybrid if same_tp is None else same_tp
+    constraints = Constraints(max_gpus=gpus, max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms,
+                              percentile=percentile, same_tp=pair_rules, same_mtp=pair_rules)  # type: ignore[arg-type]
+    depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
+    Topology.create(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens)  # one clear message for bad engine flags
+    topologies = candidate_topologies(perf, gpus, mtp_depths=depths, gpu_memory_utilization=gpu_memory_utilization,
+                                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    if not topologies:
+        raise ConfigError(f"no topology of up to {gpus} GPUs is valid for {spec.name}", field="--gpus",
+                          fix="allow more GPUs")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as progress:
+        task = progress.add_task("predicting topologies", total=len(topologies))
+
+        def advance(topo: Topology) -> None:
+            progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
+
+        curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
+                              prefill_mtp_depths=depths if pair_rules else (0,), on_topology=advance)
+    points = compose_disaggregated(curves.prefill, curves.decode, constraints)
+    front = combined_front(points)
+    elapsed = time.perf_counter() - started
+    title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
+             f"({len(topologies)} topologies, {curves.num_points} instance points, {len(points)} deployments)")
+    if html is not None:
+        _write_html(html, title, points, front)
+    if json_out:
+        print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl,
+                    "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
+                                    "same_tp_and_mtp": pair_rules},
+                    "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
+                    "num_instance_points": curves.num_points, "num_deployments": len(points),
+                    "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(front)]})
+        return
+    table = Table(title=title, title_justify="left")
+    for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "P conc", "D conc"):
+        table.add_column(col, justify="left" if col.startswith("deployment") else "right")
+    for p in reversed(front):  # throughput end first
+        table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.tok_s_per_user:.1f}",
+                      f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.prefill.concurrency), str(p.decode.concurrency))
+    console.print(table)
+    console.print(f"{len(front)} deployments on the front; computed in {elapsed:.2f} s"
+                  + (f"; chart: {html}" if html else ""), highlight=False)

@@ -1,0 +1,60 @@
+"""Trials in threads of this process: the simplest executor, used by tests and `--executor local`."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import traceback
+from collections.abc import Sequence
+
+from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.executors._base import Executor, TrialHandle
+
+
+class LocalExecutor(Executor):
+    def __init__(self, backend: Backend, *, max_parallel: int = 1, num_gpus: int | None = None) -> None:
+        self._backend = backend
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="trial")
+        self._max_parallel = max_parallel
+        self._num_gpus = num_gpus
+        self._futures: dict[TrialHandle, cf.Future] = {}
+
+    def _gpus_in_use(self) -> int:
+        return sum(h.request.deployment.num_gpus for h in self._futures)
+
+    def can_start(self, request: TrialRequest) -> bool:
+        if len(self._futures) >= self._max_parallel:
+            return False
+        return self._num_gpus is None or self._gpus_in_use() + request.deployment.num_gpus <= self._num_gpus
+
+    def _run(self, request: TrialRequest) -> TrialResult:
+        try:
+            return self._backend.run(request)
+        except Exception as exc:  # a backend bug must not kill the study: store it as a crash
+            return TrialResult.failed(TrialStatus.CRASHED, f"{type(exc).__name__}: {exc}\n"
+                                      + "".join(traceback.format_exc(limit=3)))
+
+    def submit(self, request: TrialRequest) -> TrialHandle:
+        handle = TrialHandle(request)
+        self._futures[handle] = self._pool.submit(self._run, request)
+        return handle
+
+    def wait(self, handles: Sequence[TrialHandle], timeout_s: float) -> list[TrialHandle]:
+        futures = {self._futures[h]: h for h in handles if h in self._futures}
+        done, _ = cf.wait(futures, timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+        finished = []
+        for fut in done:
+            handle = futures[fut]
+            handle.result = fut.result()
+            del self._futures[handle]
+            finished.append(handle)
+        return finished
+
+    def cancel(self, handle: TrialHandle) -> None:
+        fut = self._futures.pop(handle, None)
+        if fut is not None:
+            fut.cancel()
+        handle.result = TrialResult.failed(TrialStatus.CRASHED, "cancelled")
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._backend.close()

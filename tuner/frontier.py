@@ -1,0 +1,252 @@
+"""Pareto fronts and prefill/decode (xPyD) composition: pure functions on the shared ServingMetrics schema.
+
+The inputs are plain curves of (Topology, ServingMetrics), predicted or measured alike. Composition follows
+the reference campaign: x prefill instances feed y decode instances; x is the smallest count whose request
+rate covers the decode instances' rate, and per-GPU throughput counts every GPU of the deployment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from tuner.deployment import Deployment
+from tuner.errors import ConfigError
+from tuner.metrics import ServingMetrics
+from tuner.topology import Topology
+
+T = TypeVar("T")
+Metric = str | Callable[[Any], float]
+Percentile = Literal["p50", "p99"]
+CurvePoint = tuple[Topology, ServingMetrics]
+
+
+class InfeasibleError(ConfigError):
+    """Constraints (SLA, GPU budget, pairing rules) leave no deployment; the message names the constraint."""
+
+
+def _getter(metric: Metric) -> Callable[[Any], float]:
+    return metric if callable(metric) else (lambda p: float(getattr(p, metric)))
+
+
+def pareto_front(points: Sequence[T], x: Metric, y: Metric) -> list[T]:
+    """Points not dominated when maximising both x and y, sorted by x ascending (y then descends)."""
+    fx, fy = _getter(x), _getter(y)
+    ranked = sorted(points, key=lambda p: (-fx(p), -fy(p)))
+    front: list[T] = []
+    best_y = -math.inf
+    for p in ranked:
+        if fy(p) > best_y:
+            front.append(p)
+            best_y = fy(p)
+    return front[::-1]
+
+
+def hypervolume_2d(points: Sequence[tuple[float, float]], ref: tuple[float, float]) -> float:
+    """Area dominated by `points` (maximising both) and bounded below by the reference point."""
+    inside = [(px, py) for px, py in points if px > ref[0] and py > ref[1]]
+    area = 0.0
+    prev_x = ref[0]
+    for px, py in pareto_front(inside, x=lambda p: p[0], y=lambda p: p[1]):  # x ascending, y descending
+        area += (px - prev_x) * (py - ref[1])
+        prev_x = px
+    return area
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Limits a composed deployment must meet. Latencies are read at `percentile` (p50 or p99)."""
+
+    max_gpus: int
+    max_ttft_ms: float | None = None
+    max_itl_ms: float | None = None
+    percentile: Percentile = "p50"
+    same_tp: bool = False  # hybrid (GDN/mamba) models under PD need equal TP on both sides (vLLM NIXL)
+    same_mtp: bool = False  # equal speculative config, so both sides get the same hybrid block size
+
+    def __post_init__(self) -> None:
+        if self.max_gpus < 1:
+            raise ConfigError(f"GPU budget must be >= 1, got {self.max_gpus}", field="--gpus", fix="give >= 1")
+        for name in ("max_ttft_ms", "max_itl_ms"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"must be positive, got {value}", field=f"--{name.replace('_', '-')}",
+                                  fix="give a positive limit in milliseconds, or omit it")
+        if self.percentile not in ("p50", "p99"):
+            raise ConfigError(f"unknown percentile {self.percentile!r}", field="--percentile", fix="use p50 or p99")
+
+
+def _ttft(m: ServingMetrics, pct: Percentile) -> float:
+    return m.ttft_ms_p99 if pct == "p99" else m.ttft_ms_p50
+
+
+def _itl(m: ServingMetrics, pct: Percentile) -> float:
+    return m.itl_ms_p99 if pct == "p99" else m.itl_ms_p50
+
+
+@dataclass(frozen=True)
+class ComposedPoint:
+    """x prefill instances + y decode instances, each at one point of its curve."""
+
+    prefill_topology: Topology
+    num_prefill: int
+    decode_topology: Topology
+    num_decode: int
+    prefill: ServingMetrics  # one prefill instance
+    decode: ServingMetrics  # one decode instance
+    num_gpus: int
+    total_tok_s_per_gpu: float  # (input + output) tokens/s over every GPU, prefill and decode
+    tok_s_per_user: float
+    ttft_ms: float  # prefill TTFT + decode-side wait, transfer and first step, at the chosen percentile
+    itl_ms: float
+    family: str = field(compare=False)  # prefill topology + decode topology and MTP: one faint curve
+
+    @cached_property
+    def deployment(self) -> Deployment:
+        return Deployment.disaggregated(self.prefill_topology, self.num_prefill, self.decode_topology,
+                                        self.num_decode)
+
+    @cached_property
+    def metrics(self) -> ServingMetrics:
+        """The whole deployment in the shared schema (its rate is the decode side's)."""
+        d, p, y = self.decode, self.prefill, self.num_decode
+        return ServingMetrics.from_rates(
+            concurrency=y * d.concurrency, num_gpus=self.num_gpus, isl=d.isl, osl=d.osl,
+            request_rps=y * d.request_throughput_rps, ttft_ms=p.ttft_ms_p50 + d.ttft_ms_p50, itl_ms=d.itl_ms_p50,
+            ttft_ms_p99=p.ttft_ms_p99 + d.ttft_ms_p99, itl_ms_p99=d.itl_ms_p99,
+            max_concurrency=y * d.max_concurrency, running=y * d.running_requests)
+
+    @property
+    def name(self) -> str:
+        return self.deployment.name
+
+
+def _fail(message: str, field: str, fix: str) -> InfeasibleError:
+    return InfeasibleError(message, field=field, fix=fix)
+
+
+def _check_curves(prefill: Sequence[CurvePoint], decode: Sequence[CurvePoint], c: Constraints) -> None:
+    if not prefill:
+        raise _fail("no prefill point to compose", "prefill curve", "give at least one prefill topology that fits")
+    if not decode:
+        raise _fail("no decode point to compose", "decode curve", "give at least one decode topology that fits")
+    isls = {m.isl for _, m in prefill} | {m.isl for _, m in decode}
+    if len(isls) > 1:
+        raise ConfigError(f"curves mix input lengths {sorted(isls)}", field="curves",
+                          fix="compose prefill and decode curves measured at the same ISL")
+    if c.max_ttft_ms is not None:
+        best = min(_ttft(m, c.percentile) for _, m in prefill)
+        if best > c.max_ttft_ms:
+            raise _fail(f"no prefill point meets TTFT <= {c.max_ttft_ms:g} ms ({c.percentile}); the best TTFT is "
+                        f"{best:,.0f} ms", "--max-ttft-ms", f"raise the TTFT limit to at least {math.ceil(best)} ms")
+    if c.max_itl_ms is not None:
+        best = min(_itl(m, c.percentile) for _, m in decode)
+        if best > c.max_itl_ms:
+            raise _fail(f"no decode point meets ITL <= {c.max_itl_ms:g} ms ({c.percentile}); the best ITL is "
+                        f"{best:.1f} ms", "--max-itl-ms", f"raise the ITL limit to at least {best:.1f} ms")
+    smallest = min(t.num_gpus for t, _ in prefill) + min(t.num_gpus for t, _ in decode)
+    if smallest > c.max_gpus:
+        raise _fail(f"the smallest 1P1D pair needs {smallest} GPUs but the budget is {c.max_gpus}", "--gpus",
+                    f"allow at least {smallest} GPUs or add smaller topologies")
+
+
+def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurvePoint],
+                          constraints: Constraints) -> list[ComposedPoint]:
+    """Every feasible xPyD deployment: per decode point and decode count y, the prefill point and count x that
+    cover the decode rate with the fewest GPUs (ties: lower TTFT). Raises InfeasibleError naming the constraint
+    that removed everything."""
+    c = constraints
+    _check_curves(prefill, decode, c)
+    pct = c.percentile
+    p_gpus = np.array([t.num_gpus for t, _ in prefill], dtype=float)
+    p_rps = np.array([m.request_throughput_rps for _, m in prefill], dtype=float)
+    p_ttft = np.array([_ttft(m, pct) for _, m in prefill], dtype=float)
+    p_tp = np.array([t.tp for t, _ in prefill])
+    p_mtp = np.array([t.mtp for t, _ in prefill])
+    p_ok = (p_rps > 0) & (p_gpus < c.max_gpus)
+    if c.max_ttft_ms is not None:
+        p_ok &= p_ttft <= c.max_ttft_ms
+    tie = p_ttft / (p_ttft.max() + 1.0)  # < 1: breaks GPU-count ties by TTFT only
+    out: list[ComposedPoint] = []
+    reasons = {"itl": 0, "pairing": 0, "gpus": 0, "ttft": 0}
+    for d_topo, d in decode:
+        d_itl = _itl(d, pct)
+        if c.max_itl_ms is not None and d_itl > c.max_itl_ms:
+            reasons["itl"] += 1
+            continue
+        ok = p_ok.copy()
+        if c.same_tp:
+            ok &= p_tp == d_topo.tp
+        if c.same_mtp:
+            ok &= p_mtp == d_topo.mtp
+        if not ok.any():
+            reasons["pairing"] += 1
+            continue
+        d_ttft = _ttft(d, pct)
+        if c.max_ttft_ms is not None:
+            ok &= p_ttft + d_ttft <= c.max_ttft_ms
+            if not ok.any():
+                reasons["ttft"] += 1
+                continue
+        gd = d_topo.num_gpus
+        y = np.arange(1, (c.max_gpus - int(p_gpus[ok].min())) // gd + 1, dtype=float)
+        if y.size == 0 or d.request_throughput_rps <= 0:
+            reasons["gpus"] += 1
+            continue
+        need = y[:, None] * d.request_throughput_rps  # (Y, 1) decode rate to cover
+        x = np.ceil(need / np.where(ok, p_rps, np.inf)[None, :] - 1e-9)
+        x = np.maximum(x, 1.0)
+        gpus = x * p_gpus[None, :] + y[:, None] * gd
+        feasible = ok[None, :] & (gpus <= c.max_gpus)
+        key = np.where(feasible, gpus + tie[None, :], np.inf)
+        best = key.argmin(axis=1)
+        rows = np.nonzero(np.isfinite(key[np.arange(y.size), best]))[0]
+        if rows.size == 0:
+            reasons["gpus"] += 1
+            continue
+        total_per_req = d.isl + d.osl
+        for row in rows:
+            i = int(best[row])
+            p_topo, p = prefill[i]
+            n_gpus = int(gpus[row, i])
+            n_dec = int(y[row])
+            out.append(ComposedPoint(
+                prefill_topology=p_topo, num_prefill=int(x[row, i]), decode_topology=d_topo, num_decode=n_dec,
+                prefill=p, decode=d, num_gpus=n_gpus,
+                total_tok_s_per_gpu=n_dec * d.request_throughput_rps * total_per_req / n_gpus,
+                tok_s_per_user=1000.0 / d_itl if d_itl > 0 else 0.0, ttft_ms=float(p_ttft[i]) + d_ttft,
+                itl_ms=d_itl, family=f"{p_topo.name} -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")))
+    if not out:
+        raise _explain(reasons, len(decode), c)
+    return out
+
+
+def _explain(reasons: dict[str, int], num_decode: int, c: Constraints) -> InfeasibleError:
+    if reasons["itl"] == num_decode:
+        return _fail(f"no decode point meets ITL <= {c.max_itl_ms:g} ms", "--max-itl-ms", "raise the ITL limit")
+    worst = max(reasons, key=lambda k: reasons[k])
+    if worst == "pairing":
+        return _fail("no prefill topology pairs with a decode topology (hybrid models need equal TP and MTP on both "
+                     "sides)", "topologies", "sweep prefill topologies with the decode topologies' TP")
+    if worst == "ttft":
+        return _fail(f"no prefill + decode pair meets TTFT <= {c.max_ttft_ms:g} ms once the decode side's queueing "
+                     "and KV transfer are added", "--max-ttft-ms", "raise the TTFT limit or lower the concurrency")
+    return _fail(f"no xPyD deployment fits in {c.max_gpus} GPUs", "--gpus", "allow more GPUs")
+
+
+def combined_front(points: Sequence[ComposedPoint]) -> list[ComposedPoint]:
+    """The combined Pareto front: total tok/s/GPU vs tok/s/user, both maximised."""
+    return pareto_front(points, x="total_tok_s_per_gpu", y="tok_s_per_user")
+
+
+def family_fronts(points: Sequence[ComposedPoint]) -> dict[str, list[ComposedPoint]]:
+    """Each (prefill topology, decode topology + MTP) family's own front: the faint curves of the chart."""
+    groups: dict[str, list[ComposedPoint]] = {}
+    for p in points:
+        groups.setdefault(p.family, []).append(p)
+    return {k: combined_front(v) for k, v in groups.items()}

@@ -1,0 +1,186 @@
+"""Per-GPU constants of one (model, GPU, topology): bytes, FLOPs and message sizes before the batch is known.
+
+Computed once per topology so that evaluating a concurrency level is a handful of multiplications.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.hardware import GpuSpec
+from tuner.memory import kv_layout
+from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightTensor
+from tuner.topology import Topology
+
+GB = 1e9
+ACT_BYTES = 2  # bf16 activations on the wire (all-reduce, combine)
+DISPATCH_BYTES = 1  # EP dispatch sends FP8-quantised activations (DeepEP / FlashInfer all2allv)
+COMPUTE_DTYPES = ("bf16", "fp8", "fp4")
+_NO_COMPUTE = (TensorGroup.EMBEDDING, TensorGroup.NORM)  # a gather and elementwise ops: no GEMM FLOPs
+
+
+def local_fraction(t: WeightTensor, model: ModelSpec, topo: Topology) -> float:
+    """Share of a tensor one GPU holds (and multiplies): the same split the memory model applies."""
+    match t.sharding:
+        case Sharding.SPLIT | Sharding.VOCAB:
+            return 1 / topo.tp
+        case Sharding.REPLICATED:
+            return 1.0
+        case Sharding.KV_HEADS:
+            kv = model.attention.num_kv_heads if model.attention else topo.tp
+            return max(1, kv // topo.tp) / kv
+        case Sharding.EXPERTS:
+            return 1 / topo.ep_size
+    raise AssertionError(t.sharding)
+
+
+@dataclass(frozen=True, slots=True)
+class FlopsByDtype:
+    """FLOPs split by the tensor-core rate they run at."""
+
+    bf16: float = 0.0
+    fp8: float = 0.0
+    fp4: float = 0.0
+
+    def add(self, dtype: str, flops: float) -> FlopsByDtype:
+        return FlopsByDtype(**{d: getattr(self, d) + (flops if d == dtype else 0.0) for d in COMPUTE_DTYPES})
+
+    def scaled(self, factor: float) -> FlopsByDtype:
+        return FlopsByDtype(self.bf16 * factor, self.fp8 * factor, self.fp4 * factor)
+
+    def seconds(self, gpu: GpuSpec, efficiency: float) -> float:
+        return sum(getattr(self, d) / (gpu.tflops(d) * 1e12 * efficiency)  # type: ignore[arg-type]
+                   for d in COMPUTE_DTYPES if getattr(self, d))
+
+
+@dataclass(frozen=True, slots=True)
+class PassCosts:
+    """One forward pass over a set of layers (the target model, or the MTP drafter) on one GPU."""
+
+    num_layers: int
+    num_moe_layers: int
+    dense_bytes: float  # non-expert weights read once per pass (embedding gather excluded)
+    expert_bytes: float  # every local expert of these layers; scaled by the activated fraction
+    dense_flops_per_token: FlopsByDtype  # non-expert GEMMs, per token, this GPU (lm_head excluded)
+    expert_flops_per_token: FlopsByDtype  # one token's top-k experts, all of them (divide by EP to place)
+    attn_flops_per_token_ctx: float  # full-attention score+value FLOPs per query token per context token
+    window_attn_flops_per_token_ctx: float  # same over the sliding-window layers (context capped at the window)
+    gdn_flops_per_token: float  # recurrent-state update FLOPs per token (linear attention layers)
+    kv_bytes_per_token: float  # KV bytes per context token over the full-attention layers (this GPU)
+    window_kv_bytes_per_token: float  # same, sliding-window layers (read up to the window)
+    state_bytes: float  # GDN / mamba state per request over these layers (this GPU)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceCosts:
+    """Everything a step needs for one topology, per GPU."""
+
+    tp: int
+    dp: int
+    ep_size: int
+    expert_parallel: bool
+    hidden_size: int
+    topk_fraction: float  # k / E (0 for a dense model)
+    target: PassCosts
+    draft: PassCosts | None  # the MTP layer(s), when the topology runs MTP
+    lm_head_bytes: float
+    lm_head_flops_per_token: FlopsByDtype
+    sliding_window: int | None
+    tp_link_bytes_s: float  # per-direction bandwidth of the TP group's link
+    ep_link_bytes_s: float  # per-direction bandwidth of the EP group's link
+    kv_link_bytes_s: float  # prefill -> decode transfer link
+    a2a_remote_ranks: float  # expected EP ranks (other than its own) one token is sent to
+
+    @property
+    def experts_activated_all(self) -> bool:
+        return self.topk_fraction >= 1.0
+
+    def expert_active_fraction(self, tokens: float) -> float:
+        """Expected fraction of a GPU's local experts that `tokens` routed tokens touch (uniform routing)."""
+        if self.topk_fraction <= 0 or tokens <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.topk_fraction) ** tokens
+
+
+def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
+                moe_layers: int, kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
+    dense_bytes = expert_bytes = 0.0
+    dense_flops = FlopsByDtype()
+    expert_flops = FlopsByDtype()
+    share = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
+    for t in model.tensors:
+        if t.is_mtp != mtp or t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD):
+            continue
+        frac = local_fraction(t, model, topo)
+        if t.is_expert:
+            expert_bytes += t.nbytes * frac
+            expert_flops = expert_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * share)
+            continue
+        dense_bytes += t.nbytes * frac
+        if t.group not in _NO_COMPUTE and len(t.shape) == 2:
+            dense_flops = dense_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * frac)
+    full = sum(1 for k in kinds if k in (LayerKind.FULL_ATTENTION, LayerKind.MLA))
+    window = sum(1 for k in kinds if k is LayerKind.SLIDING_WINDOW)
+    recurrent = sum(1 for k in kinds if k in (LayerKind.LINEAR_ATTENTION, LayerKind.MAMBA))
+    per_layer = 0.0  # QK^T and PV: 2 FLOPs per multiply-add each
+    if model.attention:
+        per_layer = 4.0 * model.attention.num_heads / topo.tp * model.attention.head_dim
+    elif model.mla:
+        m = model.mla
+        per_layer = 2.0 * m.num_heads / topo.tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    gdn = 0.0
+    if model.linear_attention:
+        la = model.linear_attention
+        # decay, k^T v outer-product update and S q read-out: ~8 FLOPs per state element per token
+        gdn = 8.0 * la.num_value_heads / topo.tp * la.key_head_dim * la.value_head_dim * recurrent
+    return PassCosts(num_layers=len(kinds), num_moe_layers=moe_layers, dense_bytes=dense_bytes,
+                     expert_bytes=expert_bytes, dense_flops_per_token=dense_flops,
+                     expert_flops_per_token=expert_flops, attn_flops_per_token_ctx=per_layer * full,
+                     window_attn_flops_per_token_ctx=per_layer * window,
+                     gdn_flops_per_token=gdn, kv_bytes_per_token=kv_bytes_per_layer * full,
+                     window_kv_bytes_per_token=kv_bytes_per_layer * window,
+                     state_bytes=state_bytes_per_layer * recurrent)
+
+
+def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
+    """Per-direction bandwidth of a group: NVLink inside the NVLink domain, the host network outside it."""
+    if group_gpus <= gpu.nvlink_domain_gpus:
+        return gpu.nvlink_bandwidth_gb_s / 2 * GB
+    return gpu.inter_host_bandwidth_gb_s * GB
+
+
+def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCosts:
+    """Precompute the per-GPU constants of one topology (called once per topology, then cached)."""
+    layout = kv_layout(model, topo, architecture=gpu.architecture)
+    state_per_layer = layout.conv_state_bytes + layout.ssm_state_bytes
+    attn_per_token = layout.attn_bytes_per_token if (model.attention or model.mla) else 0
+    target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_layers=model.num_moe_layers,
+                         kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
+    draft = None
+    if topo.mtp and model.num_mtp_layers and model.mtp_layer_kind is not None:
+        kinds = (model.mtp_layer_kind,) * model.num_mtp_layers
+        draft = _pass_costs(model, topo, mtp=True, kinds=kinds,
+                            moe_layers=model.num_mtp_layers if model.moe else 0,
+                            kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
+    lm_bytes = 0.0
+    lm_flops = FlopsByDtype()
+    for t in model.tensors:
+        if t.group is TensorGroup.LM_HEAD and not t.is_mtp:
+            frac = local_fraction(t, model, topo)
+            lm_bytes += t.nbytes * frac
+            lm_flops = lm_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * frac)
+    if model.tie_word_embeddings and not lm_bytes:
+        emb = next(t for t in model.tensors if t.group is TensorGroup.EMBEDDING)
+        lm_bytes = emb.nbytes / topo.tp
+        lm_flops = lm_flops.add(emb.fmt.compute_dtype, 2.0 * emb.num_params / topo.tp)
+    ep = topo.ep_size
+    k_share = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
+    # A token's top-k experts land on a given other rank with probability 1 - (1 - 1/EP)^k.
+    remote = (ep - 1) * (1.0 - (1.0 - 1.0 / ep) ** model.moe.experts_per_token) if model.moe and ep > 1 else 0.0
+    return InstanceCosts(
+        tp=topo.tp, dp=topo.dp, ep_size=ep, expert_parallel=topo.ep, hidden_size=model.hidden_size,
+        topk_fraction=k_share, target=target, draft=draft, lm_head_bytes=lm_bytes,
+        lm_head_flops_per_token=lm_flops, sliding_window=layout.sliding_window,
+        tp_link_bytes_s=_link_bytes_s(gpu, topo.tp), ep_link_bytes_s=_link_bytes_s(gpu, topo.num_gpus),
+        kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
+        a2a_remote_ranks=remote)

@@ -1,0 +1,152 @@
+"""RooflineModel: physics-based prediction of a prefill or decode instance, with KV-capacity queueing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.errors import ConfigError, DoesNotFitError
+from tuner.hardware import GpuSpec
+from tuner.memory import MemoryBreakdown, MemoryInputs, compute_memory
+from tuner.metrics import ServingMetrics
+from tuner.models import ModelSpec
+from tuner.perf._base import PerformanceModel
+from tuner.perf._calibration import Calibration
+from tuner.perf._costs import InstanceCosts, instance_costs
+from tuner.perf._steps import DecodeStep, PrefillStep, decode_step, prefill_step
+from tuner.topology import Role, Topology
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceState:
+    """Constants of one (topology, workload): per-GPU costs and the KV-capacity cap."""
+
+    costs: InstanceCosts
+    memory: MemoryBreakdown
+    cap_per_rank: int  # requests one DP rank runs at once (KV cache, max-num-seqs, token budget)
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """How `concurrency` clients spread over an instance: running requests and busy DP ranks."""
+
+    running: int
+    busy_ranks: int
+
+    @property
+    def per_rank(self) -> float:
+        return self.running / self.busy_ranks
+
+
+def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
+    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.gpu_memory_utilization, topo.max_num_seqs,
+            topo.max_num_batched_tokens, isl, osl)
+
+
+class RooflineModel(PerformanceModel):
+    """Decode: bytes over HBM vs FLOPs over peak, plus collectives and fixed costs. Prefill: chunked FLOPs.
+
+    Per-topology constants are computed once and cached, so a concurrency level costs microseconds.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None) -> None:
+        super().__init__(model, gpu, calibration)
+        self._states: dict[tuple[object, ...], InstanceState] = {}
+        self._costs: dict[tuple[object, ...], InstanceCosts] = {}
+
+    def with_calibration(self, calibration: Calibration) -> RooflineModel:
+        """Same model and GPU, other factors; shares the calibration-independent caches (fast refits)."""
+        twin = RooflineModel(self.model, self.gpu, calibration)
+        twin._states = self._states
+        twin._costs = self._costs
+        return twin
+
+    # -- constants -------------------------------------------------------------------------------
+    def state(self, topo: Topology, role: Role, *, isl: int, osl: int) -> InstanceState:
+        """Cached constants; raises TopologyError / DoesNotFitError for layouts that cannot serve."""
+        mem_osl = 1 if role is Role.PREFILL else osl
+        key = _key(topo, isl, mem_osl)
+        found = self._states.get(key)
+        if found is not None:
+            return found
+        topo.check(self.model)
+        cost_key = key[:4]
+        costs = self._costs.get(cost_key)
+        if costs is None:
+            costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
+        memory = compute_memory(self.model, self.gpu, topo, MemoryInputs(isl=isl, osl=mem_osl))
+        if not memory.fits:
+            raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
+                                  fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
+        cap = memory.running_requests_cap
+        if role is Role.DECODE:  # verified tokens of every running request must fit one step's token budget
+            cap = min(cap, topo.max_num_batched_tokens // (1 + topo.mtp))
+        state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, cap))
+        self._states[key] = state
+        return state
+
+    def capacity(self, topology: Topology, role: Role, *, isl: int, osl: int) -> int:
+        return self.state(topology, role, isl=isl, osl=osl).cap_per_rank * topology.dp
+
+    @staticmethod
+    def occupancy(state: InstanceState, topo: Topology, concurrency: int) -> Occupancy:
+        """running = min(concurrency, cap per DP rank x DP); the rest waits in the queue."""
+        running = min(concurrency, state.cap_per_rank * topo.dp)
+        return Occupancy(running=running, busy_ranks=min(topo.dp, running))
+
+    # -- steps (public for breakdowns and tests) ---------------------------------------------------
+    def decode_step(self, topo: Topology, running: int, *, isl: int, osl: int) -> DecodeStep:
+        """The decode step of an instance with `running` requests (context = isl + osl / 2 on average)."""
+        state = self.state(topo, Role.DECODE, isl=isl, osl=osl)
+        occ = self.occupancy(state, topo, running)
+        return decode_step(state.costs, self.gpu, self.calibration, requests_per_rank=occ.per_rank,
+                           total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp)
+
+    def prefill_step(self, topo: Topology, running: int, *, isl: int) -> PrefillStep:
+        """The prefill step of an instance with `running` prompts in flight (chunked by the token budget)."""
+        state = self.state(topo, Role.PREFILL, isl=isl, osl=1)
+        occ = self.occupancy(state, topo, running)
+        tokens = min(topo.max_num_batched_tokens, occ.per_rank * isl)
+        return prefill_step(state.costs, self.gpu, self.calibration, tokens_per_rank=tokens,
+                            busy_ranks=occ.busy_ranks, prompt_tokens=isl)
+
+    # -- predictions ---------------------------------------------------------------------------------
+    def predict(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int) -> ServingMetrics:
+        if isl < 1 or osl < 1 or concurrency < 1:
+            raise ConfigError(f"isl, osl and concurrency must be >= 1 (got {isl}, {osl}, {concurrency})",
+                              field="workload", fix="give positive token counts and concurrency")
+        if role is Role.DECODE:
+            return self._decode(topology, isl, osl, concurrency)
+        if role is Role.PREFILL:
+            return self._prefill(topology, isl, concurrency)
+        raise ConfigError("aggregated (role 'both') serving is not modelled yet", field="role",
+                          fix="predict the prefill and decode roles and compose them with tuner.frontier")
+
+    def _decode(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
+        state = self.state(topo, Role.DECODE, isl=isl, osl=osl)
+        occ = self.occupancy(state, topo, concurrency)
+        step = decode_step(state.costs, self.gpu, self.calibration, requests_per_rank=occ.per_rank,
+                           total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp)
+        itl_ms = step.itl_ms
+        busy_s = osl * itl_ms / 1e3  # one request's decode time once it runs
+        rps = occ.running / busy_s
+        wait_ms = max(0.0, concurrency / rps - busy_s) * 1e3  # Little's law: the queue ahead of the KV cache
+        costs = state.costs
+        cal = self.calibration
+        kv_bytes = isl * (costs.target.kv_bytes_per_token + costs.target.window_kv_bytes_per_token)
+        transfer_ms = (kv_bytes + costs.target.state_bytes) / (costs.kv_link_bytes_s * cal.kv_transfer_efficiency) * 1e3
+        return ServingMetrics.from_rates(
+            concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=osl, request_rps=rps,
+            ttft_ms=wait_ms + transfer_ms + itl_ms, itl_ms=itl_ms,
+            max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
+
+    def _prefill(self, topo: Topology, isl: int, concurrency: int) -> ServingMetrics:
+        state = self.state(topo, Role.PREFILL, isl=isl, osl=1)
+        occ = self.occupancy(state, topo, concurrency)
+        tokens = min(topo.max_num_batched_tokens, occ.per_rank * isl)
+        step = prefill_step(state.costs, self.gpu, self.calibration, tokens_per_rank=tokens,
+                            busy_ranks=occ.busy_ranks, prompt_tokens=isl)
+        rps = occ.busy_ranks * tokens / isl / (step.step_ms / 1e3)
+        ttft_ms = concurrency / rps * 1e3  # Little's law over every client, queued or running
+        return ServingMetrics.from_rates(
+            concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=1, request_rps=rps, ttft_ms=ttft_ms,
+            itl_ms=0.0, max_concurrency=state.memory.max_concurrency_instance, running=occ.running)

@@ -1,0 +1,71 @@
+"""Prefill and decode curves of every topology that fits, from a performance model (the frontier's input)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tuner.errors import DoesNotFitError, TopologyError
+from tuner.metrics import ServingMetrics
+from tuner.perf._base import PerformanceModel
+from tuner.topology import Role, Topology, enumerate_topologies
+
+DECODE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+PREFILL_LADDER = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Curves:
+    """(Topology, ServingMetrics) points per role; `skipped` says why a topology was left out."""
+
+    prefill: list[tuple[Topology, ServingMetrics]] = field(default_factory=list)
+    decode: list[tuple[Topology, ServingMetrics]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def num_points(self) -> int:
+        return len(self.prefill) + len(self.decode)
+
+
+def candidate_topologies(perf: PerformanceModel, num_gpus: int, *, max_gpus_per_instance: int | None = None,
+                         mtp_depths: Sequence[int] = (0,), **engine: object) -> list[Topology]:
+    """Every (TP, DP, EP, MTP) vLLM accepts for the model within the GPU count (memory is checked later)."""
+    out = []
+    for tp, dp, ep in enumerate_topologies(num_gpus, max_gpus_per_instance=max_gpus_per_instance):
+        for mtp in mtp_depths:
+            topo = Topology.create(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
+            try:
+                topo.check(perf.model, cluster_gpus=num_gpus)
+            except TopologyError:
+                continue
+            out.append(topo)
+    return out
+
+
+def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl: int, osl: int,
+                 prefill_mtp_depths: Sequence[int] = (0,), decode_ladder: Sequence[int] = DECODE_LADDER,
+                 prefill_ladder: Sequence[int] = PREFILL_LADDER,
+                 on_topology: Callable[[Topology], None] | None = None) -> Curves:
+    """Predict every topology in both roles (prefill only at `prefill_mtp_depths`); skip those that do not fit.
+
+    Levels past the instance's capacity only add queueing (same rate and ITL, longer TTFT), so the ladder stops
+    at the capacity itself.
+    """
+    curves = Curves()
+    for topo in topologies:
+        if on_topology is not None:
+            on_topology(topo)
+        roles = [Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
+        for role in roles:
+            target = curves.decode if role is Role.DECODE else curves.prefill
+            ladder = decode_ladder if role is Role.DECODE else prefill_ladder
+            try:
+                cap = perf.capacity(topo, role, isl=isl, osl=osl)
+            except DoesNotFitError as exc:
+                curves.skipped.append((f"{topo.label()} {role.value}", exc.message))
+                continue
+            levels = [c for c in ladder if c < cap] + ([cap] if cap <= ladder[-1] else [])
+            placed = topo.model_copy(update={"role": role})
+            for metrics in perf.predict_curve(placed, role, isl=isl, osl=osl, concurrencies=levels):
+                target.append((placed, metrics))
+    return curves

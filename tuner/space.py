@@ -1,0 +1,220 @@
+"""Search spaces: a YAML file per campaign, validated with errors that name the line and the field.
+
+A space holds the cluster, the workload, the constraints and, per phase (prefill, decode), the choices of every
+knob. It expands to the full list of valid configurations (for pre-screening and the exhaustive baseline).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tuner.errors import ConfigError, TopologyError
+from tuner.models import ModelSpec
+from tuner.topology import Role, Topology
+from tuner.workload import Workload
+
+Phase = Literal["prefill", "decode"]
+PHASES: tuple[Phase, ...] = ("prefill", "decode")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FloatRange(_Strict):
+    low: float
+    high: float
+    step: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatRange:
+        if self.high < self.low:
+            raise ValueError("high must be >= low")
+        return self
+
+    def values(self) -> list[float]:
+        n = round((self.high - self.low) / self.step)
+        return [round(self.low + i * self.step, 6) for i in range(n + 1)]
+
+
+class PhaseWorkload(_Strict):
+    """A phase may measure with its own lengths (the campaign's prefill sweep used 8192/2)."""
+
+    isl: int | None = Field(None, ge=1)
+    osl: int | None = Field(None, ge=1)
+
+
+class PhaseSpace(_Strict):
+    tp: list[int] = Field([1], min_length=1)
+    dp: list[int] = Field([1], min_length=1)
+    ep: list[bool] = Field([False], min_length=1)
+    mtp: list[int] = Field([0], min_length=1)
+    gpu_memory_utilization: list[float] | FloatRange = [0.92]
+    max_num_seqs: list[int] = Field([256], min_length=1)
+    max_num_batched_tokens: list[int] = Field([8192], min_length=1)
+    concurrency: list[int] = Field(min_length=1)
+    workload: PhaseWorkload = PhaseWorkload()
+
+    @field_validator("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "concurrency")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if any(v < 1 for v in values):
+            raise ValueError("every value must be >= 1")
+        return sorted(set(values))
+
+    @field_validator("mtp")
+    @classmethod
+    def _mtp(cls, values: list[int]) -> list[int]:
+        if any(v < 0 or v > 8 for v in values):
+            raise ValueError("MTP depth must be 0..8")
+        return sorted(set(values))
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _fraction(cls, value: list[float] | FloatRange) -> list[float] | FloatRange:
+        values = value.values() if isinstance(value, FloatRange) else value
+        if not values or any(not 0 < v <= 1 for v in values):
+            raise ValueError("gpu_memory_utilization values must be in (0, 1]")
+        return value
+
+    def utilizations(self) -> list[float]:
+        g = self.gpu_memory_utilization
+        return g.values() if isinstance(g, FloatRange) else sorted(set(g))
+
+
+class ClusterSpec(_Strict):
+    gpu: str
+    num_gpus: int = Field(ge=1)
+    gpus_per_host: int | None = Field(None, ge=1, description="default: the GPU catalog's")
+
+
+class WorkloadSpec(_Strict):
+    isl: int = Field(ge=1)
+    osl: int = Field(ge=1)
+    requests_per_level: int = Field(0, ge=0)
+
+
+class Constraints(_Strict):
+    max_ttft_ms: float | None = Field(None, gt=0)
+    max_itl_ms: float | None = Field(None, gt=0)
+    percentile: Literal["p50", "p99"] = "p50"
+    min_accuracy: float | None = Field(None, ge=0, le=1)
+
+
+class SearchSpace(_Strict):
+    name: str
+    description: str = ""
+    cluster: ClusterSpec
+    workload: WorkloadSpec
+    constraints: Constraints = Constraints()
+    phases: dict[Phase, PhaseSpace] = Field(min_length=1)
+
+    def phase_workload(self, phase: Phase) -> Workload:
+        space = self.phases[phase]
+        return Workload(isl=space.workload.isl or self.workload.isl, osl=space.workload.osl or self.workload.osl,
+                        concurrency=tuple(space.concurrency), requests_per_level=self.workload.requests_per_level)
+
+    def param_choices(self, phase: Phase) -> dict[str, list]:
+        """Every knob's choices; the order fixes the Optuna parameter order."""
+        s = self.phases[phase]
+        return {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
+                "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
+                "max_num_batched_tokens": s.max_num_batched_tokens}
+
+    def topology(self, phase: Phase, params: dict) -> Topology:
+        return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
+                               mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
+                               max_num_seqs=params["max_num_seqs"],
+                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase))
+
+    def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
+        """All valid configurations of a phase; raises if constraints leave none, saying which."""
+        choices = self.param_choices(phase)
+        out, seen, rejected = [], set(), Counter()
+        for combo in itertools.product(*choices.values()):
+            params = dict(zip(choices, combo, strict=True))
+            if params["ep"] and params["tp"] * params["dp"] == 1:
+                continue  # EP on one GPU is the same layout as EP off
+            topo = self.topology(phase, params)
+            try:
+                topo.check(model, cluster_gpus=self.cluster.num_gpus)
+            except TopologyError as exc:
+                rejected[exc.message.split(" (")[0]] += 1
+                continue
+            if topo not in seen:
+                seen.add(topo)
+                out.append(topo)
+        if not out:
+            reasons = "; ".join(f"{n} x {why}" for why, n in rejected.most_common(3))
+            raise ConfigError(f"phase {phase} has no valid configuration for {model.name} ({reasons})",
+                              field=f"phases.{phase}", fix="widen tp/dp/ep or raise cluster.num_gpus")
+        return out
+
+
+# -- loading with line numbers ---------------------------------------------------------------------------
+def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
+    index = {path: node.start_mark.line + 1}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            child = (*path, key.value)
+            index[child] = key.start_mark.line + 1
+            index.update({k: v for k, v in _line_index(value, child).items() if k != child})
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            index.update(_line_index(item, (*path, i)))
+    return index
+
+
+def _describe(err: dict, allowed: dict[tuple, list[str]]) -> str:
+    if err["type"] == "extra_forbidden":
+        parent = tuple(str(p) for p in err["loc"][:-1] if not str(p).startswith(("list[", "FloatRange")))
+        names = allowed.get(parent[-1:] if parent else (), [])
+        return f"unknown parameter{'; allowed: ' + ', '.join(names) if names else ''}"
+    if err["type"] == "missing":
+        return "required field is missing"
+    return err["msg"]
+
+
+_ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.model_fields),
+            ("workload",): list(WorkloadSpec.model_fields), ("constraints",): list(Constraints.model_fields),
+            ("prefill",): list(PhaseSpace.model_fields), ("decode",): list(PhaseSpace.model_fields)}
+
+
+def parse_space(text: str, source: str = "<space>") -> SearchSpace:
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"not valid YAML ({getattr(exc, 'problem', exc)})", field=where,
+                          fix="fix the YAML syntax at that line") from exc
+    if not isinstance(data, dict) or node is None:
+        raise ConfigError("a search space must be a YAML mapping", field=source,
+                          fix="see search_spaces/gb300-nvl72-8k1k.yaml")
+    lines = _line_index(node)
+    try:
+        return SearchSpace.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("list[", "FloatRange"))))
+        line = next((lines[loc[:i]] for i in range(len(loc), -1, -1) if loc[:i] in lines), None)
+        dotted = ".".join(str(p) for p in loc) or "(root)"
+        raise ConfigError(_describe(err, _ALLOWED), field=f"{source}:{line}: {dotted}" if line else
+                          f"{source}: {dotted}", fix="see search_spaces/gb300-nvl72-8k1k.yaml for the schema") from exc
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--space",
+                          fix="give the path of a search-space YAML file (see search_spaces/)") from exc
+    return parse_space(text, str(path))

@@ -1,0 +1,193 @@
+"""A campaign: the phase studies of one (model, hardware, workload), then the PD front composed from them."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.errors import ConfigError
+from tuner.executors import Executor
+from tuner.frontier import ComposedPoint, Constraints, InfeasibleError, combined_front, compose_disaggregated
+from tuner.hardware import GpuSpec, get_gpu
+from tuner.models import ModelSpec, load_model
+from tuner.space import PHASES, SearchSpace
+from tuner.study._naming import campaign_name, split_name, study_name
+from tuner.study._records import StoredPoint, stored_points
+from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
+from tuner.study._storage import open_storage
+from tuner.study._warm_start import predicted_front_params
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    study_name: str
+    counts: dict[str, int]  # trials by status (ok, infeasible, oom, crashed, ...)
+    launched: int
+    points: list[StoredPoint]  # every measured point, feasible or not
+    front: list[StoredPoint]  # feasible Pareto front of the phase
+    failures: list[dict[str, Any]]
+    hypervolume_history: list[float] = field(default_factory=list)
+
+
+@dataclass
+class CampaignResult:
+    name: str
+    model: str
+    gpu: str
+    isl: int
+    osl: int
+    phases: dict[str, PhaseResult]
+    composed: list[ComposedPoint]  # every xPyD deployment composed from measured curves
+    composed_front: list[ComposedPoint]
+    composition_error: str | None = None
+
+    def front_table(self) -> list[dict[str, Any]]:
+        return [{"point": i, "deployment": p.name, "gpus": p.num_gpus, "total_tok_s_per_gpu": p.total_tok_s_per_gpu,
+                 "tok_s_per_user": p.tok_s_per_user, "ttft_ms": p.ttft_ms, "itl_ms": p.itl_ms}
+                for i, p in enumerate(self.composed_front)]
+
+
+def _phase_result(study: optuna.Study, phase: str) -> PhaseResult:
+    trials = study.get_trials(deepcopy=False)
+    counts: Counter[str] = Counter()
+    failures = []
+    for t in trials:
+        kind = t.user_attrs.get("kind")
+        if kind == "extra":
+            continue
+        status = t.user_attrs.get("status") or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
+        counts[status] += 1
+        if status not in ("ok", "running") and t.user_attrs.get("reason"):
+            failures.append({"trial": t.number, "status": status, "reason": t.user_attrs["reason"],
+                             "params": dict(t.params)})
+    points = stored_points(study, phase, trials)
+    feasible = [p for p in points if p.feasible]
+    history, seen = [], []
+    from tuner.frontier import hypervolume_2d
+
+    by_parent: dict[int, list[StoredPoint]] = {}
+    for p in points:
+        by_parent.setdefault(p.trial_number, []).append(p)
+    for t in trials:  # hypervolume after each launched trial, all its levels included
+        if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE:
+            seen.extend(p.values for p in by_parent.get(t.number, []) if p.feasible)
+            seen.extend(p.values for p in points if p.feasible and p.trial_number != t.number
+                        and _parent(trials, p.trial_number) == t.number)
+            history.append(hypervolume_2d(seen, (0.0, 0.0)))
+    launched = sum(1 for t in trials if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE)
+    return PhaseResult(phase=phase, study_name=study.study_name, counts=dict(counts), launched=launched,
+                       points=points, front=front_of(feasible, phase), failures=failures,
+                       hypervolume_history=history)
+
+
+def _parent(trials: list[optuna.trial.FrozenTrial], number: int) -> int | None:
+    return trials[number].user_attrs.get("parent_trial") if number < len(trials) else None
+
+
+def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
+                  ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+    if "prefill" not in phases or "decode" not in phases:
+        return [], [], "the space has one phase only: no PD composition"
+    prefill = [(p.deployment.groups[0].topology, p.metrics) for p in phases["prefill"].points if p.feasible]
+    decode = [(p.deployment.groups[0].topology, p.metrics) for p in phases["decode"].points if p.feasible]
+    if model.is_hybrid:
+        # vLLM sizes a hybrid model's block from its speculative depth, and NIXL needs equal blocks: the prefill
+        # instance of a pair is launched with the decode side's MTP depth (its prompt speed barely changes).
+        depths = sorted({t.mtp for t, _ in decode})
+        prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
+    c = space.constraints
+    try:
+        composed = compose_disaggregated(prefill, decode, Constraints(
+            max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
+            percentile=c.percentile, same_tp=model.is_hybrid, same_mtp=model.is_hybrid))
+    except InfeasibleError as exc:
+        return [], [], exc.user_message()
+    return composed, combined_front(composed), None
+
+
+def open_campaign_studies(storage_url: str, name: str) -> dict[str, optuna.Study]:
+    storage = open_storage(storage_url)
+    base, only = split_name(name)
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    out = {}
+    for phase in PHASES:
+        full = f"{base}/{phase}"
+        if full in names and (only is None or only == phase):
+            out[phase] = optuna.load_study(study_name=full, storage=storage)
+    if not out:
+        raise ConfigError(f"no study named {name!r} in {storage_url}", field="STUDY",
+                          fix="list them with `topotune studies` (and pass the same --storage)")
+    return out
+
+
+def load_campaign(storage_url: str, name: str) -> tuple[CampaignResult, SearchSpace, dict[str, Any]]:
+    studies = open_campaign_studies(storage_url, name)
+    meta = next(iter(studies.values())).user_attrs.get("topotune", {})
+    space = SearchSpace.model_validate(meta["space"])
+    model = load_model(meta["model_path"])
+    phases = {phase: _phase_result(study, phase) for phase, study in studies.items()}
+    composed, front, error = compose_front(phases, space, model)
+    base, _ = split_name(name)
+    return (CampaignResult(name=base, model=meta["model"], gpu=meta["gpu"], isl=space.workload.isl,
+                           osl=space.workload.osl, phases=phases, composed=composed, composed_front=front,
+                           composition_error=error), space, meta)
+
+
+@dataclass
+class Campaign:
+    """Everything `topotune tune` needs; `run()` runs each phase study then composes the PD front."""
+
+    model_path: str
+    space: SearchSpace
+    backend_name: str
+    executor: Executor
+    storage_url: str
+    options: TuneOptions
+    artifacts_dir: Path
+    on_event: ProgressCallback = lambda _e: None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    phases: tuple[str, ...] = PHASES
+
+    def __post_init__(self) -> None:
+        self.model: ModelSpec = load_model(self.model_path)
+        self.gpu: GpuSpec = get_gpu(self.space.cluster.gpu)
+        for phase in self.space.phases:  # fail before any trial when a phase cannot run at all
+            self.space.expand(phase, self.model)
+
+    @property
+    def name(self) -> str:
+        w = self.space.workload
+        return campaign_name(self.model.name, self.gpu.name, w.isl, w.osl)
+
+    def phase_study_name(self, phase: str) -> str:
+        w = self.space.workload
+        return study_name(self.model.name, self.gpu.name, w.isl, w.osl, phase)
+
+    def _warm_start(self, phase: str, pair_with_tps: frozenset[int]) -> list[dict[str, Any]]:
+        return predicted_front_params(self.space, phase, self.model, self.gpu,  # type: ignore[arg-type]
+                                      pair_with_tps=pair_with_tps)
+
+    def run(self) -> CampaignResult:
+        storage = open_storage(self.storage_url)
+        pair_with: frozenset[int] = frozenset()
+        for phase in self.phases:
+            if phase not in self.space.phases or self.cancel.is_set():
+                continue
+            run = PhaseRun(phase=phase, space=self.space, model=self.model, model_path=str(self.model_path),  # type: ignore[arg-type]
+                           gpu=self.gpu, storage=storage, study_name=self.phase_study_name(phase),
+                           backend_name=self.backend_name, executor=self.executor, options=self.options,
+                           artifacts_dir=self.artifacts_dir, on_event=self.on_event, cancel=self.cancel,
+                           warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps))
+            study = run.run()
+            if self.model.is_hybrid:
+                pair_with = frozenset(p.deployment.groups[0].topology.tp
+                                      for p in _phase_result(study, phase).front)
+        result, _, _ = load_campaign(self.storage_url, self.name)
+        return result

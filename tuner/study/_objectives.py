@@ -1,0 +1,18 @@
+"""What each phase maximises. Both objectives are maximised so a failed trial is simply (0, 0)."""
+
+from __future__ import annotations
+
+from tuner.metrics import ServingMetrics
+
+# prefill: throughput per GPU vs prompt tokens/s per user (isl / TTFT): the campaign's "throughput vs TTFT"
+# decode: throughput per GPU vs generated tokens/s per user (1 / ITL)
+PHASE_METRICS: dict[str, tuple[str, str]] = {
+    "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
+    "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
+}
+
+
+def phase_values(phase: str, m: ServingMetrics) -> tuple[float, float]:
+    if phase == "prefill":
+        return (m.total_tok_s_per_gpu, m.isl * 1000.0 / m.ttft_ms_p50 if m.ttft_ms_p50 > 0 else 0.0)
+    return (m.total_tok_s_per_gpu, m.tok_s_per_user)

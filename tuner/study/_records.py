@@ -1,0 +1,79 @@
+"""How a measured point or a failure is written into an Optuna trial (and read back)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from tuner.backends import TrialResult
+from tuner.deployment import Deployment
+from tuner.metrics import ServingMetrics
+from tuner.space import Constraints
+from tuner.study._objectives import phase_values
+
+# Every told trial carries every key, so samplers see one consistent constraint vector (<= 0 is feasible).
+CONSTRAINT_KEYS: tuple[str, ...] = ("valid", "memory", "failed", "ttft", "itl", "accuracy")
+FAILED_VALUES: tuple[float, float] = (0.0, 0.0)
+
+
+def point_constraints(m: ServingMetrics, c: Constraints, accuracy: float | None) -> dict[str, float]:
+    ttft = m.ttft_ms_p99 if c.percentile == "p99" else m.ttft_ms_p50
+    itl = m.itl_ms_p99 if c.percentile == "p99" else m.itl_ms_p50
+    return {
+        "valid": 0.0, "memory": 0.0, "failed": 0.0,
+        "ttft": (ttft - c.max_ttft_ms) if c.max_ttft_ms else 0.0,
+        "itl": (itl - c.max_itl_ms) if c.max_itl_ms else 0.0,
+        "accuracy": (c.min_accuracy - accuracy) if (c.min_accuracy is not None and accuracy is not None) else 0.0,
+    }
+
+
+def failure_constraints(key: str, amount: float = 1.0) -> dict[str, float]:
+    out = dict.fromkeys(CONSTRAINT_KEYS, 0.0)
+    out[key] = max(amount, 1e-6)
+    return out
+
+
+def is_feasible(constraints: dict[str, float]) -> bool:
+    return all(v <= 0 for v in constraints.values())
+
+
+def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment) -> dict[str, Any]:
+    return {"concurrency": m.concurrency, "metrics": m.model_dump(), "status": result.status.value,
+            "deployment": json.loads(deployment.model_dump_json()), "deployment_name": deployment.name}
+
+
+@dataclass(frozen=True)
+class StoredPoint:
+    """A measured point as stored in a trial: what the fronts, reports and the API read."""
+
+    study: str
+    phase: str
+    trial_number: int
+    params: dict[str, Any]
+    deployment: Deployment
+    metrics: ServingMetrics
+    feasible: bool
+    constraints: dict[str, float]
+
+    @property
+    def values(self) -> tuple[float, float]:
+        return phase_values(self.phase, self.metrics)
+
+
+def stored_points(study: optuna.Study, phase: str, trials: list[optuna.trial.FrozenTrial] | None = None
+                  ) -> list[StoredPoint]:
+    out = []
+    for t in trials if trials is not None else study.get_trials(deepcopy=False):
+        if t.state != optuna.trial.TrialState.COMPLETE or "metrics" not in t.user_attrs:
+            continue
+        if t.values is None or any(math.isnan(v) for v in t.values):
+            continue
+        out.append(StoredPoint(study=study.study_name, phase=phase, trial_number=t.number, params=dict(t.params),
+                               deployment=Deployment.model_validate(t.user_attrs["deployment"]),
+                               metrics=ServingMetrics.model_validate(t.user_attrs["metrics"]),
+                               feasible=is_feasible(t.constraints), constraints=dict(t.constraints)))
+    return out

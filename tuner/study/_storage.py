@@ -1,0 +1,43 @@
+"""Optuna storage from any SQLAlchemy URL, with errors that say what to fix."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import optuna
+
+from tuner.errors import ConfigError
+
+_LOCK = threading.Lock()
+_STORAGES: dict[str, optuna.storages.RDBStorage] = {}
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """One RDBStorage per URL per process (its engine pools connections)."""
+    with _LOCK:
+        if url in _STORAGES:
+            return _STORAGES[url]
+        engine_kwargs: dict = {}
+        if url.startswith("sqlite"):
+            path = url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise ConfigError(f"cannot create the folder of {path}: {exc.strerror}", field="--storage",
+                                      fix="give a writable path, e.g. sqlite:////tmp/topotune.db") from exc
+            engine_kwargs = {"connect_args": {"timeout": 60}}
+        else:
+            engine_kwargs = {"pool_pre_ping": True}
+        try:
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except ImportError as exc:
+            raise ConfigError(f"no database driver for {url.split(':', 1)[0]} ({exc.name})", field="--storage",
+                              fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB") from exc
+        except Exception as exc:  # sqlalchemy's OperationalError, ArgumentError, ...
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"cannot open storage {url!r}: {first_line}", field="--storage",
+                              fix="check the URL and that the database server is reachable") from exc
+        _STORAGES[url] = storage
+        return storage

@@ -1,0 +1,66 @@
+"""Warm start: the simulator's predicted front of a phase, as params to enqueue before the sampler starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.frontier import hypervolume_2d, pareto_front
+from tuner.hardware import GpuSpec
+from tuner.memory import MemoryInputs, compute_memory
+from tuner.models import ModelSpec
+from tuner.perf import RooflineModel
+from tuner.space import Phase, SearchSpace
+from tuner.study._objectives import phase_values
+from tuner.topology import Role, Topology
+
+
+def topology_params(topo: Topology) -> dict[str, Any]:
+    return {"tp": topo.tp, "dp": topo.dp, "ep": topo.ep, "mtp": topo.mtp,
+            "gpu_memory_utilization": topo.gpu_memory_utilization, "max_num_seqs": topo.max_num_seqs,
+            "max_num_batched_tokens": topo.max_num_batched_tokens}
+
+
+def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec
+                     ) -> list[tuple[Topology, tuple[float, float]]]:
+    """Every valid, fitting config of the phase with its predicted values at every concurrency level."""
+    workload = space.phase_workload(phase)
+    perf = RooflineModel(model, gpu)
+    out = []
+    for topo in space.expand(phase, model):
+        if not compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl)).fits:
+            continue
+        for m in perf.predict_curve(topo, Role(phase), isl=workload.isl, osl=workload.osl,
+                                    concurrencies=workload.concurrency):
+            out.append((topo, phase_values(phase, m)))
+    return out
+
+
+def predicted_front_params(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
+                           pair_with_tps: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+    """Configs on the predicted front, spread along it (alternating ends inward) so a small budget covers it.
+
+    pair_with_tps: for hybrid models a PD pair needs equal TP on both sides, so the best predicted config of
+    each TP already on the other phase's front comes first (otherwise nothing may compose).
+    """
+    points = predicted_points(space, phase, model, gpu)
+    front = pareto_front(points, x=lambda p: p[1][0], y=lambda p: p[1][1])
+    paired: list[Topology] = []
+    for tp in sorted(pair_with_tps):
+        curves: dict[Topology, list[tuple[float, float]]] = {}
+        for topo, values in points:
+            if topo.tp == tp:
+                curves.setdefault(topo, []).append(values)
+        if curves:
+            paired.append(max(curves, key=lambda t: hypervolume_2d(curves[t], (0.0, 0.0))))
+    configs: list[Topology] = []
+    for topo, _ in front:
+        if topo not in configs:
+            configs.append(topo)
+    order = []
+    lo, hi = 0, len(configs) - 1
+    while lo <= hi:
+        order.append(configs[hi])
+        if lo != hi:
+            order.append(configs[lo])
+        lo, hi = lo + 1, hi - 1
+    return [topology_params(t) for t in [*paired, *(t for t in order if t not in paired)]]
