@@ -38,6 +38,10 @@ class TopologyError(ConfigError):
     """A parallel layout that vLLM would refuse for this model or cluster."""
 
 
+class InfeasibleError(ConfigError):
+    """Constraints (SLA, GPU budget, pairing rules) leave no deployment; the message names the constraint."""
+
+
 class DoesNotFitError(TopotuneError):
     """The weights and reserves leave no room for the KV cache a request needs."""
 

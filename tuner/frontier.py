@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from tuner.deployment import Deployment
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, InfeasibleError
 from tuner.metrics import ServingMetrics
 from tuner.topology import Topology
 
@@ -24,10 +24,6 @@ T = TypeVar("T")
 Metric = str | Callable[[Any], float]
 Percentile = Literal["p50", "p99"]
 CurvePoint = tuple[Topology, ServingMetrics]
-
-
-class InfeasibleError(ConfigError):
-    """Constraints (SLA, GPU budget, pairing rules) leave no deployment; the message names the constraint."""
 
 
 def _getter(metric: Metric) -> Callable[[Any], float]:

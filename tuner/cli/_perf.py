@@ -14,11 +14,12 @@ from rich.table import Table
 
 from tuner.cli._app import app, console, err_console, print_json
 from tuner.errors import ConfigError
-from tuner.frontier import ComposedPoint, Constraints, combined_front, compose_disaggregated, family_fronts
+from tuner.frontier import ComposedPoint, Constraints, combined_front, compose_disaggregated
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
 from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration, sweep_curves
+from tuner.report import composed_front_figure, write_figures
 from tuner.topology import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -161,36 +162,7 @@ def _point_dict(p: ComposedPoint) -> dict[str, object]:
 
 
 def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list[ComposedPoint]) -> None:
-    import plotly.graph_objects as go  # heavy: only when a chart is asked for
-
-    xs: list[float | None] = []
-    ys: list[float | None] = []
-    texts: list[str | None] = []
-    for family, curve in sorted(family_fronts(points).items()):
-        for p in curve:
-            xs.append(p.tok_s_per_user)
-            ys.append(p.total_tok_s_per_gpu)
-            texts.append(f"{p.name}<br>{family}<br>TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms")
-        xs.append(None)
-        ys.append(None)
-        texts.append(None)
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=xs, y=ys, text=texts, hoverinfo="text", mode="lines+markers", name="every deployment",
-                             line={"width": 1, "color": "rgba(120,120,120,0.25)"},
-                             marker={"size": 3, "color": "rgba(120,120,120,0.35)"}))
-    fig.add_trace(go.Scatter(
-        x=[p.tok_s_per_user for p in front], y=[p.total_tok_s_per_gpu for p in front], hoverinfo="text",
-        text=[f"<b>{p.name}</b><br>{p.total_tok_s_per_gpu:,.0f} tok/s/GPU, {p.tok_s_per_user:.1f} tok/s/user<br>"
-              f"{p.num_gpus} GPUs, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms" for p in front],
-        mode="lines+markers", name="combined Pareto front", line={"width": 3, "color": "#d62728"},
-        marker={"size": 8}))
-    fig.update_layout(title=title, xaxis_title="generated tokens/s per user", template="plotly_white",
-                      yaxis_title="total tokens/s per GPU (prefill + decode GPUs)", hovermode="closest")
-    try:
-        fig.write_html(str(path), include_plotlyjs=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror}", field="--html",
-                          fix="give a writable path") from exc
+    write_figures(path, title, [composed_front_figure(points, front, title)])
 
 
 @app.command()

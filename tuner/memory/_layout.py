@@ -23,6 +23,8 @@ def cdiv(a: int, b: int) -> int:
 
 def kernel_block_size(model: ModelSpec, architecture: str) -> int:
     """The attention backend's preferred block size (get_preferred_block_size)."""
+    if architecture == "cpu":
+        return 128  # vLLM's CPU attention backend
     if model.mla is not None:
         return 128 if architecture == "blackwell" else 64  # CUTLASS MLA on SM100, FlashMLA on SM90
     return DEFAULT_BLOCK_SIZE

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.hardware import GpuSpec
-from tuner.memory import kv_layout
-from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightTensor
+from tuner.memory import kv_layout, shard_fraction
+from tuner.models import LayerKind, ModelSpec, TensorGroup, WeightTensor
 from tuner.topology import Topology
 
 GB = 1e9
@@ -21,17 +21,7 @@ _NO_COMPUTE = (TensorGroup.EMBEDDING, TensorGroup.NORM)  # a gather and elementw
 
 def local_fraction(t: WeightTensor, model: ModelSpec, topo: Topology) -> float:
     """Share of a tensor one GPU holds (and multiplies): the same split the memory model applies."""
-    match t.sharding:
-        case Sharding.SPLIT | Sharding.VOCAB:
-            return 1 / topo.tp
-        case Sharding.REPLICATED:
-            return 1.0
-        case Sharding.KV_HEADS:
-            kv = model.attention.num_kv_heads if model.attention else topo.tp
-            return max(1, kv // topo.tp) / kv
-        case Sharding.EXPERTS:
-            return 1 / topo.ep_size
-    raise AssertionError(t.sharding)
+    return shard_fraction(t.sharding, model, topo)
 
 
 @dataclass(frozen=True, slots=True)

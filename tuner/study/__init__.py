@@ -1,6 +1,7 @@
 """Studies: the ask/tell driver over Optuna, per phase, and the campaign that composes the PD front."""
 
 from tuner.study._campaign import Campaign, CampaignResult, PhaseResult, compose_front, load_campaign
+from tuner.study._listing import CampaignSummary, list_campaigns
 from tuner.study._naming import campaign_name, study_name
 from tuner.study._records import StoredPoint
 from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
@@ -12,6 +13,7 @@ __all__ = [
     "SAMPLERS",
     "Campaign",
     "CampaignResult",
+    "CampaignSummary",
     "PhaseResult",
     "PhaseRun",
     "StoredPoint",
@@ -19,6 +21,7 @@ __all__ = [
     "TuneOptions",
     "campaign_name",
     "compose_front",
+    "list_campaigns",
     "load_campaign",
     "make_sampler",
     "open_storage",

@@ -15,6 +15,7 @@ import random
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,7 @@ from tuner.study._records import (
     point_attrs,
     point_constraints,
 )
-from tuner.study._samplers import make_sampler
+from tuner.study._samplers import RepresentativeSampler, make_sampler
 from tuner.study._warm_start import topology_params
 from tuner.topology import Topology
 
@@ -103,9 +104,12 @@ class PhaseRun:
     def open_study(self) -> optuna.Study:
         study = optuna.create_study(
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
-            sampler=make_sampler(self.options.sampler, self.options.seed), load_if_exists=True)
+            sampler=RepresentativeSampler(make_sampler(self.options.sampler, self.options.seed)),
+            load_if_exists=True)
         if "topotune" not in study.user_attrs:
-            study.set_metric_names(list(PHASE_METRICS[self.phase]))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(PHASE_METRICS[self.phase]))
             study.set_user_attr("topotune", {
                 "phase": self.phase, "model": self.model.name, "model_path": self.model_path,
                 "gpu": self.gpu.name, "space": json.loads(self.space.model_dump_json()),

@@ -28,3 +28,53 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = 8) -> optuna.s
         case "random":
             return optuna.samplers.RandomSampler(seed=seed)
     raise ConfigError(f"unknown sampler {name!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
+
+
+_HIDDEN_KINDS = ("extra", "duplicate")
+
+
+class _RepresentativeView:
+    """A study as the sampler should see it: one point per launched config (plus screened-out ones).
+
+    The extra concurrency levels of a deployment are stored as trials so fronts use them, but concurrency is
+    not a searched parameter: shown to the sampler they would look like one config with many noisy answers
+    (and make GP fitting cubic in the number of levels).
+    """
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states=None, use_cache: bool = False):  # type: ignore[no-untyped-def]
+        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        return [t for t in trials if t.user_attrs.get("kind") not in _HIDDEN_KINDS]
+
+    def get_trials(self, deepcopy: bool = True, states=None):  # type: ignore[no-untyped-def]
+        return self._get_trials(deepcopy=deepcopy, states=states)
+
+
+class RepresentativeSampler(optuna.samplers.BaseSampler):
+    """Wraps any sampler so it learns from representative points only (see _RepresentativeView)."""
+
+    def __init__(self, inner: optuna.samplers.BaseSampler) -> None:
+        self.inner = inner
+
+    def infer_relative_search_space(self, study, trial):  # type: ignore[no-untyped-def]
+        return self.inner.infer_relative_search_space(_RepresentativeView(study), trial)
+
+    def sample_relative(self, study, trial, search_space):  # type: ignore[no-untyped-def]
+        return self.inner.sample_relative(_RepresentativeView(study), trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):  # type: ignore[no-untyped-def]
+        return self.inner.sample_independent(_RepresentativeView(study), trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial) -> None:  # type: ignore[no-untyped-def]
+        self.inner.before_trial(_RepresentativeView(study), trial)
+
+    def after_trial(self, study, trial, state, values) -> None:  # type: ignore[no-untyped-def]
+        self.inner.after_trial(_RepresentativeView(study), trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()

@@ -194,7 +194,8 @@ def uniform_hosts(num_gpus: int, gpus_per_host: int, addresses: list[str] | None
     if len(names) < count:
         raise ConfigError(f"{num_gpus} devices need {count} hosts of {gpus_per_host}, got {len(names)}",
                           field="--hosts", fix="list more host addresses")
-    return tuple(HostAssignment(address=names[i], gpu_ids=tuple(range(min(gpus_per_host, num_gpus - i * gpus_per_host))))
+    return tuple(HostAssignment(address=names[i],
+                                gpu_ids=tuple(range(min(gpus_per_host, num_gpus - i * gpus_per_host))))
                  for i in range(count))
 
 

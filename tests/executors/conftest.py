@@ -1,0 +1,49 @@
+"""One multi-node Ray cluster on this machine for the executor tests: 3 "hosts" of 4 logical GPUs each.
+
+ray.cluster_utils.Cluster starts one raylet per host (10-15 s on a 2-core box), so the whole suite shares it.
+The head's GCS listens on a free port (6379 is Redis's here; a fixed port collides with other runs).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from executor_helpers import GPUS_PER_HOST, HOSTS, free_port
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "num_gpus": GPUS_PER_HOST, "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**node, "include_dashboard": False, "gcs_server_port": free_port()})
+    try:
+        for _ in range(HOSTS - 1):
+            cluster.add_node(**node)
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        from tuner.executors import _session
+
+        _session._SESSION = None
+
+
+@pytest.fixture
+def probe_spec(tmp_path: Path):
+    """A ProbeBackend spec recording into tmp_path/records; call with delay_s/spawn/inner."""
+    from tuner.executors import BackendSpec
+    from tuner.executors._testing import ProbeBackend
+
+    def make(**options: object) -> BackendSpec:
+        return BackendSpec("probe", factory=functools.partial(ProbeBackend, str(tmp_path / "records"), **options))
+
+    return make
+

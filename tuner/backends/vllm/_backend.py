@@ -1,0 +1,370 @@
+"""VllmBackend: one real trial = plan, launch, wait healthy, check memory, AIPerf per level, GSM8K, tear down."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
+from tuner.backends.vllm._accuracy import run_gsm8k
+from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
+from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, build_plan
+from tuner.backends.vllm._process import (
+    Failure,
+    RunningProcess,
+    clean_temp_files,
+    free_port_block,
+    start_process,
+    temp_files_snapshot,
+    terminate,
+    wait_healthy,
+)
+from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
+from tuner.metrics import ServingMetrics
+
+LAUNCHER = Path(__file__).with_name("_launcher.py")
+TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
+_PORT_BLOCK = 200  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance)
+
+
+def scrape(url: str, timeout_s: float = 10.0) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return resp.read().decode("utf-8", errors="replace")
+
+
+_PROM = re.compile(r"^(?P<name>[\w:]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>[-+\d.eE]+|NaN)\s*$")
+
+
+def kv_transfer_counters(metrics_text: str) -> dict[str, float]:
+    """Decode-side KV-transfer evidence from vLLM's Prometheus text (summed over engines)."""
+    out = {"pd_external_kv_tokens": 0.0, "pd_local_compute_tokens": 0.0, "pd_nixl_bytes": 0.0,
+           "pd_nixl_failed_transfers": 0.0}
+    for line in metrics_text.splitlines():
+        m = _PROM.match(line)
+        if m is None:
+            continue
+        name, labels, value = m["name"], m["labels"] or "", float(m["value"])
+        if name == "vllm:prompt_tokens_by_source_total" and 'source="external_kv_transfer"' in labels:
+            out["pd_external_kv_tokens"] += value
+        elif name == "vllm:prompt_tokens_by_source_total" and 'source="local_compute"' in labels:
+            out["pd_local_compute_tokens"] += value
+        elif name == "vllm:nixl_bytes_transferred_sum":
+            out["pd_nixl_bytes"] += value
+        elif name == "vllm:nixl_num_failed_transfers_total":
+            out["pd_nixl_failed_transfers"] += value
+    return out
+
+
+def default_envs_dir() -> Path:
+    return Path(os.environ.get("TOPOTUNE_ENVS_DIR") or Path.home() / ".cache" / "topotune" / "envs")
+
+
+class VllmBackendSettings(BaseModel):
+    """How to launch and measure. Defaults fit a GPU cluster with vllm/aiperf/vllm-router on PATH;
+    `VllmBackendSettings.for_cpu()` fills in the pinned venvs of scripts/setup-cpu-vllm.sh."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: Device = "cuda"
+    vllm_argv: tuple[str, ...] = ("vllm",)
+    aiperf_argv: tuple[str, ...] = ("aiperf",)
+    router_argv: tuple[str, ...] = ("vllm-router",)
+    served_model_name: str = "topotune"
+    bind_host: str = "0.0.0.0"
+    port_base: int | None = Field(None, gt=1024, lt=65000, description="None: a free block found per trial")
+    max_model_len: int | None = Field(None, ge=1, description="None: isl + osl of the workload")
+    extra_vllm_flags: tuple[str, ...] = ()
+    vllm_env: dict[str, str] = Field(default_factory=dict)
+    cpu_threads_bind: str | None = None  # "auto" | "ids" | None (auto for one worker, ids otherwise)
+    cpu_kv_cache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    # vLLM's CPU attention backend uses 128-token blocks (tuner.memory assumes the GPU kernels' 16).
+    cpu_block_size: int = Field(128, ge=1)
+    startup_timeout_s: float = Field(900.0, gt=0)
+    level_timeout_s: float = Field(1800.0, gt=0)
+    teardown_grace_s: float = Field(20.0, ge=0)
+    warmup_requests: int = Field(-1, ge=-1, description="-1: one per concurrency slot")
+    max_error_rate: float = Field(0.01, ge=0, le=1, description="a level above this fails the trial")
+    accuracy_questions: int = Field(50, ge=1)
+    accuracy_max_tokens: int = Field(256, ge=1)
+    accuracy_concurrency: int = Field(8, ge=1)
+
+    @classmethod
+    def for_cpu(cls, envs_dir: Path | None = None, **overrides: object) -> VllmBackendSettings:
+        """vllm-cpu through the project's launcher, AIPerf and vllm-router from their own venvs."""
+        envs = envs_dir or default_envs_dir()
+        fields: dict[str, object] = {
+            "device": "cpu", "bind_host": "127.0.0.1",
+            "vllm_argv": (str(envs / "vllm" / "bin" / "python"), str(LAUNCHER)),
+            "aiperf_argv": (str(envs / "aiperf" / "bin" / "aiperf"),),
+            "router_argv": (str(envs / "router" / "bin" / "vllm-router"),),
+            "extra_vllm_flags": ("--dtype", "bfloat16", "--enforce-eager"),
+            "vllm_env": {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
+            "cpu_kv_cache_gib": 1.0, "startup_timeout_s": 400.0, "teardown_grace_s": 15.0,
+        }
+        fields.update(overrides)
+        return cls(**fields)  # type: ignore[arg-type]
+
+    def missing_executables(self) -> list[str]:
+        """Executables given by path that do not exist (so callers can skip or tell the user what to install)."""
+        paths = [self.vllm_argv[0], self.aiperf_argv[0], self.router_argv[0]]
+        return [p for p in paths if os.sep in p and not Path(p).exists()]
+
+
+@dataclass
+class TrialTimings:
+    """Wall time of one trial's phases (also written to timings.json in the trial folder)."""
+
+    plan_s: float = 0.0
+    startup_s: float = 0.0
+    measure_s: float = 0.0
+    accuracy_s: float = 0.0
+    teardown_s: float = 0.0
+    levels_measured: int = 0
+    levels_s: list[float] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return self.plan_s + self.startup_s + self.measure_s + self.accuracy_s + self.teardown_s
+
+
+class _TrialFailed(Exception):
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+class VllmBackend(Backend):
+    """Real trials on vLLM. Starts every process of the plan on this machine: the CPU path and single-host GPU
+    runs; the Ray executor starts `plan.for_host(address)` on each host instead (same plan, same argv)."""
+
+    name: ClassVar[str] = "vllm"
+
+    def __init__(self, settings: VllmBackendSettings | None = None) -> None:
+        self.settings = settings or VllmBackendSettings()
+        self.last_timings: TrialTimings | None = None
+        self.last_plan: LaunchPlan | None = None
+
+    # -- planning -------------------------------------------------------------------------------------
+    def plan(self, request: TrialRequest, *, port_base: int | None = None) -> LaunchPlan:
+        s = self.settings
+        base = port_base or s.port_base or 8100
+        hosts = request.hosts or (HostAssignment(address="127.0.0.1",
+                                                 gpu_ids=tuple(range(request.deployment.num_gpus))),)
+        env = dict(s.vllm_env)
+        if s.device == "cpu" and s.cpu_kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kv_cache_gib:g}"
+        plan_settings = PlanSettings(
+            vllm_argv=s.vllm_argv, router_argv=s.router_argv, model_path=request.model_path,
+            served_model_name=s.served_model_name, device=s.device, bind_host=s.bind_host,
+            api_port_base=base, router_port=base + 60, dp_rpc_port_base=base + 80, master_port_base=base + 100,
+            nixl_side_channel_port_base=base + 120,
+            max_model_len=s.max_model_len or request.workload.isl + request.workload.osl,
+            extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind)  # type: ignore[arg-type]
+        return build_plan(request.deployment, hosts, plan_settings)
+
+    # -- running --------------------------------------------------------------------------------------
+    def run(self, request: TrialRequest) -> TrialResult:
+        started = time.monotonic()
+        timings = TrialTimings()
+        self.last_timings = timings
+        artifacts = Path(request.artifacts_dir) if request.artifacts_dir else \
+            Path(tempfile.mkdtemp(prefix=f"topotune-{request.trial_id}-"))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        deadline = started + request.timeout_s
+        processes: list[RunningProcess] = []
+        temp_before = temp_files_snapshot()
+        points: list[ServingMetrics] = []
+        observed: dict[str, float] = {}
+        predicted: dict[str, float] = {}
+        accuracy: float | None = None
+        try:
+            t0 = time.monotonic()
+            port_base = self.settings.port_base or free_port_block(_PORT_BLOCK)
+            plan = self.plan(request, port_base=port_base)
+            self.last_plan = plan
+            (artifacts / "plan.json").write_text(plan.model_dump_json(indent=2))
+            timings.plan_s = time.monotonic() - t0
+
+            t0 = time.monotonic()
+            logs = artifacts / "logs"
+            processes += [start_process(spec, logs) for spec in plan.servers]
+            self._wait(processes, deadline, self.settings.startup_timeout_s)
+            if plan.fronts:
+                processes += [start_process(spec, logs) for spec in plan.fronts]
+                self._wait(processes, deadline, min(120.0, self.settings.startup_timeout_s))
+            timings.startup_s = time.monotonic() - t0
+
+            figures = self._startup_figures(processes)
+            observed = figures[0].as_dict() if figures else {}
+            predicted, check_note = self._predict(request)
+            check = compare(observed, predicted)
+            (artifacts / "memory_check.json").write_text(json.dumps(
+                {"observed": observed, "predicted": predicted, "summary": check.summary(), "note": check_note,
+                 "per_log": [asdict(f) for f in figures]}, indent=2))
+            max_conc = self._deployment_concurrency(processes, request)
+
+            t0 = time.monotonic()
+            for level in request.workload.concurrency:
+                lt = time.monotonic()
+                points.append(self._measure(request, plan, level, artifacts, processes, deadline, max_conc))
+                timings.levels_s.append(time.monotonic() - lt)
+                timings.levels_measured += 1
+            timings.measure_s = time.monotonic() - t0
+
+            if request.deployment.is_disaggregated:
+                observed.update(self._verify_kv_transfer(plan))
+
+            if request.min_accuracy is not None:
+                t0 = time.monotonic()
+                result = run_gsm8k(plan.endpoint, self.settings.served_model_name,
+                                   num_questions=self.settings.accuracy_questions,
+                                   max_tokens=self.settings.accuracy_max_tokens,
+                                   concurrency=self.settings.accuracy_concurrency)
+                accuracy = result.score
+                (artifacts / "accuracy.json").write_text(json.dumps(asdict(result), indent=2))
+                timings.accuracy_s = time.monotonic() - t0
+                if result.score < request.min_accuracy:
+                    raise _TrialFailed(Failure(TrialStatus.ACCURACY, f"GSM8K {result.correct}/{result.total} = "
+                                               f"{result.score:.3f} < {request.min_accuracy:g}"))
+            status, reason = TrialStatus.OK, "" if check.ok else check.summary()
+        except _TrialFailed as exc:
+            status, reason = exc.failure.status, exc.failure.reason
+        finally:
+            t0 = time.monotonic()
+            terminate(processes, grace_s=self.settings.teardown_grace_s)
+            clean_temp_files(temp_before)
+            timings.teardown_s = time.monotonic() - t0
+            with contextlib.suppress(OSError):
+                (artifacts / "timings.json").write_text(json.dumps({**asdict(timings), "total_s": timings.total_s},
+                                                                   indent=2))
+        return TrialResult(status=status, reason=reason, points=tuple(points), accuracy=accuracy,
+                           observed_memory=observed, predicted_memory=predicted, artifacts_dir=str(artifacts),
+                           duration_s=time.monotonic() - started)
+
+    def _wait(self, processes: list[RunningProcess], deadline: float, timeout_s: float) -> None:
+        budget = max(1.0, min(timeout_s, deadline - time.monotonic()))
+        failure = wait_healthy(processes, budget)
+        if failure is not None:
+            raise _TrialFailed(failure)
+
+    @staticmethod
+    def _startup_figures(processes: list[RunningProcess]) -> list[StartupFigures]:
+        """Figures per server log, decode/aggregated servers first (they bound concurrency)."""
+        servers = [p for p in processes if p.spec.role != "router"]
+        servers.sort(key=lambda p: p.spec.role == "prefill")
+        return [f for f in (parse_startup_log(p.log_text()) for p in servers) if f.found]
+
+    def _deployment_concurrency(self, processes: list[RunningProcess], request: TrialRequest) -> float:
+        """Requests the deployment's KV caches hold at once: every decode/aggregated engine, rescaled from
+        vLLM's max-model-len figure to this workload's isl + osl."""
+        total = 0.0
+        tokens = request.workload.isl + request.workload.osl
+        for proc in processes:
+            if proc.spec.role in ("decode", "both"):
+                fig = parse_startup_log(proc.log_text())
+                scale = (fig.max_model_len or tokens) / tokens
+                total += sum(fig.max_concurrency) * scale
+        return total
+
+    def _predict(self, request: TrialRequest) -> tuple[dict[str, float], str]:
+        """The memory model's figures for the busiest instance (decode or aggregated), or why there are none."""
+        try:
+            from tuner.hardware import GpuSpec, get_gpu
+            from tuner.memory import MemoryInputs, compute_memory
+            from tuner.models import load_model
+
+            group = request.deployment.groups[-1]
+            topo = group.topology
+            spec = load_model(request.model_path)
+            w = request.workload
+            max_len = self.settings.max_model_len or w.isl + w.osl
+            if self.settings.device == "cpu":
+                gpu = GpuSpec(name="cpu", architecture="cpu", memory_gib=16, hbm_bandwidth_tb_s=0.05,
+                              peak_tflops={"bf16": 1.0}, nvlink_bandwidth_gb_s=1, inter_host_bandwidth_gb_s=1,
+                              gpus_per_host=2, nvlink_domain_gpus=2, non_torch_memory_gib=0)
+                kv_bytes = int((self.settings.cpu_kv_cache_gib or 4.0) * 1024**3)
+                inputs = MemoryInputs(isl=w.isl, osl=w.osl, max_model_len=max_len, kv_cache_memory_bytes=kv_bytes,
+                                      block_size=self.settings.cpu_block_size)
+            else:
+                gpu = get_gpu(request.gpu)
+                inputs = MemoryInputs(isl=w.isl, osl=w.osl, max_model_len=max_len)
+            return predicted_figures(compute_memory(spec, gpu, topo, inputs)), ""
+        except Exception as exc:  # a prediction is a check, never a reason to fail the trial
+            return {}, f"no prediction: {type(exc).__name__}: {exc}"
+
+    def _measure(self, request: TrialRequest, plan: LaunchPlan, level: int, artifacts: Path,
+                 processes: list[RunningProcess], deadline: float, max_concurrency: float) -> ServingMetrics:
+        w = request.workload
+        warmup = level if self.settings.warmup_requests < 0 else self.settings.warmup_requests
+        run = AiperfRun(aiperf_argv=self.settings.aiperf_argv, model=self.settings.served_model_name,
+                        tokenizer=request.model_path, url=plan.endpoint, isl=w.isl, osl=w.osl, concurrency=level,
+                        request_count=w.request_count(level), warmup_request_count=warmup, seed=request.seed)
+        out = artifacts / "aiperf" / f"c{level}"
+        out.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # AIPerf breaks with it
+        timeout = max(1.0, min(self.settings.level_timeout_s, deadline - time.monotonic()))
+        with (out / "aiperf.stdout.log").open("wb") as log:
+            proc = subprocess.Popen(run.argv(out), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, cwd=out)
+            aiperf = RunningProcess(spec=plan.servers[0].model_copy(update={"name": f"aiperf-c{level}"}),
+                                    popen=proc, log_path=out / "aiperf.stdout.log")
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                terminate([aiperf], grace_s=5)
+                raise _TrialFailed(self._server_failure(processes) or Failure(
+                    TrialStatus.TIMEOUT, f"AIPerf at concurrency {level} ran over {timeout:.0f} s")) from None
+        server_failure = self._server_failure(processes)
+        if server_failure is not None:
+            raise _TrialFailed(server_failure)
+        try:
+            summary = read_summary(out)
+        except AiperfError as exc:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
+                                       f"AIPerf at concurrency {level} exited {code}: {exc}")) from None
+        if summary.error_rate > self.settings.max_error_rate:
+            detail = summary.error_summary[0] if summary.error_summary else "no error summary"
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
+                                       f"concurrency {level}: {summary.error_rate:.1%} of requests failed "
+                                       f"(limit {self.settings.max_error_rate:.1%}): {detail}"))
+        return to_serving_metrics(summary, concurrency=level, num_gpus=request.deployment.num_gpus, isl=w.isl,
+                                  osl=w.osl, max_concurrency=max_concurrency,
+                                  running_requests=min(float(level), max_concurrency) if max_concurrency else 0.0)
+
+    @staticmethod
+    def _verify_kv_transfer(plan: LaunchPlan) -> dict[str, float]:
+        """A 200 from the router proves nothing: decode must have received prompt tokens over the connector."""
+        totals = {"pd_external_kv_tokens": 0.0, "pd_local_compute_tokens": 0.0, "pd_nixl_bytes": 0.0,
+                  "pd_nixl_failed_transfers": 0.0}
+        for spec in plan.servers:
+            if spec.role != "decode" or not spec.port:
+                continue
+            text = scrape(f"http://{spec.host}:{spec.port}/metrics")
+            for key, value in kv_transfer_counters(text).items():
+                totals[key] += value
+        if totals["pd_external_kv_tokens"] <= 0 or totals["pd_nixl_failed_transfers"] > 0:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
+                "PD without KV transfer: decode received {pd_external_kv_tokens:g} external prompt tokens, "
+                "{pd_nixl_failed_transfers:g} failed NIXL transfers").format(**totals)))
+        return totals
+
+    @staticmethod
+    def _server_failure(processes: list[RunningProcess]) -> Failure | None:
+        """A server that died (or logged a fatal error) while being measured: EP on CPU segfaults here."""
+        for proc in processes:
+            failure = proc.failure()
+            if failure is not None:
+                return failure
+        return None

