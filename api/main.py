@@ -1,0 +1,99 @@
+"""create_app(settings): the whole service, built on demand (nothing is created at import time).
+
+Order of a start: migrations (the service's tables) -> Optuna's storage (its tables) -> the dashboard -> the
+runner (resumes what was running) -> the model watcher. The Optuna dashboard is mounted at "/" last: its bundle
+hard-codes /static, /api, /dashboard and /csv, so our own routes live under /v1, /ui, /healthz, /metrics, /docs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import RedirectResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.config import ApiSettings
+from api.db import make_engine, make_session_factory, upgrade
+from api.errors import FieldError, field_error_handler
+from api.metrics import ServiceMetrics
+from api.routes import health, metrics, models, pages, studies
+from api.runner import StudyRunner
+from api.security import BearerAuthMiddleware
+from api.views import ResultCache
+from api.watcher import ModelWatcher
+
+log = logging.getLogger("topotune.api")
+
+
+class LazyDashboard:
+    """The optuna-dashboard WSGI app behind a2wsgi, built at start-up (it needs the storage, which needs the DB)."""
+
+    def __init__(self) -> None:
+        self.app: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.app is None:
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"the dashboard starts with the service"})
+            return
+        await self.app(scope, receive, send)
+
+    def build(self, storage_url: str) -> None:
+        from a2wsgi import WSGIMiddleware
+        from optuna_dashboard import wsgi
+
+        from tuner.study import open_storage
+
+        self.app = WSGIMiddleware(wsgi(open_storage(storage_url)), workers=4)  # type: ignore[arg-type]
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    engine = make_engine(settings.database_url)
+    sessions = make_session_factory(engine)
+    service_metrics = ServiceMetrics(sessions, engine)
+    runner = StudyRunner(settings, sessions, service_metrics)
+    cache = ResultCache(settings.database_url, engine)
+    watcher = ModelWatcher(settings, sessions, runner.submit) if settings.watch_models else None
+    dashboard = LazyDashboard()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(upgrade, engine)
+        await run_in_threadpool(dashboard.build, settings.database_url)
+        runner.start()
+        if watcher is not None:
+            watcher.start()
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.stop()
+            await run_in_threadpool(runner.shutdown)
+            engine.dispose()
+
+    app = FastAPI(title="topotune", version="0.1.0", lifespan=lifespan,
+                  description="Find the best way to serve a large model with vLLM on a GPU cluster: studies, "
+                              "fronts and recipes over REST. Mutating endpoints need `Authorization: Bearer`.")
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = sessions
+    app.state.metrics = service_metrics
+    app.state.runner = runner
+    app.state.cache = cache
+    app.state.watcher = watcher
+    app.add_exception_handler(FieldError, field_error_handler)
+    app.add_middleware(BearerAuthMiddleware, token=settings.token(), read_auth=settings.read_auth)
+    for module in (health, metrics, studies, models, pages):
+        app.include_router(module.router)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/ui")
+
+    app.mount("/", dashboard)  # last: everything not matched above is the Optuna dashboard
+    return app

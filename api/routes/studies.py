@@ -1,0 +1,125 @@
+"""/v1/studies: start, list, inspect, cancel, trials, the fronts, export. Thin: parse, call, shape."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+from fastapi.responses import PlainTextResponse
+from sqlalchemy import func, select
+
+from api.deps import Authorized, CacheDep, RunnerDep, SessionDep, SettingsDep, StudyDep
+from api.errors import FieldError
+from api.models import EventRecord, StudyRecord, StudyStatus
+from api.schemas import (
+    CancelResult,
+    EventPublic,
+    ExportFormat,
+    Links,
+    ParetoPublic,
+    PhaseName,
+    StudyCreate,
+    StudyDetail,
+    StudyList,
+    StudyPublic,
+    TrialPage,
+)
+from api.views import exportable, pareto, phase_progress
+from tuner.export import RecipeContext, export_deployment
+from tuner.hardware import get_gpu
+from tuner.space import SearchSpace
+
+router = APIRouter(prefix="/v1/studies", tags=["studies"])
+
+
+def to_public(r: StudyRecord) -> StudyPublic:
+    return StudyPublic(
+        id=r.id, campaign=r.campaign, status=r.status, model_name=r.model_name, model_path=r.model_path,
+        space_name=r.space_name, backend=r.backend, trials_per_phase=r.trials_per_phase, sampler=r.sampler,
+        seed=r.seed, error=r.error, resumes=r.resumes, created_at=r.created_at, started_at=r.started_at,
+        finished_at=r.finished_at,
+        links=Links(self_url=f"/v1/studies/{r.id}", ui_url=f"/ui/studies/{r.id}",
+                    pareto_url=f"/v1/studies/{r.id}/pareto"))
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Authorized])
+def create_study(body: StudyCreate, session: SessionDep, settings: SettingsDep, runner: RunnerDep,
+                 response: Response) -> StudyPublic:
+    """Queue a study and return its id at once; the background runner runs it."""
+    from api.service import create_study as create
+
+    record = create(session, settings, body)
+    runner.submit(record.id)
+    response.headers["Location"] = f"/v1/studies/{record.id}"
+    return to_public(record)
+
+
+@router.get("")
+def list_studies(session: SessionDep, status_filter: Annotated[StudyStatus | None, Query(alias="status")] = None,
+                 offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+                 limit: Annotated[int, Query(ge=1, le=500)] = 100) -> StudyList:
+    query = select(StudyRecord)
+    if status_filter is not None:
+        query = query.where(StudyRecord.status == status_filter)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(StudyRecord.id.desc()).offset(offset).limit(limit)).all()
+    return StudyList(items=[to_public(r) for r in rows], total=total)
+
+
+@router.get("/{study_id}")
+def get_study(record: StudyDep, session: SessionDep, cache: CacheDep) -> StudyDetail:
+    """Status, progress, counts by outcome and failures with reasons, per phase."""
+    snap = cache.snapshot(record)
+    phases = phase_progress(record, snap)
+    launched = sum(p.launched for p in phases.values())
+    budget = sum(p.budget for p in phases.values()) or 1
+    events = session.scalars(select(EventRecord).where(EventRecord.study_id == record.id)
+                             .order_by(EventRecord.id.desc()).limit(20)).all()
+    done = record.status is StudyStatus.SUCCEEDED
+    return StudyDetail(**to_public(record).model_dump(), launched=launched, budget=budget,
+                       progress_fraction=1.0 if done else min(1.0, launched / budget), phases=phases,
+                       constraints=dict(record.space.get("constraints", {})),
+                       recent_events=[EventPublic(at=e.at, kind=e.kind, phase=e.phase, trial_number=e.trial_number,
+                                                  message=e.message) for e in events])
+
+
+@router.post("/{study_id}/cancel", dependencies=[Authorized])
+def cancel_study(record: StudyDep, session: SessionDep, runner: RunnerDep) -> CancelResult:
+    """Queued: cancelled now. Running: `cancelling` until the driver stops (in-flight trials end as cancelled)."""
+    return CancelResult(id=record.id, status=runner.cancel(session, record))
+
+
+@router.get("/{study_id}/trials")
+def list_trials(record: StudyDep, cache: CacheDep, phase: PhaseName | None = None,
+                offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> TrialPage:
+    rows = cache.trials(record, phase)
+    return TrialPage(items=rows[offset:offset + limit], total=len(rows), offset=offset, limit=limit)
+
+
+@router.get("/{study_id}/pareto", response_model=ParetoPublic)
+def get_pareto(record: StudyDep, cache: CacheDep) -> Response:
+    """Feasible front per phase and the composed PD front (served from a cache keyed by the trials' states)."""
+    return Response(content=pareto(record, cache.snapshot(record)), media_type="application/json")
+
+
+@router.get("/{study_id}/export", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {}}, "description": "a ready-to-run recipe"}})
+def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(ge=0, le=100_000)] = 0,
+                 fmt: Annotated[ExportFormat, Query(alias="format")] = "vllm") -> PlainTextResponse:
+    """A recipe for row `point` of the composed front (or of the phase fronts when there is no PD front)."""
+    snap = cache.snapshot(record)
+    deployments = exportable(snap.result) if snap.result else []
+    if not 0 <= point < len(deployments):
+        raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "
+                                             "(see /pareto)" if deployments else "the study has no front yet")
+    space = snap.space or SearchSpace.model_validate(record.space)
+    gpu = get_gpu(space.cluster.gpu)
+    first = next(iter(space.phases.values()))
+    ctx = RecipeContext(model_path=record.model_path, model_name=record.model_name, gpu=gpu.name,
+                        gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
+                        osl=space.workload.osl, concurrency=tuple(first.concurrency))
+    text = export_deployment(deployments[point], fmt, ctx)
+    suffix = {"vllm": "sh", "compose": "yaml", "srt-slurm": "yaml"}[fmt]
+    return PlainTextResponse(text, headers={
+        "Content-Disposition": f'attachment; filename="study{record.id}-point{point}.{suffix}"'})

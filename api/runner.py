@@ -1,0 +1,217 @@
+"""The background runner: a small pool of daemon threads running Campaigns, never inside a request.
+
+Study status lives in the database, so the runner survives a restart: at start it re-queues every study that was
+queued or running. A graceful stop interrupts each campaign at its next trial event (the driver then fails its
+in-flight trials as "driver stopped" and re-enqueues their params), so a resumed study loses no trial. If the
+process dies instead, the next driver reclaims the dead driver's RUNNING trials (tuner.study's resume).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.config import ApiSettings
+from api.metrics import ServiceMetrics
+from api.models import EventRecord, StudyRecord, StudyStatus
+from api.service import ServiceCampaign
+from tuner.errors import TopotuneError
+from tuner.executors._factory import make_executor
+from tuner.space import SearchSpace
+from tuner.study import TrialEvent, TuneOptions, open_storage
+
+log = logging.getLogger("topotune.api.runner")
+
+
+class _Stopping(Exception):
+    """Raised from the campaign's event callback when the service stops: unwinds the driver without cancelling."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class StudyRunner:
+    def __init__(self, settings: ApiSettings, sessions: sessionmaker[Session], metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.metrics = metrics
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._cancel: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.on_study_done: Callable[[int], None] = lambda _id: None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stopping.clear()
+        for i in range(self.settings.max_parallel_studies):
+            t = threading.Thread(target=self._work, name=f"topotune-runner-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.resume()
+
+    def resume(self) -> list[int]:
+        """Queue what a previous process left queued or running; finish what it was cancelling."""
+        with self.sessions() as s:
+            records = s.scalars(select(StudyRecord).where(StudyRecord.status.in_(
+                [StudyStatus.QUEUED, StudyStatus.RUNNING, StudyStatus.CANCELLING])).order_by(StudyRecord.id)).all()
+            ids = []
+            for r in records:
+                if r.status is StudyStatus.CANCELLING:
+                    r.status, r.finished_at = StudyStatus.CANCELLED, _now()
+                    s.add(EventRecord(study_id=r.id, kind="cancelled", message="cancelled while the service was down"))
+                    continue
+                if r.status is StudyStatus.RUNNING:
+                    r.resumes += 1
+                    s.add(EventRecord(study_id=r.id, kind="resumed", message="the service restarted: resuming"))
+                ids.append(r.id)
+            s.commit()
+        for study_id in ids:
+            self.submit(study_id)
+        return ids
+
+    def shutdown(self, timeout_s: float = 60.0) -> None:
+        self._stopping.set()
+        for _ in self._threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._threads = [t for t in self._threads if t.is_alive()]
+        if self._threads:
+            log.warning("%d campaign(s) still finishing a trial; their next driver resumes them", len(self._threads))
+
+    @property
+    def threads_alive(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    # -- requests -------------------------------------------------------------------------------------------------
+    def submit(self, study_id: int) -> None:
+        with self._lock:
+            self._cancel.setdefault(study_id, threading.Event())
+        self._queue.put(study_id)
+
+    def cancel(self, session: Session, record: StudyRecord) -> StudyStatus:
+        """Queued: cancelled at once. Running: the driver stops at its next loop and fails in-flight trials."""
+        if not record.status.active:
+            return record.status
+        with self._lock:
+            event = self._cancel.setdefault(record.id, threading.Event())
+        event.set()
+        if record.status is StudyStatus.QUEUED:
+            record.status, record.finished_at = StudyStatus.CANCELLED, _now()
+        else:
+            record.status = StudyStatus.CANCELLING
+            self._flag_studies(record.campaign)
+        session.add(EventRecord(study_id=record.id, kind="cancel", message="cancel requested"))
+        session.commit()
+        return record.status
+
+    def _flag_studies(self, campaign: str) -> None:
+        """Also tell a driver in another process (a second API replica): it checks this study attribute."""
+        import optuna
+
+        storage = open_storage(self.settings.database_url)
+        for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+            if summary.study_name.startswith(campaign + "/"):
+                optuna.load_study(study_name=summary.study_name, storage=storage).set_user_attr(
+                    "cancel_requested", True)
+
+    # -- the work -------------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            study_id = self._queue.get()
+            if study_id is None or self._stopping.is_set():
+                return
+            try:
+                self._run(study_id)
+            except Exception:  # never let one study kill a runner thread
+                log.exception("study %s crashed the runner", study_id)
+                self._finish(study_id, StudyStatus.FAILED, "internal error in the runner (see the service log)")
+
+    def _event(self, study_id: int, kind: str, message: str = "", phase: str | None = None,
+               trial: int | None = None) -> None:
+        with self.sessions() as s:
+            s.add(EventRecord(study_id=study_id, kind=kind, message=message[:4000], phase=phase, trial_number=trial))
+            s.commit()
+
+    def _finish(self, study_id: int, status: StudyStatus, error: str | None = None) -> None:
+        with self.sessions() as s:
+            s.execute(update(StudyRecord).where(StudyRecord.id == study_id).values(
+                status=status, error=error, finished_at=_now()))
+            s.add(EventRecord(study_id=study_id, kind=status.value, message=error or ""))
+            s.commit()
+        self.on_study_done(study_id)
+
+    def _run(self, study_id: int) -> None:
+        with self.sessions() as s:
+            record = s.get(StudyRecord, study_id)
+            if record is None or not record.status.active:
+                return
+            if record.status is StudyStatus.CANCELLING:
+                record.status, record.finished_at = StudyStatus.CANCELLED, _now()
+                s.commit()
+                return
+            record.status = StudyStatus.RUNNING
+            record.started_at = record.started_at or _now()
+            s.commit()
+            s.expunge(record)
+        with self._lock:
+            cancel = self._cancel.setdefault(study_id, threading.Event())
+        space = SearchSpace.model_validate(record.space)
+        options = dict(record.backend_options)
+        phases = tuple(options.pop("phases", None) or space.phases)
+        if record.backend == "simulated":
+            options = {k: v for k, v in options.items() if k in ("noise", "delay_s") and v}
+        started: dict[tuple[str, int], float] = {}
+
+        def on_event(e: TrialEvent) -> None:
+            if e.kind == "launched":
+                started[(e.phase, e.number)] = time.monotonic()
+            elif e.kind in ("done", "failed") and (e.phase, e.number) in started:
+                self.metrics.trial_duration_s.labels(phase=e.phase, outcome=e.kind).observe(
+                    time.monotonic() - started.pop((e.phase, e.number)))
+            if e.kind != "screened":  # screened-out configs are many and already in the trial table
+                self._event(study_id, e.kind, f"{e.label} {e.detail}".strip(), phase=e.phase, trial=e.number)
+            if self._stopping.is_set():
+                raise _Stopping
+
+        executor = None
+        try:
+            executor = make_executor(self.settings.executor, settings=self.settings, cluster=space.cluster,
+                                     backend_name=record.backend, backend_options=options,
+                                     max_parallel=self.settings.max_parallel_trials)
+            campaign = ServiceCampaign(
+                model_path=record.model_path, space=space, backend_name=record.backend, executor=executor,
+                storage_url=self.settings.database_url,
+                options=TuneOptions(trials=record.trials_per_phase, sampler=record.sampler, seed=record.seed,
+                                    warm_start=record.warm_start),
+                artifacts_dir=self.settings.artifacts_dir, on_event=on_event, cancel=cancel, phases=phases,
+                tag=record.campaign.rsplit("/", 1)[-1])
+            self._event(study_id, "started", f"campaign {campaign.name}")
+            result = campaign.run()
+        except _Stopping:
+            self._event(study_id, "interrupted", "the service is stopping; the study resumes at its next start")
+            return
+        except TopotuneError as exc:
+            self._finish(study_id, StudyStatus.CANCELLED if cancel.is_set() else StudyStatus.FAILED,
+                         exc.user_message())
+            return
+        finally:
+            if executor is not None:
+                executor.shutdown()
+        if cancel.is_set():
+            self._finish(study_id, StudyStatus.CANCELLED)
+        else:
+            front = len(result.composed_front) or sum(len(p.front) for p in result.phases.values())
+            self._event(study_id, "front", f"{front} points on the front")
+            self._finish(study_id, StudyStatus.SUCCEEDED)

@@ -1,0 +1,238 @@
+"""Request and response bodies: XCreate in, XPublic out. Units are in the field names."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from api.models import ModelStatus, StudyStatus
+
+PhaseName = Literal["prefill", "decode"]
+SamplerName = Literal["gp", "tpe", "nsga2", "random"]
+ExportFormat = Literal["vllm", "compose", "srt-slurm"]
+MAX_INLINE_SPACE_CHARS = 200_000
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _no_nul(value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+class StudyCreate(_In):
+    """A study request. Give the space as a file (space_path) or inline (space: YAML/JSON text or an object);
+    with neither, the service's default space is used."""
+
+    model_path: str = Field(min_length=1, max_length=4096, description="model folder or config.json, under an "
+                            "allowed root; relative paths are taken from the models directory")
+    space_path: str | None = Field(None, min_length=1, max_length=4096,
+                                   description="search-space YAML under an allowed root")
+    space: str | dict[str, Any] | None = Field(None, description="inline search space (YAML/JSON text or object)")
+    backend: Literal["simulated", "vllm"] = "simulated"
+    trials: int = Field(10, ge=1, le=1000, description="launched trials per phase")
+    sampler: SamplerName = "gp"
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    warm_start: bool = True
+    phases: list[PhaseName] | None = Field(None, min_length=1, max_length=2, description="default: every phase")
+    noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")
+    trial_delay_s: float = Field(0.0, ge=0.0, le=3600.0, description="simulated backend: wall time per trial")
+
+    @field_validator("model_path", "space_path")
+    @classmethod
+    def _paths(cls, value: str | None) -> str | None:
+        return _no_nul(value)
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, value: str | dict[str, Any] | None, info: ValidationInfo) -> str | dict[str, Any] | None:
+        if value is not None and info.data.get("space_path") is not None:
+            raise ValueError("give space_path or space, not both")
+        if isinstance(value, str):
+            _no_nul(value)
+            if len(value) > MAX_INLINE_SPACE_CHARS:
+                raise ValueError(f"inline spaces are limited to {MAX_INLINE_SPACE_CHARS} characters")
+        return value
+
+    @field_validator("noise", "trial_delay_s")
+    @classmethod
+    def _simulated_only(cls, value: float, info: ValidationInfo) -> float:
+        if value and info.data.get("backend", "simulated") != "simulated":
+            raise ValueError("applies to the simulated backend only")
+        return value
+
+
+class ModelCreate(_In):
+    path: str = Field(min_length=1, max_length=4096, description="model folder (with config.json) under an "
+                      "allowed root; relative paths are taken from the models directory")
+    auto_tune: bool = Field(True, description="start a study on the default space when the model fits")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _no_nul(value) or value
+
+
+class Links(BaseModel):
+    self_url: str
+    ui_url: str
+    pareto_url: str
+
+
+class StudyPublic(BaseModel):
+    id: int
+    campaign: str = Field(description="prefix of the Optuna phase studies (see the dashboard)")
+    status: StudyStatus
+    model_name: str
+    model_path: str
+    space_name: str
+    backend: str
+    trials_per_phase: int
+    sampler: str
+    seed: int
+    error: str | None
+    resumes: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    links: Links
+
+
+class StudyList(BaseModel):
+    items: list[StudyPublic]
+    total: int
+
+
+class Failure(BaseModel):
+    trial_number: int
+    status: str
+    reason: str
+    params: dict[str, Any]
+
+
+class PhaseProgress(BaseModel):
+    study_name: str
+    dashboard_url: str | None
+    launched: int
+    budget: int
+    counts: dict[str, int] = Field(description="trials by outcome: ok, infeasible, oom, failed, running, ...")
+    failures: list[Failure]
+
+
+class EventPublic(BaseModel):
+    at: datetime
+    kind: str
+    phase: str | None
+    trial_number: int | None
+    message: str
+
+
+class StudyDetail(StudyPublic):
+    launched: int
+    budget: int
+    progress_fraction: float = Field(ge=0, le=1)
+    phases: dict[str, PhaseProgress]
+    constraints: dict[str, Any]
+    recent_events: list[EventPublic]
+
+
+class TrialPublic(BaseModel):
+    phase: PhaseName
+    trial_number: int
+    state: str = Field(description="Optuna state: COMPLETE, FAIL, RUNNING, ...")
+    status: str | None = Field(description="outcome: ok, infeasible, oom, crashed, duplicate, cancelled, ...")
+    kind: str | None = Field(description="sampled (a launch), extra (another concurrency level), screened, ...")
+    params: dict[str, Any]
+    values: list[float] | None
+    constraints: dict[str, float]
+    feasible: bool
+    reason: str | None
+    duration_s: float | None
+    concurrency: int | None
+
+
+class TrialPage(BaseModel):
+    items: list[TrialPublic]
+    total: int
+    offset: int
+    limit: int
+
+
+class FrontPoint(BaseModel):
+    trial_number: int
+    deployment: str
+    topology: str
+    concurrency: int
+    params: dict[str, Any]
+    objective_values: list[float]
+    total_tok_s_per_gpu: float
+    tok_s_per_user: float
+    ttft_ms_p50: float
+    itl_ms_p50: float
+    constraints: dict[str, float]
+
+
+class PhaseFront(BaseModel):
+    study_name: str
+    objectives: list[str]
+    points_total: int
+    points_feasible: int
+    front: list[FrontPoint]
+
+
+class ComposedFrontPoint(BaseModel):
+    point: int = Field(description="the `point` of /export")
+    deployment: str
+    num_gpus: int
+    total_tok_s_per_gpu: float
+    tok_s_per_user: float
+    ttft_ms: float
+    itl_ms: float
+    export_url: str
+
+
+class ParetoPublic(BaseModel):
+    study_id: int
+    campaign: str
+    status: StudyStatus
+    trials_stored: int
+    constraints: dict[str, Any]
+    phases: dict[str, PhaseFront]
+    composed_front: list[ComposedFrontPoint]
+    composition_error: str | None
+    exportable_points: int = Field(description="points accepted by /export (composed front, else phase fronts)")
+
+
+class ModelPublic(BaseModel):
+    id: int
+    path: str
+    name: str
+    source: str
+    status: ModelStatus
+    reason: str | None
+    study_id: int | None
+    created_at: datetime
+
+
+class ModelList(BaseModel):
+    items: list[ModelPublic]
+    total: int
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: str
+    schema_revision: str | None
+    runner_threads_alive: int
+    studies_active: int
+    watcher: str
+
+
+class CancelResult(BaseModel):
+    id: int
+    status: StudyStatus

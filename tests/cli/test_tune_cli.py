@@ -1,0 +1,99 @@
+"""`topotune tune | studies | show | export` as a user runs them (simulated backend, SQLite)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = str(REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4")
+SPACE = str(REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml")
+NAME = "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024"
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> str:
+    storage = f"sqlite:///{tmp_path_factory.mktemp('cli') / 'studies.db'}"
+    assert main(["tune", MODEL, "--space", SPACE, "--trials", "4", "--sampler", "random", "--executor", "local",
+                 "--storage", storage, "--json"]) == 0
+    return storage
+
+
+def test_tune_json(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", NAME, "--storage", tuned, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["name"] == NAME
+    assert data["phases"]["decode"]["launched"] == 4 and data["phases"]["decode"]["front"]
+    assert data["composed_front"] and all(r["gpus"] <= 72 for r in data["composed_front"])
+
+
+def test_resume_is_the_same_command(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["tune", MODEL, "--space", SPACE, "--trials", "5", "--sampler", "random", "--executor", "local",
+                 "--storage", tuned, "--json", "--phase", "decode"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["phases"]["decode"]["launched"] == 5  # 4 stored + 1 new, nothing re-run
+
+
+def test_studies_lists_it(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["studies", "--storage", tuned, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["name"] == NAME and rows[0]["launched"] >= 8
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "compose", "srt-slurm"])
+def test_export_formats(tuned: str, fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / f"recipe.{fmt}"
+    assert main(["export", NAME, "--point", "0", "--format", fmt, "--storage", tuned, "--output", str(out)]) == 0
+    text = out.read_text()
+    if fmt == "vllm":
+        assert "vllm serve" in text and "--kv-transfer-config" in text and "vllm-router" in text
+    else:
+        data = yaml.safe_load(text)
+        assert data["services"] if fmt == "compose" else data["backend"]["vllm_config"]["decode"]
+
+
+def test_show_table(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", NAME, "--storage", tuned]) == 0
+    out = capsys.readouterr().out
+    assert "decode front" in out and "composed PD front" in out
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["export", NAME, "--point", "999"], "--point"),
+    (["export", NAME, "--format", "helm"], "--format"),
+    (["show", "nobody@gb300/1x1"], "STUDY"),
+    (["tune", MODEL, "--space", "/nonexistent.yaml"], "--space"),
+    (["tune", MODEL, "--space", SPACE, "--sampler", "bayes"], "--sampler"),
+    (["tune", MODEL, "--space", SPACE, "--trials", "0"], "--trials"),
+])
+def test_bad_input_exit_2_and_nothing_lost(tuned: str, args: list[str], field: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main([*args, "--storage", tuned]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err
+    assert main(["studies", "--storage", tuned, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["launched"] >= 8
+
+
+def test_bad_space_leaves_studies_untouched(tuned: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(SPACE).read_text().replace("max_num_seqs: [16, 64, 256]", "max_num_seqz: [16]"))
+    capsys.readouterr()
+    main(["studies", "--storage", tuned, "--json"])
+    before = json.loads(capsys.readouterr().out)
+    assert main(["tune", MODEL, "--space", str(bad), "--storage", tuned, "--executor", "local"]) == 2
+    assert "max_num_seqz" in capsys.readouterr().err
+    main(["studies", "--storage", tuned, "--json"])
+    assert json.loads(capsys.readouterr().out) == before
+
+
+def test_unreachable_storage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["studies", "--storage", "postgresql+psycopg://x@127.0.0.1:1/none"]) == 2
+    assert "--storage" in capsys.readouterr().err

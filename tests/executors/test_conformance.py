@@ -1,0 +1,65 @@
+"""The same small Campaign on LocalExecutor and RayExecutor; and the local default Ray head."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from executor_helpers import GPUS_PER_HOST, REPO, TOTAL_GPUS
+
+from tuner.backends import make_backend
+from tuner.executors import BackendSpec, LocalExecutor
+from tuner.executors._testing import small_campaign
+
+
+def _run(executor, tmp_path: Path, tag: str):
+    campaign = small_campaign(repo=REPO, executor=executor, storage_url=f"sqlite:///{tmp_path / tag}.db",
+                              artifacts_dir=tmp_path / tag, trials=4, num_gpus=TOTAL_GPUS,
+                              gpus_per_host=GPUS_PER_HOST, seed=3)
+    try:
+        return campaign.run().phases["decode"]
+    finally:
+        executor.shutdown()
+
+
+def test_local_and_ray_executors_give_the_same_study(ray_cluster, tmp_path: Path) -> None:
+    from tuner.executors import RayExecutor
+
+    local = _run(LocalExecutor(make_backend("simulated"), max_parallel=2, num_gpus=TOTAL_GPUS), tmp_path, "local")
+    remote = _run(RayExecutor(BackendSpec("simulated"), gpus_per_host=GPUS_PER_HOST, max_parallel=2),
+                  tmp_path, "ray")
+    assert local.launched == remote.launched == 4
+    assert local.counts == remote.counts
+    assert local.front and remote.front
+    artifacts = [p for p in (tmp_path / "ray").rglob("trial.log")]
+    assert len(artifacts) == 4  # each Ray trial's output is in its artifacts folder
+
+
+def test_local_default_starts_a_token_authenticated_head_off_the_redis_port(tmp_path: Path) -> None:
+    """No RAY_ADDRESS: RayExecutor.start starts a local head with the space's logical GPUs (in a subprocess,
+    since this test process is already connected to the test cluster)."""
+    script = textwrap.dedent("""
+        import json, os, ray
+        from tuner.executors import RayExecutor, shutdown_ray
+        from tuner.settings import TunerSettings
+        from tuner.space import ClusterSpec
+        ex = RayExecutor.start(TunerSettings(), ClusterSpec(gpu="gb300", num_gpus=8, gpus_per_host=4),
+                               "simulated", {}, max_parallel=2)
+        again = RayExecutor.start(TunerSettings(), ClusterSpec(gpu="gb300", num_gpus=8), "simulated")
+        from tuner.executors._session import current_session
+        s = current_session()
+        print(json.dumps({"address": s.address, "local": s.local, "gpus": ray.cluster_resources().get("GPU"),
+                          "auth": os.environ.get("RAY_AUTH_MODE"), "per_host": again.gpus_per_host}))
+        ex.shutdown(); again.shutdown(); shutdown_ray()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["TOPOTUNE_DATA_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info["local"] and info["gpus"] == 8 and info["auth"] == "token" and info["per_host"] == 4
+    assert not info["address"].endswith(":6379")

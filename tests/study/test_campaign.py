@@ -1,0 +1,199 @@
+"""The study engine on the simulated backend: fronts, screening, reproducibility, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.backends import Backend, TrialRequest, TrialResult
+from tuner.backends._simulated import SimulatedBackend
+from tuner.errors import ConfigError
+from tuner.executors import LocalExecutor
+from tuner.hardware import get_gpu
+from tuner.memory import MemoryInputs, compute_memory
+from tuner.models import load_model
+from tuner.space import load_space, parse_space
+from tuner.study import Campaign, TuneOptions, list_campaigns, load_campaign, open_storage
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
+SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+
+
+class RecordingBackend(Backend):
+    """The real simulated backend, plus a log of every request it was sent."""
+
+    name = "recording"
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.requests: list[TrialRequest] = []
+
+    def run(self, request: TrialRequest) -> TrialResult:
+        self.requests.append(request)
+        return self.inner.run(request)
+
+
+def _campaign(storage_url: str, tmp_path: Path, backend: Backend, **options: object) -> Campaign:
+    return Campaign(model_path=str(MODEL), space=load_space(SPACE), backend_name="simulated",
+                    executor=LocalExecutor(backend, max_parallel=int(options.pop("parallel", 1))),  # type: ignore[call-overload]
+                    storage_url=storage_url, options=TuneOptions(**options), artifacts_dir=tmp_path / "artifacts")
+
+
+def test_campaign_reaches_a_front_and_screens_before_launch(storage_url: str, tmp_path: Path) -> None:
+    backend = RecordingBackend(SimulatedBackend(noise=0.05))
+    result = _campaign(storage_url, tmp_path, backend, trials=6, sampler="tpe").run()
+    assert set(result.phases) == {"prefill", "decode"}
+    for pr in result.phases.values():
+        assert pr.launched == 6
+        assert pr.front, pr.phase
+        assert all(p.feasible for p in pr.front)
+        assert len(pr.points) > pr.launched  # every concurrency level of a trial is stored
+    assert result.composed_front and result.composition_error is None
+    # nothing that the memory model rejects was ever sent to the backend
+    model, gpu = load_model(MODEL), get_gpu("gb300")
+    assert len(backend.requests) == 12
+    for request in backend.requests:
+        topo = request.deployment.groups[0].topology
+        fits = compute_memory(model, gpu, topo, MemoryInputs(isl=request.workload.isl, osl=request.workload.osl))
+        assert fits.fits, topo.label()
+    # and the screened-out configs are stored as infeasible, with the reason
+    storage = open_storage(storage_url)
+    decode = optuna.load_study(study_name=result.phases["decode"].study_name, storage=storage)
+    screened = [t for t in decode.trials if t.user_attrs.get("kind") == "screened"]
+    for t in screened:
+        assert t.state == TrialState.COMPLETE and t.constraints["feasibility"] > 0 and t.user_attrs["reason"]
+
+
+def test_infeasible_space_is_screened_not_launched(tmp_path: Path) -> None:
+    text = SPACE.read_text().replace("tp: [1, 2, 4, 8, 16]", "tp: [1, 2]").replace("dp: [1, 2, 4, 8]\n    ep: [false, true]\n    mtp",
+                                                                                   "dp: [1, 2]\n    ep: [false, true]\n    mtp")
+    space = parse_space(text, "small.yaml")
+    backend = RecordingBackend(SimulatedBackend())
+    # TP<=2 x DP<=2 of a 1.3 TB model never fits on GB300: the decode phase may launch nothing
+    campaign = Campaign(model_path=str(MODEL), space=space, backend_name="simulated",
+                        executor=LocalExecutor(backend), storage_url=f"sqlite:///{tmp_path / 's.db'}",
+                        options=TuneOptions(trials=3, sampler="random", max_screened_per_trial=5),
+                        artifacts_dir=tmp_path, phases=("decode",))
+    result = campaign.run()
+    assert backend.requests == []
+    assert result.phases["decode"].launched == 0
+    assert result.phases["decode"].counts.get("infeasible", 0) > 0
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp"])
+def test_same_seed_same_trials(tmp_path: Path, sampler: str) -> None:
+    def sequence(db: str) -> list[dict]:
+        c = _campaign(f"sqlite:///{tmp_path / db}", tmp_path, SimulatedBackend(noise=0.05), trials=10,
+                      sampler=sampler, seed=7, warm_start=False)
+        c.phases = ("prefill",)
+        c.run()
+        study = optuna.load_study(study_name=c.phase_study_name("prefill"), storage=open_storage(
+            f"sqlite:///{tmp_path / db}"))
+        return [t.params for t in study.trials if t.user_attrs.get("kind") in ("sampled", "screened")]
+
+    first, second = sequence("a.db"), sequence("b.db")
+    assert len(first) >= 10 and first == second
+
+
+_DRIVER = """
+import sys
+from pathlib import Path
+from tuner.backends._simulated import SimulatedBackend
+from tuner.executors import LocalExecutor
+from tuner.space import load_space
+from tuner.study import Campaign, TuneOptions
+Campaign(model_path=sys.argv[1], space=load_space(sys.argv[2]), backend_name="simulated",
+         executor=LocalExecutor(SimulatedBackend(delay_s=1.0), max_parallel=2), storage_url=sys.argv[3],
+         options=TuneOptions(trials=6, sampler="tpe", heartbeat_s=0.5), artifacts_dir=Path(sys.argv[4]),
+         phases=("prefill",)).run()
+"""
+
+
+def test_resume_after_a_killed_driver_loses_no_trial(storage_url: str, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(MODEL), str(SPACE), storage_url, str(tmp_path)],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    storage = open_storage(storage_url)
+    deadline = time.monotonic() + 120
+    running = []
+    while time.monotonic() < deadline:  # kill it while trials are in flight, after some completed
+        time.sleep(0.3)
+        try:
+            study = optuna.load_study(study_name=_study_name(), storage=storage)
+        except KeyError:
+            continue
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE]
+        running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("kind") == "sampled"]
+        if len(done) >= 2 and running:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert running, "the driver never had trials in flight"
+    killed = {t.number: t.params for t in running}
+
+    c = _campaign(storage_url, tmp_path, SimulatedBackend(), trials=6, sampler="tpe", heartbeat_s=0.5)
+    c.phases = ("prefill",)
+    c.run()
+    study = optuna.load_study(study_name=_study_name(), storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    launched = [t for t in trials if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE]
+    assert len(launched) == 6
+    for number, params in killed.items():
+        dead = trials[number]
+        assert dead.state == TrialState.FAIL and dead.user_attrs.get("status") == "reclaimed"
+        # its config ran again after the restart (same params, a later trial)
+        assert any(t.params == params and t.number > number for t in launched), number
+
+
+def _study_name() -> str:
+    return "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024/prefill"
+
+
+def test_results_survive_reload(storage_url: str, tmp_path: Path) -> None:
+    _campaign(storage_url, tmp_path, SimulatedBackend(), trials=4, sampler="random").run()
+    result, space, meta = load_campaign(storage_url, "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024")
+    assert meta["model_path"] == str(MODEL) and space.name == "gb300-nvl72-8k1k"
+    assert result.phases["decode"].front
+    listed = list_campaigns(storage_url)
+    assert [c.name for c in listed] == ["qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024"]
+    assert listed[0].launched == 8 and listed[0].running == 0
+
+
+@pytest.mark.parametrize(("text", "needles"), [
+    ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 8, osl: 8\n", ["line", "YAML"]),
+    ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 8, osl: 8}\nphases:\n  decode:\n"
+     "    concurrency: [1]\n    tpp: [1]\n", [":7:", "phases.decode.tpp", "unknown parameter", "allowed: tp"]),
+    ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 8, osl: 8}\nphases:\n  decode:\n"
+     "    concurrency: [1]\n    gpu_memory_utilization: [1.5]\n", [":7:", "gpu_memory_utilization", "(0, 1]"]),
+    ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 8}\nphases:\n  decode:\n"
+     "    concurrency: [1]\n", [":3:", "workload.osl", "missing"]),
+])
+def test_malformed_spaces_name_line_and_field(text: str, needles: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_space(text, "space.yaml")
+    message = err.value.user_message()
+    for needle in needles:
+        assert needle in message, message
+
+
+def test_space_empty_after_constraints_says_why() -> None:
+    space = parse_space("name: x\ncluster: {gpu: gb300, num_gpus: 4}\nworkload: {isl: 8, osl: 8}\nphases:\n"
+                        "  decode:\n    tp: [3]\n    concurrency: [1]\n", "s.yaml")
+    with pytest.raises(ConfigError, match="no valid configuration.*attention heads"):
+        space.expand("decode", load_model(MODEL))
+
+
+def test_unreachable_storage_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="--storage"):
+        open_storage("postgresql+psycopg://nobody@127.0.0.1:1/none")
