@@ -22,9 +22,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the reference campaign on the simulator, through a local Ray, stored in SQLite
+# (re-running it resumes the same study). DEMO_ARGS adds options, e.g. DEMO_ARGS="--trials 80".
+DEMO_ARGS ?=
 demo: $(STAMP)
-	$(BIN)/topotune memory $(MODEL) --hardware gb300 --topology TP4DP4+EP --mtp 3
-	$(BIN)/topotune memory $(MODEL) --hardware gb300 --sweep --gpus 16
+	$(BIN)/topotune tune $(MODEL) --space search_spaces/gb300-nvl72-8k1k.yaml --backend simulated \
+		--trials 40 --parallel 4 --storage sqlite:///$(CURDIR)/.topotune/demo.db $(DEMO_ARGS)
 
 # The real vLLM CPU build, AIPerf and vllm-router in their own pinned venvs (reused when present; ~3 min fresh).
 # `make test` needs them for the slow real-process tests; with --skip-slow they are not installed.

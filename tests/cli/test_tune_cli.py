@@ -97,3 +97,17 @@ def test_bad_space_leaves_studies_untouched(tuned: str, tmp_path: Path, capsys: 
 def test_unreachable_storage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["studies", "--storage", "postgresql+psycopg://x@127.0.0.1:1/none"]) == 2
     assert "--storage" in capsys.readouterr().err
+
+
+def test_calibrate_fits_a_noisy_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A study measured with 10% noise: the fit cannot make the error worse and writes a usable file."""
+    storage = f"sqlite:///{tmp_path / 'noisy.db'}"
+    assert main(["tune", MODEL, "--space", SPACE, "--trials", "4", "--sampler", "random", "--executor", "local",
+                 "--storage", storage, "--noise", "0.1", "--json"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", NAME, "--storage", storage, "--output", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["points"] > 8 and 0 < data["error_after"] <= data["error_before"]
+    assert yaml.safe_load(out.read_text())["hbm_efficiency"] > 0
+    assert main(["frontier", MODEL, "--gpus", "16", "--calibration", str(out), "--json"]) == 0

@@ -2,10 +2,16 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+
+# Options shared by several commands, declared once.
+ModelArg = Annotated[Path, typer.Argument(help="config.json or a model folder (safetensors headers are read).")]
+HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog: gb300, gb200, b200, ...")]
+HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPUs to the catalog.")]
 
 app = typer.Typer(
     name="topotune",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from tuner.cli._app import app, console, print_json
+from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
 from tuner.errors import ConfigError
 from tuner.hardware import get_gpu
 from tuner.memory import GIB, MemoryBreakdown, MemoryInputs, compute_memory, sweep_topologies
@@ -20,10 +19,6 @@ from tuner.topology import (
     Topology,
 )
 from tuner.units import parse_bytes
-
-ModelArg = Annotated[Path, typer.Argument(help="config.json or a model folder (safetensors headers are read).")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog: gb300, gb200, b200, ...")]
-HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPUs to the catalog.")]
 
 
 def _render(b: MemoryBreakdown) -> None:

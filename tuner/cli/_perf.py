@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tuner.cli._app import app, console, err_console, print_json
+from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
 from tuner.errors import ConfigError
 from tuner.frontier import ComposedPoint, Constraints, combined_front, compose_disaggregated
 from tuner.hardware import get_gpu
@@ -28,9 +28,6 @@ from tuner.topology import (
     Topology,
 )
 
-ModelArg = Annotated[Path, typer.Argument(help="config.json or a model folder.")]
-HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog: gb300, gb200, b200, ...")]
-HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPUs to the catalog.")]
 CalibrationOpt = Annotated[Path | None, typer.Option(
     help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]

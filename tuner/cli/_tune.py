@@ -243,3 +243,43 @@ def export(study: Annotated[str, typer.Argument()],
         raise ConfigError(f"cannot write {output}: {exc.strerror}", field="--output",
                           fix="give a writable path") from exc
     console.print(f"wrote {output}")
+
+
+@app.command()
+def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measured (real) trials")],
+              storage: StorageOpt = None,
+              output: Annotated[Path | None, typer.Option(help="write the fitted factors here (YAML) for "
+                                                                "`topotune frontier --calibration`")] = None,
+              json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Fit the simulator's calibration factors to a study's measured points; report the error before and after."""
+    import yaml
+
+    from tuner.hardware import get_gpu
+    from tuner.models import load_model
+    from tuner.perf import MeasuredPoint, fit_calibration
+    from tuner.study import load_campaign
+    from tuner.topology import Role
+
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    result, space, meta = load_campaign(settings.storage_url, study)
+    points = [MeasuredPoint(topology=p.deployment.groups[0].topology, role=Role(phase), metrics=p.metrics)
+              for phase, pr in result.phases.items() for p in pr.points if p.feasible]
+    if not points:
+        raise ConfigError(f"{study} has no measured point to fit", field="STUDY",
+                          fix="run real trials first (topotune tune --backend vllm)")
+    fit = fit_calibration(load_model(meta["model_path"]), get_gpu(space.cluster.gpu), points)
+    factors = {name: getattr(fit.calibration, name) for name in fit.factors}
+    if output is not None:
+        try:
+            output.write_text(yaml.safe_dump(fit.calibration.model_dump(), sort_keys=False))
+        except OSError as exc:
+            raise ConfigError(f"cannot write {output}: {exc.strerror}", field="--output",
+                              fix="give a writable path") from exc
+    if json_out:
+        print_json({"points": fit.num_points, "error_before": fit.error_before, "error_after": fit.error_after,
+                    "converged": fit.converged, "factors": factors, "output": str(output) if output else None})
+        return
+    console.print(f"{fit.num_points} measured points of {study}: mean relative error "
+                  f"{fit.error_before:.1%} before, {fit.error_after:.1%} after the fit", highlight=False)
+    for name, value in factors.items():
+        console.print(f"  {name} = {value:.4g}", highlight=False)
