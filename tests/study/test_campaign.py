@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -75,8 +74,9 @@ def test_campaign_reaches_a_front_and_screens_before_launch(storage_url: str, tm
 
 
 def test_infeasible_space_is_screened_not_launched(tmp_path: Path) -> None:
-    text = SPACE.read_text().replace("tp: [1, 2, 4, 8, 16]", "tp: [1, 2]").replace("dp: [1, 2, 4, 8]\n    ep: [false, true]\n    mtp",
-                                                                                   "dp: [1, 2]\n    ep: [false, true]\n    mtp")
+    decode_dp = "dp: [1, 2, 4, 8]\n    ep: [false, true]\n    mtp"
+    text = SPACE.read_text().replace("tp: [1, 2, 4, 8, 16]", "tp: [1, 2]").replace(
+        decode_dp, decode_dp.replace("[1, 2, 4, 8]", "[1, 2]"))
     space = parse_space(text, "small.yaml")
     backend = RecordingBackend(SimulatedBackend())
     # TP<=2 x DP<=2 of a 1.3 TB model never fits on GB300: the decode phase may launch nothing
@@ -190,7 +190,7 @@ def test_malformed_spaces_name_line_and_field(text: str, needles: list[str]) -> 
 def test_space_empty_after_constraints_says_why() -> None:
     space = parse_space("name: x\ncluster: {gpu: gb300, num_gpus: 4}\nworkload: {isl: 8, osl: 8}\nphases:\n"
                         "  decode:\n    tp: [3]\n    concurrency: [1]\n", "s.yaml")
-    with pytest.raises(ConfigError, match="no valid configuration.*attention heads"):
+    with pytest.raises(ConfigError, match=r"no valid configuration.*attention heads"):
         space.expand("decode", load_model(MODEL))
 
 

@@ -88,5 +88,8 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def run(self, request: TrialRequest) -> TrialResult: ...
 
+    def cancel(self, trial_id: str) -> None:  # noqa: B027 - optional hook
+        """Stop a running trial now (its run() then returns a failure); called from another thread."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, like Optuna's sampler hooks
         """Release anything the backend holds (processes, venvs stay)."""

@@ -57,10 +57,10 @@ class LocalExecutor(Executor):
 
     def cancel(self, handle: TrialHandle) -> None:
         fut = self._futures.pop(handle, None)
-        if fut is not None:
-            fut.cancel()
+        if fut is not None and not fut.cancel():  # already running: the backend stops its processes
+            self._backend.cancel(handle.request.trial_id)
         handle.result = TrialResult.failed(TrialStatus.CRASHED, "cancelled")
 
     def shutdown(self) -> None:
+        self._backend.close()  # first: a running trial's processes stop, so its thread returns
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._backend.close()

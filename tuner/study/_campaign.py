@@ -11,12 +11,11 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.executors import Executor
 from tuner.frontier import (
     ComposedPoint,
     Constraints,
-    InfeasibleError,
     combined_front,
     compose_disaggregated,
     pareto_front,
@@ -116,7 +115,7 @@ def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: Mod
         composed = compose_disaggregated(prefill, decode, Constraints(
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
             percentile=c.percentile, same_tp=model.is_hybrid, same_mtp=model.is_hybrid))
-    except InfeasibleError as exc:
+    except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
         return [], [], exc.user_message()
     return composed, combined_front(composed), None
 

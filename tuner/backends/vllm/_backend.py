@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,6 +160,8 @@ class VllmBackend(Backend):
 
     def __init__(self, settings: VllmBackendSettings | None = None) -> None:
         self.settings = settings or VllmBackendSettings()
+        self._live_lock = threading.Lock()
+        self._live: dict[str, list[RunningProcess]] = {}  # trial id -> its processes, for cancel/close
         self.last_timings: TrialTimings | None = None
         self.last_plan: LaunchPlan | None = None
 
@@ -188,6 +191,18 @@ class VllmBackend(Backend):
         return build_plan(request.deployment, hosts, plan_settings)
 
     # -- running --------------------------------------------------------------------------------------
+    def cancel(self, trial_id: str) -> None:
+        """Terminate a running trial's processes; its run() sees them gone and returns at once."""
+        with self._live_lock:
+            processes = list(self._live.get(trial_id, ()))
+        terminate(processes, grace_s=min(5.0, self.settings.teardown_grace_s))
+
+    def close(self) -> None:
+        with self._live_lock:
+            trial_ids = list(self._live)
+        for trial_id in trial_ids:
+            self.cancel(trial_id)
+
     def run(self, request: TrialRequest) -> TrialResult:
         started = time.monotonic()
         timings = TrialTimings()
@@ -213,6 +228,8 @@ class VllmBackend(Backend):
             t0 = time.monotonic()
             logs = artifacts / "logs"
             processes += [start_process(spec, logs) for spec in plan.servers]
+            with self._live_lock:
+                self._live[request.trial_id] = processes
             self._wait(processes, deadline, self.settings.startup_timeout_s)
             if plan.fronts:
                 processes += [start_process(spec, logs) for spec in plan.fronts]
@@ -265,6 +282,8 @@ class VllmBackend(Backend):
                 status = TrialStatus.UNSUPPORTED
                 reason = f"expert parallelism is not supported on vLLM's CPU backend: {reason}"
         finally:
+            with self._live_lock:
+                self._live.pop(request.trial_id, None)
             t0 = time.monotonic()
             terminate(processes, grace_s=self.settings.teardown_grace_s)
             clean_temp_files(temp_before)
