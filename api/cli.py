@@ -61,5 +61,10 @@ def migrate(storage: Annotated[str | None, typer.Option(help="database URL (env 
     typer.echo(f"{settings.database_url}: schema {current_revision(engine)}")
 
 
+def register(topotune_app: typer.Typer) -> None:
+    """Plug-in hook of the `topotune` CLI (entry point group topotune.cli): adds `topotune serve`."""
+    topotune_app.command("serve")(serve)
+
+
 def main() -> None:
     sys.exit(app())

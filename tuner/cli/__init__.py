@@ -16,6 +16,20 @@ from tuner.errors import TopotuneError
 __all__ = ["app", "console", "err_console", "main"]
 
 
+def _load_plugins() -> None:
+    """Subcommands other packages register under the `topotune.cli` entry-point group (e.g. `serve`)."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="topotune.cli"):
+        try:
+            entry.load()(app)
+        except Exception as exc:  # a broken plug-in must not take the core commands down
+            err_console.print(f"warning: topotune plug-in {entry.name!r} not loaded: {exc}", highlight=False)
+
+
+_load_plugins()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every TopotuneError becomes one line on stderr and exit code 2, never a traceback."""
     try:

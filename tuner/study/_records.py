@@ -40,7 +40,13 @@ def failure_constraints(key: str, amount: float = 1.0) -> dict[str, float]:
 
 
 def sampler_constraints(detail: dict[str, float]) -> dict[str, float]:
-    return {SAMPLER_CONSTRAINT: max(detail.values())}
+    """One bounded value with a clear sign for the sampler's constraint model: -1 (or the tightest real slack)
+    when feasible, a violation squashed into (0, 1) when not (a 1,000 GiB shortfall must not dwarf the rest)."""
+    worst = max(detail.values())
+    if worst > 0:
+        return {SAMPLER_CONSTRAINT: worst / (1.0 + worst)}
+    slack = [v for v in detail.values() if v < 0]
+    return {SAMPLER_CONSTRAINT: max(slack) if slack else -1.0}
 
 
 def is_feasible(constraints: dict[str, float]) -> bool:
