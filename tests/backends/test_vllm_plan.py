@@ -166,3 +166,22 @@ def test_shell_rendering_quotes_json() -> None:
     line = plan.processes[0].shell()
     assert line.startswith("CUDA_VISIBLE_DEVICES=0 vllm serve /models/qwen3")
     assert "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'" in line
+
+
+def test_loopback_bound_servers_are_reached_on_loopback_whatever_the_node_ip() -> None:
+    """Under Ray a host's address is the node IP; a CPU server bound to 127.0.0.1 is only reachable there."""
+    from tuner.backends import HostAssignment
+    from tuner.backends.vllm import PlanSettings, build_plan
+    from tuner.deployment import Deployment
+    from tuner.topology import Topology
+
+    hosts = (HostAssignment(address="192.0.2.2", node_id="n1", gpu_ids=(0, 1)),)
+    pd = Deployment.disaggregated(Topology(tp=1), 1, Topology(tp=1), 1)
+    plan = build_plan(pd, hosts, PlanSettings(model_path="/m", bind_host="127.0.0.1", device="cpu"))
+    assert plan.endpoint.startswith("http://127.0.0.1:")
+    assert all(p.health_url.startswith("http://127.0.0.1:") for p in plan.processes if p.health_url)
+    router = plan.fronts[0]
+    assert all(a.startswith("http://127.0.0.1:") for a in router.argv if a.startswith("http://"))
+    assert {p.host for p in plan.processes} == {"192.0.2.2"}  # where to start them is still the node
+    wide = build_plan(pd, hosts, PlanSettings(model_path="/m"))
+    assert wide.endpoint.startswith("http://192.0.2.2:")

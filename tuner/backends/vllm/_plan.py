@@ -294,13 +294,20 @@ def _server_processes(settings: PlanSettings, placement: InstancePlacement, inst
         out.append(ProcessSpec(
             name=name, host=host.address, argv=tuple(argv), env=env, role=role_name, instance=instance,
             port=ports.api if primary else None,
-            health_url=f"http://{host.address}:{ports.api}/health" if primary else None))
+            health_url=f"http://{_reach(settings, host.address)}:{ports.api}/health" if primary else None))
     return out
+
+
+def _reach(settings: PlanSettings, address: str) -> str:
+    """The address clients use for a server on `address`: a server bound to loopback (the CPU path: one
+    machine) is only reachable there, whatever address the host has on the cluster (e.g. Ray's node IP)."""
+    loopback = settings.bind_host in ("localhost", "::1") or settings.bind_host.startswith("127.")
+    return settings.bind_host if loopback else address
 
 
 def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: bool, host: str) -> ProcessSpec:
     argv = [*settings.router_argv, "--host", settings.bind_host, "--port", str(settings.router_port)]
-    urls = {role: [f"http://{p.host}:{p.port}" for p in servers if p.role == role and p.port]
+    urls = {role: [f"http://{_reach(settings, p.host)}:{p.port}" for p in servers if p.role == role and p.port]
             for role in ("prefill", "decode", "both")}
     if disaggregated:
         argv.append("--vllm-pd-disaggregation")
@@ -312,7 +319,8 @@ def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: b
         argv += ["--worker-urls", *urls["both"]]
     argv += ["--policy", settings.router_policy, *settings.router_extra_flags]
     return ProcessSpec(name="router", host=host, argv=tuple(argv), env=dict(settings.env), role="router",
-                       port=settings.router_port, health_url=f"http://{host}:{settings.router_port}/health")
+                       port=settings.router_port,
+                       health_url=f"http://{_reach(settings, host)}:{settings.router_port}/health")
 
 
 def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment],
@@ -327,9 +335,10 @@ def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[
     api_servers = [p for p in servers if p.port]
     if len(api_servers) == 1 and not deployment.is_disaggregated:
         only = api_servers[0]
-        return LaunchPlan(processes=tuple(servers), endpoint=f"http://{only.host}:{only.port}",
+        return LaunchPlan(processes=tuple(servers), endpoint=f"http://{_reach(settings, only.host)}:{only.port}",
                           placements=placements)
     front_host = placements[0].hosts[0].address
     router = _router(settings, servers, deployment.is_disaggregated, front_host)
-    return LaunchPlan(processes=(*servers, router), endpoint=f"http://{front_host}:{settings.router_port}",
+    return LaunchPlan(processes=(*servers, router),
+                      endpoint=f"http://{_reach(settings, front_host)}:{settings.router_port}",
                       placements=placements)
