@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, needs_envs]
 
 REPO = Path(__file__).resolve().parents[2]
 KV_BUDGET_BYTES = 640 * 1024
-EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "local")  # "ray" runs the same study through Ray
+EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "ray")  # "local" runs the same study in threads
 
 
 def _space(tmp_path: Path) -> Path:
