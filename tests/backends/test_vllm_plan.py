@@ -185,3 +185,21 @@ def test_loopback_bound_servers_are_reached_on_loopback_whatever_the_node_ip() -
     assert {p.host for p in plan.processes} == {"192.0.2.2"}  # where to start them is still the node
     wide = build_plan(pd, hosts, PlanSettings(model_path="/m"))
     assert wide.endpoint.startswith("http://192.0.2.2:")
+
+
+def test_dynamo_front_when_chosen() -> None:
+    """Dynamo instead of vllm-router: `dynamo.vllm` workers per role, `dynamo.frontend` in front."""
+    from tuner.backends.vllm import PlanSettings, build_plan, uniform_hosts
+    from tuner.deployment import Deployment
+    from tuner.topology import Topology
+
+    pd = Deployment.disaggregated(Topology.parse("TP4DP2+EP"), 1, Topology.parse("TEP8", mtp=3), 1)
+    plan = build_plan(pd, uniform_hosts(16, 4), PlanSettings(model_path="/m", front="dynamo"))
+    prefill = next(p for p in plan.processes if p.name == "prefill0-node0")
+    assert prefill.argv[:6] == ("python3", "-m", "dynamo.vllm", "--model", "/m", "--served-model-name")
+    assert prefill.argv[prefill.argv.index("--disaggregation-mode") + 1] == "prefill"
+    assert "--port" not in prefill.argv and prefill.env["DYN_SYSTEM_PORT"]
+    decode = next(p for p in plan.processes if p.name == "decode0-node0")
+    assert '{"method": "mtp", "num_speculative_tokens": 3}' in decode.argv
+    assert plan.fronts[0].argv == ("python3", "-m", "dynamo.frontend", "--http-port", "8000")
+    assert "vllm-router" not in " ".join(" ".join(p.argv) for p in plan.processes)

@@ -72,6 +72,7 @@ def plan(
     served_model_name: Annotated[str, typer.Option()] = "model",
     vllm: Annotated[str, typer.Option(help="The vllm executable.")] = "vllm",
     router: Annotated[str, typer.Option(help="The vllm-router executable.")] = "vllm-router",
+    front: Annotated[str, typer.Option(help="PD front: vllm-router | dynamo (NVIDIA Dynamo).")] = "vllm-router",
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """The exact commands of a deployment, per host (a dry run you can copy)."""
@@ -81,8 +82,10 @@ def plan(
     dep = parse_deployment(deployment, mtp=mtp)
     per_host = gpus_per_host or get_gpu(hardware).gpus_per_host
     addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    if front not in ("vllm-router", "dynamo"):
+        raise ConfigError(f"unknown front {front!r}", field="--front", fix="use vllm-router or dynamo")
     settings = PlanSettings(model_path=model, served_model_name=served_model_name, vllm_argv=(vllm,),
-                            router_argv=(router,), max_model_len=max_model_len)
+                            router_argv=(router,), max_model_len=max_model_len, front=front)  # type: ignore[arg-type]
     launch = build_plan(dep, uniform_hosts(dep.num_gpus, per_host, addresses), settings)
     if json_out:
         print_json(launch.model_dump(mode="json"))

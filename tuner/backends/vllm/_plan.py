@@ -51,6 +51,10 @@ class PlanSettings(BaseModel):
     extra_flags: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     router_policy: str = "round_robin"
+    # The PD front: vllm-router (run here for real), or NVIDIA Dynamo (`dynamo.frontend` + `dynamo.vllm` workers
+    # registered with it; the argv follows Dynamo's own vLLM launch scripts, not run on this machine).
+    front: Literal["vllm-router", "dynamo"] = "vllm-router"
+    dynamo_python: tuple[str, ...] = ("python3",)
     router_extra_flags: tuple[str, ...] = ()
     # CPU only: "auto" lets vLLM bind OMP threads; "ids" binds each worker to the core ids given as gpu_ids
     # (measured: two instances or TP2 on a 2-core machine need explicit "0|1" binds).
@@ -248,8 +252,14 @@ def _server_processes(settings: PlanSettings, placement: InstancePlacement, inst
     hosts = placement.hosts
     head = hosts[0].address
     role_name = placement.role.value
-    common = [*settings.vllm_argv, "serve", settings.model_path, "--served-model-name", settings.served_model_name,
-              *topo.vllm_flags()]
+    dynamo = settings.front == "dynamo" and disaggregated
+    if dynamo:  # a Dynamo worker: vLLM's engine flags, no HTTP server of its own (the frontend serves)
+        common = [*settings.dynamo_python, "-m", "dynamo.vllm", "--model", settings.model_path,
+                  "--served-model-name", settings.served_model_name, *topo.vllm_flags(),
+                  "--disaggregation-mode", role_name]
+    else:
+        common = [*settings.vllm_argv, "serve", settings.model_path, "--served-model-name",
+                  settings.served_model_name, *topo.vllm_flags()]
     if settings.max_model_len:
         common += ["--max-model-len", str(settings.max_model_len)]
     # A phase trial (prefill-only or decode-only sweep) runs without a connector: nothing to transfer to.
@@ -281,20 +291,23 @@ def _server_processes(settings: PlanSettings, placement: InstancePlacement, inst
             if not primary:
                 argv += ["--data-parallel-start-rank", str(start_rank)]
             start_rank += local
-        if primary:
+        if primary and not dynamo:
             argv += ["--host", settings.bind_host, "--port", str(ports.api)]
-        else:
+        elif not primary:
             argv.append("--headless")
         env = dict(settings.env)
         env.update(_device_env(settings, host, workers_here, single_worker))
         if kv:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.address
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports.nixl)
+        if dynamo:
+            env["DYN_SYSTEM_PORT"] = str(ports.api)  # the worker's status endpoint
         name = f"{role_name}{placement.index_in_group}" + (f"-node{node_rank}" if multi_host else "")
         out.append(ProcessSpec(
             name=name, host=host.address, argv=tuple(argv), env=env, role=role_name, instance=instance,
-            port=ports.api if primary else None,
-            health_url=f"http://{_reach(settings, host.address)}:{ports.api}/health" if primary else None))
+            port=ports.api if primary and not dynamo else None,
+            health_url=f"http://{_reach(settings, host.address)}:{ports.api}/health"
+            if primary and not dynamo else None))
     return out
 
 
@@ -306,6 +319,11 @@ def _reach(settings: PlanSettings, address: str) -> str:
 
 
 def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: bool, host: str) -> ProcessSpec:
+    if settings.front == "dynamo" and disaggregated:  # workers register themselves with the frontend
+        return ProcessSpec(name="frontend", host=host, role="router", env=dict(settings.env),
+                           argv=(*settings.dynamo_python, "-m", "dynamo.frontend", "--http-port",
+                                 str(settings.router_port)), port=settings.router_port,
+                           health_url=f"http://{_reach(settings, host)}:{settings.router_port}/health")
     argv = [*settings.router_argv, "--host", settings.bind_host, "--port", str(settings.router_port)]
     urls = {role: [f"http://{_reach(settings, p.host)}:{p.port}" for p in servers if p.role == role and p.port]
             for role in ("prefill", "decode", "both")}
@@ -333,7 +351,7 @@ def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[
     for instance, placement in enumerate(placements):
         servers += _server_processes(settings, placement, instance, single_worker, deployment.is_disaggregated)
     api_servers = [p for p in servers if p.port]
-    if len(api_servers) == 1 and not deployment.is_disaggregated:
+    if len(api_servers) == 1 and not deployment.is_disaggregated:  # one server: no front
         only = api_servers[0]
         return LaunchPlan(processes=tuple(servers), endpoint=f"http://{_reach(settings, only.host)}:{only.port}",
                           placements=placements)
