@@ -20,7 +20,7 @@ ARTIFACTS = REPO / "test-artifacts"
 FAST_STUDY: dict[str, Any] = {"model_path": REFERENCE_MODEL, "trials": 3, "sampler": "random", "seed": 1}
 
 
-def wait_for(client: TestClient, study_id: int, until: Callable[[dict], bool], timeout_s: float = 90.0,
+def wait_for(client: TestClient, study_id: int, until: Callable[[dict], bool], timeout_s: float = 300.0,
               ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:

@@ -60,6 +60,9 @@ def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -
         result = campaign.run()
     finally:
         runner.shutdown()
+        from tuner.executors import shutdown_ray
+
+        shutdown_ray()  # the local Ray this study started: later tests start their own clusters
 
     prefill, decode = result.phases["prefill"], result.phases["decode"]
     assert prefill.counts.get("ok") == 2, prefill.failures

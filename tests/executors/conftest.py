@@ -19,6 +19,11 @@ def ray_cluster() -> Iterator[object]:
     import ray
     from ray.cluster_utils import Cluster
 
+    from tuner.executors import shutdown_ray
+
+    shutdown_ray()  # an earlier test's local session (RayExecutor.start) must not hold this process
+    if ray.is_initialized():
+        ray.shutdown()
     node = {"num_cpus": 1, "num_gpus": GPUS_PER_HOST, "object_store_memory": 80 * 2**20}
     cluster = Cluster(initialize_head=True,
                       head_node_args={**node, "include_dashboard": False, "gcs_server_port": free_port()})
