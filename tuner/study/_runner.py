@@ -42,7 +42,7 @@ from tuner.study._records import (
     point_constraints,
     sampler_constraints,
 )
-from tuner.study._samplers import RepresentativeSampler, make_sampler
+from tuner.study._samplers import RepresentativeSampler, make_sampler, resolve_sampler
 from tuner.study._warm_start import topology_params
 from tuner.topology import Topology
 
@@ -54,7 +54,7 @@ DRIVER_ID = f"{socket.gethostname()}:{os.getpid()}"
 @dataclass(frozen=True)
 class TuneOptions:
     trials: int = 40  # launched (backend) trials per phase; screened-out configs do not count
-    sampler: str = "gp"
+    sampler: str = "auto"  # gp for budgets up to 60 trials per phase, tpe beyond (see _samplers.py)
     seed: int = 0
     warm_start: bool = True
     warm_start_trials: int | None = None  # default: a quarter of the budget
@@ -97,6 +97,10 @@ class PhaseRun:
     cancel: threading.Event = field(default_factory=threading.Event)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
 
+    @property
+    def sampler_name(self) -> str:
+        return resolve_sampler(self.options.sampler, self.options.trials)
+
     # -- set up ---------------------------------------------------------------------------------------
     def distributions(self) -> dict[str, BaseDistribution]:
         return {k: CategoricalDistribution(v) for k, v in self.space.param_choices(self.phase).items()}
@@ -104,7 +108,7 @@ class PhaseRun:
     def open_study(self) -> optuna.Study:
         study = optuna.create_study(
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
-            sampler=RepresentativeSampler(make_sampler(self.options.sampler, self.options.seed)),
+            sampler=RepresentativeSampler(make_sampler(self.sampler_name, self.options.seed)),
             load_if_exists=True)
         if "topotune" not in study.user_attrs:
             with warnings.catch_warnings():
@@ -113,7 +117,7 @@ class PhaseRun:
             study.set_user_attr("topotune", {
                 "phase": self.phase, "model": self.model.name, "model_path": self.model_path,
                 "gpu": self.gpu.name, "space": json.loads(self.space.model_dump_json()),
-                "backend": self.backend_name, "sampler": self.options.sampler, "seed": self.options.seed,
+                "backend": self.backend_name, "sampler": self.sampler_name, "seed": self.options.seed,
                 "trials": self.options.trials, "created_at": time.time(),
             })
         return study
