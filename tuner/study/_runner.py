@@ -33,7 +33,9 @@ from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
 from tuner.space import Phase, SearchSpace
+from tuner.study._guided import GuidedSampler
 from tuner.study._objectives import PHASE_METRICS, phase_values
+from tuner.study._prior import SimulatorPrior
 from tuner.study._records import (
     FAILED_VALUES,
     failure_constraints,
@@ -54,7 +56,7 @@ DRIVER_ID = f"{socket.gethostname()}:{os.getpid()}"
 @dataclass(frozen=True)
 class TuneOptions:
     trials: int = 40  # launched (backend) trials per phase; screened-out configs do not count
-    sampler: str = "auto"  # gp for budgets up to 60 trials per phase, tpe beyond (see _samplers.py)
+    sampler: str = "auto"  # guided: the simulator's prediction corrected by a learnt residual (_guided.py)
     seed: int = 0
     warm_start: bool = True
     warm_start_trials: int | None = None  # default: a quarter of the budget
@@ -93,6 +95,7 @@ class PhaseRun:
     options: TuneOptions
     artifacts_dir: Path
     warm_start_params: Callable[[], list[dict[str, Any]]] | None = None
+    pair_with_tps: frozenset[int] = frozenset()  # PD pairing: the warm start's first params (hybrid models)
     on_event: ProgressCallback = lambda _event: None
     cancel: threading.Event = field(default_factory=threading.Event)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
@@ -106,9 +109,12 @@ class PhaseRun:
         return {k: CategoricalDistribution(v) for k, v in self.space.param_choices(self.phase).items()}
 
     def open_study(self) -> optuna.Study:
+        sampler = make_sampler(self.sampler_name, self.options.seed,
+                               prior=lambda: SimulatorPrior.build(self.space, self.phase, self.model, self.gpu))
         study = optuna.create_study(
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
-            sampler=RepresentativeSampler(make_sampler(self.sampler_name, self.options.seed)),
+            # the guided sampler reads every concurrency level itself; the others see one point per config
+            sampler=sampler if isinstance(sampler, GuidedSampler) else RepresentativeSampler(sampler),
             load_if_exists=True)
         if "topotune" not in study.user_attrs:
             with warnings.catch_warnings():
@@ -152,6 +158,8 @@ class PhaseRun:
         self.reclaim_stale(study)
         if self.options.warm_start and self.warm_start_params and not study.user_attrs.get("warm_started"):
             budget = self.options.warm_start_trials or max(1, self.options.trials // 4)
+            if self.sampler_name == "guided":  # it starts from the predicted front itself: enqueue PD pairs only
+                budget = min(budget, len(self.pair_with_tps))
             for params in self.warm_start_params()[:budget]:
                 study.enqueue_trial(params, user_attrs={"warm_start": "simulator"})
             study.set_user_attr("warm_started", True)
