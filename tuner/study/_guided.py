@@ -25,11 +25,17 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.study._prior import SimulatorPrior, params_key
 from tuner.study._records import is_feasible
-from tuner.study._residual import ResidualFit, fit_residual, prior_sd
+from tuner.study._residual import Hyper, ResidualFit, fit_residual, prior_sd
 
 MC_SAMPLES = 16
+# hyper-parameters are re-picked on the grid at every ask up to 20 measured configs, then each time the data
+# grow by a fifth (in between, one Cholesky factorisation per objective): the fit stays well under 1 s
+REGRID_ALWAYS_BELOW = 20
+REGRID_FRACTION = 5
 GRID = 128  # x-resolution of the hypervolume integral
-DEFAULT_NOISE_SD = 0.05  # log-sd of a measurement before the residual model has estimated it
+DEFAULT_NOISE_SD = 0.05
+EXPLORE_BELOW = 0.002  # expected gain (fraction of the measured hypervolume) under which the search explores
+EXPLORE_SDS = 3.0  # log-sd of a measurement before the residual model has estimated it
 DISAGREEMENT_Z = 2.0  # rms z-score of recent measurements beyond which the model's spread is widened
 RECENT = 8
 MAX_WIDEN = 4.0
@@ -55,6 +61,8 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
         self._expected: dict[int, tuple[float, float, float, float]] = {}  # residual mean/sd when proposed
         self._z: dict[int, float] = {}
+        self._hyper: list[Hyper | None] = [None, None]
+        self._regrid_at = 0
 
     @property
     def prior(self) -> SimulatorPrior:
@@ -134,8 +142,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         sd = np.stack([prior_sd(slope[idx, j]) for j in range(2)], axis=1)
         noise = np.full(2, DEFAULT_NOISE_SD)
         if len(rows):
+            regrid = len(rows) < REGRID_ALWAYS_BELOW or len(rows) >= self._regrid_at
+            if regrid:
+                self._regrid_at = len(rows) + max(1, len(rows) // REGRID_FRACTION)
             for j in range(2):
-                fit: ResidualFit = fit_residual(prior.features[rows], slope[rows, j], prior.layout, res[:, j])
+                fit: ResidualFit = fit_residual(prior.features[rows], slope[rows, j], prior.layout, res[:, j],
+                                                None if regrid else self._hyper[j])
+                self._hyper[j] = fit.hyper
                 mean[:, j], sd[:, j] = fit.predict(prior.features[idx], slope[idx, j])
                 noise[j] = np.sqrt(fit.noise_var)
         self._track_disagreement(rows, res)
@@ -179,6 +192,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             y = np.where(prior.feasible[free], pts[..., 1], 0.0)
             hvi = np.clip(_heights(pts[..., 0], y, grid) - front_height, 0.0, None).sum(axis=1) * (x_max / GRID)
             gain += hvi * (0.25 if s == 0 else 1.0)
+        current = float(np.sum(front_height) * (x_max / GRID))
+        if gain.max() <= EXPLORE_BELOW * max(current, 1e-12):
+            # the expected gains are exhausted (the model believes nothing unmeasured helps): look where the
+            # model is least sure, with an optimistic draw of every config, so a wrong belief gets tested
+            pts = prior.predicted[free] * np.exp(mean + EXPLORE_SDS * sd)[:, None, :]
+            y = np.where(prior.feasible[free], pts[..., 1], 0.0)
+            gain = np.clip(_heights(pts[..., 0], y, grid) - front_height, 0.0, None).sum(axis=1) * sd.sum(axis=1)
         gain *= 1.0 + 1e-9 * rng.random(len(free))  # seeded tie-break
         pick = int(free[int(np.argmax(gain))])
         at = int(np.argmax(free == pick))
@@ -190,7 +210,7 @@ def _heights(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """Height of each curve's dominated region (reference 0, 0) at each grid x: the best y among its points with
     x >= grid x. x, y: (curves, points); returns (curves, grid). The hypervolume a curve adds over a front is
     the integral of the positive difference of their heights: exact up to the grid, for whole curves."""
-    if x.shape[1] == 0:
-        return np.zeros((x.shape[0], len(grid)))
-    reach = x[:, :, None] >= grid[None, None, :]
-    return np.max(np.where(reach, y[:, :, None], 0.0), axis=1)
+    height = np.zeros((x.shape[0], len(grid)))
+    for level in range(x.shape[1]):  # a loop over the few levels keeps the arrays 2-D (and fast)
+        np.maximum(height, np.where(x[:, level, None] >= grid[None, :], y[:, level, None], 0.0), out=height)
+    return height

@@ -38,6 +38,10 @@ class ResidualFit:
     chol: np.ndarray
     alpha: np.ndarray
 
+    @property
+    def hyper(self) -> Hyper:
+        return Hyper(self.signal_var, self.layout_scale, self.engine_scale, self.noise_var)
+
     def _cross(self, x: np.ndarray, slope: np.ndarray) -> np.ndarray:
         d_layout = _sqdist(x[:, self.layout], self.x[:, self.layout])
         d_engine = _sqdist(x[:, ~self.layout], self.x[:, ~self.layout])
@@ -58,16 +62,27 @@ def prior_sd(slope: np.ndarray) -> np.ndarray:
     return np.sqrt(SIGNAL_VARS[1] + OFFSET_VAR + SLOPE_VAR * slope**2)
 
 
-def fit_residual(x: np.ndarray, slope: np.ndarray, layout: np.ndarray, y: np.ndarray) -> ResidualFit:
-    """Grid search of the hyper-parameters by log marginal likelihood."""
+@dataclass(frozen=True)
+class Hyper:
+    signal_var: float
+    layout_scale: float
+    engine_scale: float
+    noise_var: float
+
+
+def fit_residual(x: np.ndarray, slope: np.ndarray, layout: np.ndarray, y: np.ndarray,
+                 hyper: Hyper | None = None) -> ResidualFit:
+    """Grid search of the hyper-parameters by log marginal likelihood (or the given ones: one factorisation)."""
     d_layout = _sqdist(x[:, layout], x[:, layout])
     d_engine = _sqdist(x[:, ~layout], x[:, ~layout])
     fixed = OFFSET_VAR + SLOPE_VAR * np.outer(slope, slope)
     eye = np.eye(len(y))
     best: tuple[float, ResidualFit] | None = None
-    for ls_layout, ls_engine in itertools.product(LAYOUT_SCALES, ENGINE_SCALES):
+    scales = [(hyper.layout_scale, hyper.engine_scale)] if hyper else itertools.product(LAYOUT_SCALES, ENGINE_SCALES)
+    for ls_layout, ls_engine in scales:
         se = np.exp(-0.5 * (d_layout / ls_layout**2 + d_engine / ls_engine**2))
-        for signal, noise in itertools.product(SIGNAL_VARS, NOISE_VARS):
+        variances = [(hyper.signal_var, hyper.noise_var)] if hyper else itertools.product(SIGNAL_VARS, NOISE_VARS)
+        for signal, noise in variances:
             try:
                 chol = cholesky(signal * se + fixed + noise * eye, lower=True)
             except np.linalg.LinAlgError:

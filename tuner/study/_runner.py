@@ -178,6 +178,8 @@ class PhaseRun:
                     break
                 while launched + len(running) < self.options.trials:
                     if pending is None:
+                        if running and self.executor.at_capacity():
+                            break  # ask once a slot is free: the proposal then sees the result that freed it
                         if screened >= self.options.max_screened_per_trial * self.options.trials:
                             break  # the sampler keeps proposing configs that cannot run
                         trial = study.ask(dists)
