@@ -10,7 +10,7 @@ import pytest
 from tuner.errors import ConfigError, TopologyError
 from tuner.hardware import get_gpu
 from tuner.memory import GIB, MemoryInputs, compute_memory, local_experts
-from tuner.memory._estimates import cudagraph_capture_sizes, cuda_graph_bytes
+from tuner.memory._estimates import cuda_graph_bytes, cudagraph_capture_sizes
 from tuner.models import load_model
 from tuner.space import parse_space
 from tuner.topology import Topology

@@ -190,7 +190,8 @@ def compute_memory(
     non_torch = inputs.non_torch_gib if inputs.non_torch_gib is not None else gpu.non_torch_memory_gib
     activation = (inputs.activation_gib if inputs.activation_gib is not None
                   else activation_peak_bytes(model, topo) / GIB)
-    graphs = inputs.cuda_graph_gib if inputs.cuda_graph_gib is not None else cuda_graph_bytes(model, topo, gpu.architecture) / GIB
+    graphs = (inputs.cuda_graph_gib if inputs.cuda_graph_gib is not None
+              else cuda_graph_bytes(model, topo, gpu.architecture) / GIB)
     reserved = weights.total_bytes + round((non_torch + activation + graphs) * GIB)
     overridden = inputs.kv_cache_memory_bytes is not None
     budget = int(inputs.kv_cache_memory_bytes) if overridden else requested - reserved  # type: ignore[arg-type]
