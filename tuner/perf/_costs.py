@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from tuner.hardware import GpuSpec
 from tuner.memory import kv_layout, shard_fraction
 from tuner.models import LayerKind, ModelSpec, TensorGroup, WeightTensor
+from tuner.perf._kernels import pass_kernels
 from tuner.topology import Topology
 
 GB = 1e9
@@ -59,6 +60,7 @@ class PassCosts:
     kv_bytes_per_token: float  # KV bytes per context token over the full-attention layers (this GPU)
     window_kv_bytes_per_token: float  # same, sliding-window layers (read up to the window)
     state_bytes: float  # GDN / mamba state per request over these layers (this GPU)
+    num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,16 @@ class InstanceCosts:
     ep_link_bytes_s: float  # per-direction bandwidth of the EP group's link
     kv_link_bytes_s: float  # prefill -> decode transfer link
     a2a_remote_ranks: float  # expected EP ranks (other than its own) one token is sent to
+    num_experts: int = 0  # routed experts (0 for a dense model)
+    experts_per_token: int = 0
+    redundant_experts: int = 0  # EPLB replicas spread over the EP ranks
+    dbo: bool = False  # dual-batch overlap of the EP all-to-all with compute (vLLM --enable-dbo)
+
+    @property
+    def all2all(self) -> bool:
+        """vLLM dispatches tokens with all-to-all kernels only with EP over DP ranks (use_all2all_kernels);
+        TEP (EP with DP 1) keeps the all-reduce path and only moves where the experts live."""
+        return self.expert_parallel and self.dp > 1
 
     @property
     def experts_activated_all(self) -> bool:
@@ -93,7 +105,7 @@ class InstanceCosts:
 
 
 def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
-                moe_layers: int, kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
+                moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
     dense_bytes = expert_bytes = 0.0
     dense_flops = FlopsByDtype()
     expert_flops = FlopsByDtype()
@@ -123,13 +135,14 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
         la = model.linear_attention
         # decay, k^T v outer-product update and S q read-out: ~8 FLOPs per state element per token
         gdn = 8.0 * la.num_value_heads / topo.tp * la.key_head_dim * la.value_head_dim * recurrent
-    return PassCosts(num_layers=len(kinds), num_moe_layers=moe_layers, dense_bytes=dense_bytes,
+    return PassCosts(num_layers=len(kinds), num_moe_layers=sum(moe_flags), dense_bytes=dense_bytes,
                      expert_bytes=expert_bytes, dense_flops_per_token=dense_flops,
                      expert_flops_per_token=expert_flops, attn_flops_per_token_ctx=per_layer * full,
                      window_attn_flops_per_token_ctx=per_layer * window,
                      gdn_flops_per_token=gdn, kv_bytes_per_token=kv_bytes_per_layer * full,
                      window_kv_bytes_per_token=kv_bytes_per_layer * window,
-                     state_bytes=state_bytes_per_layer * recurrent)
+                     state_bytes=state_bytes_per_layer * recurrent,
+                     num_kernels=pass_kernels(model, kinds, moe_flags))
 
 
 def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
@@ -144,13 +157,12 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
     layout = kv_layout(model, topo, architecture=gpu.architecture)
     state_per_layer = layout.conv_state_bytes + layout.ssm_state_bytes
     attn_per_token = layout.attn_bytes_per_token if (model.attention or model.mla) else 0
-    target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_layers=model.num_moe_layers,
+    target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_flags=model.moe_layers,
                          kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
     draft = None
     if topo.mtp and model.num_mtp_layers and model.mtp_layer_kind is not None:
         kinds = (model.mtp_layer_kind,) * model.num_mtp_layers
-        draft = _pass_costs(model, topo, mtp=True, kinds=kinds,
-                            moe_layers=model.num_mtp_layers if model.moe else 0,
+        draft = _pass_costs(model, topo, mtp=True, kinds=kinds, moe_flags=(model.moe is not None,) * len(kinds),
                             kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
     lm_bytes = 0.0
     lm_flops = FlopsByDtype()
@@ -173,4 +185,11 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
         lm_head_flops_per_token=lm_flops, sliding_window=layout.sliding_window,
         tp_link_bytes_s=_link_bytes_s(gpu, topo.tp), ep_link_bytes_s=_link_bytes_s(gpu, topo.num_gpus),
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
-        a2a_remote_ranks=remote)
+        a2a_remote_ranks=remote, num_experts=model.moe.num_experts if model.moe else 0,
+        experts_per_token=model.moe.experts_per_token if model.moe else 0,
+        redundant_experts=redundant_experts(topo) if topo.ep else 0, dbo=topo.dbo)
+
+
+def redundant_experts(topo: Topology) -> int:
+    """EPLB redundant experts of a topology (0 until the topology carries the EPLB knob)."""
+    return int(getattr(topo, "num_redundant_experts", 0) or 0)
