@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tuner.hardware import GpuSpec
 from tuner.memory import kv_layout, shard_fraction
-from tuner.models import LayerKind, ModelSpec, TensorGroup, WeightTensor
+from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightTensor
 from tuner.perf._kernels import pass_kernels
 from tuner.topology import Topology
 
@@ -34,14 +34,26 @@ class FlopsByDtype:
     fp4: float = 0.0
 
     def add(self, dtype: str, flops: float) -> FlopsByDtype:
-        return FlopsByDtype(**{d: getattr(self, d) + (flops if d == dtype else 0.0) for d in COMPUTE_DTYPES})
+        if dtype == "bf16":
+            return FlopsByDtype(self.bf16 + flops, self.fp8, self.fp4)
+        if dtype == "fp8":
+            return FlopsByDtype(self.bf16, self.fp8 + flops, self.fp4)
+        if dtype == "fp4":
+            return FlopsByDtype(self.bf16, self.fp8, self.fp4 + flops)
+        raise ValueError(f"unknown compute dtype {dtype!r}")
 
     def scaled(self, factor: float) -> FlopsByDtype:
         return FlopsByDtype(self.bf16 * factor, self.fp8 * factor, self.fp4 * factor)
 
     def seconds(self, gpu: GpuSpec, efficiency: float) -> float:
-        return sum(getattr(self, d) / (gpu.tflops(d) * 1e12 * efficiency)  # type: ignore[arg-type]
-                   for d in COMPUTE_DTYPES if getattr(self, d))
+        total = 0.0
+        if self.bf16:
+            total += self.bf16 / (gpu.tflops("bf16") * 1e12 * efficiency)
+        if self.fp8:
+            total += self.fp8 / (gpu.tflops("fp8") * 1e12 * efficiency)
+        if self.fp4:
+            total += self.fp4 / (gpu.tflops("fp4") * 1e12 * efficiency)
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,23 +116,69 @@ class InstanceCosts:
         return 1.0 - (1.0 - self.topk_fraction) ** tokens
 
 
+@dataclass(frozen=True, slots=True)
+class _TensorClass:
+    """Tensors that shard, compute and count alike, summed (hundreds of per-layer tensors become a dozen)."""
+
+    is_mtp: bool
+    is_expert: bool
+    gemm: bool  # multiplies every token (not a gather or an elementwise norm)
+    sharding: Sharding
+    compute_dtype: str
+    nbytes: float
+    num_params: float
+
+
+_CLASSES: dict[int, tuple[ModelSpec, tuple[_TensorClass, ...]]] = {}
+
+
+def _tensor_classes(model: ModelSpec) -> tuple[_TensorClass, ...]:
+    """The model's layer tensors (embedding and lm_head excluded) grouped once per model."""
+    hit = _CLASSES.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    sums: dict[tuple[bool, bool, bool, Sharding, str], list[float]] = {}
+    for t in model.tensors:
+        if t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD):
+            continue
+        gemm = t.group not in _NO_COMPUTE and len(t.shape) == 2
+        acc = sums.setdefault((t.is_mtp, t.is_expert, gemm, t.sharding, t.fmt.compute_dtype), [0.0, 0.0])
+        acc[0] += t.nbytes
+        acc[1] += t.num_params
+    classes = tuple(_TensorClass(*key, nbytes=b, num_params=n) for key, (b, n) in sums.items())
+    _CLASSES[id(model)] = (model, classes)
+    return classes
+
+
+_HEADS: dict[int, tuple[ModelSpec, tuple[WeightTensor, ...]]] = {}
+
+
+def _heads(model: ModelSpec) -> tuple[WeightTensor, ...]:
+    """The embedding and lm_head tensors (found once per model: the tensor list holds every layer's)."""
+    hit = _HEADS.get(id(model))
+    if hit is None or hit[0] is not model:
+        heads = tuple(t for t in model.tensors if t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD))
+        hit = _HEADS[id(model)] = (model, heads)
+    return hit[1]
+
+
 def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
                 moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
     dense_bytes = expert_bytes = 0.0
     dense_flops = FlopsByDtype()
     expert_flops = FlopsByDtype()
     share = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
-    for t in model.tensors:
-        if t.is_mtp != mtp or t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD):
+    for c in _tensor_classes(model):
+        if c.is_mtp != mtp:
             continue
-        frac = local_fraction(t, model, topo)
-        if t.is_expert:
-            expert_bytes += t.nbytes * frac
-            expert_flops = expert_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * share)
+        frac = shard_fraction(c.sharding, model, topo)
+        if c.is_expert:
+            expert_bytes += c.nbytes * frac
+            expert_flops = expert_flops.add(c.compute_dtype, 2.0 * c.num_params * share)
             continue
-        dense_bytes += t.nbytes * frac
-        if t.group not in _NO_COMPUTE and len(t.shape) == 2:
-            dense_flops = dense_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * frac)
+        dense_bytes += c.nbytes * frac
+        if c.gemm:
+            dense_flops = dense_flops.add(c.compute_dtype, 2.0 * c.num_params * frac)
     full = sum(1 for k in kinds if k in (LayerKind.FULL_ATTENTION, LayerKind.MLA))
     window = sum(1 for k in kinds if k is LayerKind.SLIDING_WINDOW)
     recurrent = sum(1 for k in kinds if k in (LayerKind.LINEAR_ATTENTION, LayerKind.MAMBA))
@@ -166,13 +224,13 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
                             kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
     lm_bytes = 0.0
     lm_flops = FlopsByDtype()
-    for t in model.tensors:
+    for t in _heads(model):
         if t.group is TensorGroup.LM_HEAD and not t.is_mtp:
             frac = local_fraction(t, model, topo)
             lm_bytes += t.nbytes * frac
             lm_flops = lm_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * frac)
     if model.tie_word_embeddings and not lm_bytes:
-        emb = next(t for t in model.tensors if t.group is TensorGroup.EMBEDDING)
+        emb = next(t for t in _heads(model) if t.group is TensorGroup.EMBEDDING)
         lm_bytes = emb.nbytes / topo.tp
         lm_flops = lm_flops.add(emb.fmt.compute_dtype, 2.0 * emb.num_params / topo.tp)
     ep = topo.ep_size
