@@ -245,9 +245,9 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
         a2a_remote_ranks=remote, num_experts=model.moe.num_experts if model.moe else 0,
         experts_per_token=model.moe.experts_per_token if model.moe else 0,
-        redundant_experts=redundant_experts(topo) if topo.ep else 0, dbo=topo.dbo)
+        redundant_experts=redundant_experts(topo), dbo=topo.dbo)
 
 
 def redundant_experts(topo: Topology) -> int:
-    """EPLB redundant experts of a topology (0 until the topology carries the EPLB knob)."""
-    return int(getattr(topo, "num_redundant_experts", 0) or 0)
+    """EPLB redundant experts of a topology (they only exist with expert parallelism)."""
+    return topo.num_redundant_experts if topo.ep else 0

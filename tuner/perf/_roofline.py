@@ -47,8 +47,8 @@ class Occupancy:
 
 
 def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
-    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, redundant_experts(topo), topo.gpu_memory_utilization,
-            topo.max_num_seqs, topo.max_num_batched_tokens, isl, osl)
+    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, redundant_experts(topo), topo.kv_cache_dtype,
+            topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens, isl, osl)
 
 
 class RooflineModel(PerformanceModel):
@@ -78,7 +78,7 @@ class RooflineModel(PerformanceModel):
         if found is not None:
             return found
         topo.check(self.model)
-        cost_key = key[:6]
+        cost_key = key[:7]  # what instance_costs reads from the topology
         costs = self._costs.get(cost_key)
         if costs is None:
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
