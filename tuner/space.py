@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import Role, Topology
+from tuner.topology import KVCacheDtype, Role, Topology
 from tuner.workload import Workload
 
 Phase = Literal["prefill", "decode"]
@@ -74,10 +74,12 @@ class PhaseSpace(_Strict):
     max_num_seqs: list[int] = Field([256], min_length=1)
     max_num_batched_tokens: list[int] = Field([8192], min_length=1)
     concurrency: list[int] = Field(min_length=1, max_length=64)
+    kv_cache_dtype: list[KVCacheDtype] = Field(["auto"], min_length=1)
+    num_redundant_experts: list[int] = Field([0], min_length=1)
     workload: PhaseWorkload = PhaseWorkload()
 
     @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                     mode="before")
+                     "kv_cache_dtype", "num_redundant_experts", mode="before")
     @classmethod
     def _bounded(cls, values: object) -> object:
         if isinstance(values, list) and len(values) > MAX_CHOICES_PER_KNOB:
@@ -87,7 +89,7 @@ class PhaseSpace(_Strict):
     @model_validator(mode="after")
     def _expandable(self) -> PhaseSpace:
         sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
-                 self.max_num_batched_tokens)
+                 self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts)
         if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
             raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
                              "narrow some lists")
@@ -98,6 +100,13 @@ class PhaseSpace(_Strict):
     def _positive(cls, values: list[int]) -> list[int]:
         if any(not 1 <= v <= MAX_KNOB_VALUE for v in values):
             raise ValueError(f"every value must be in 1..{MAX_KNOB_VALUE:,}")
+        return sorted(set(values))
+
+    @field_validator("num_redundant_experts")
+    @classmethod
+    def _redundant(cls, values: list[int]) -> list[int]:
+        if any(not 0 <= v <= MAX_KNOB_VALUE for v in values):
+            raise ValueError(f"num_redundant_experts values must be in 0..{MAX_KNOB_VALUE:,} (0 = EPLB off)")
         return sorted(set(values))
 
     @field_validator("mtp")
@@ -155,15 +164,24 @@ class SearchSpace(_Strict):
     def param_choices(self, phase: Phase) -> dict[str, list]:
         """Every knob's choices; the order fixes the Optuna parameter order."""
         s = self.phases[phase]
-        return {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
-                "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
-                "max_num_batched_tokens": s.max_num_batched_tokens}
+        choices = {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
+                   "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
+                   "max_num_batched_tokens": s.max_num_batched_tokens}
+        # Knobs added later appear only when searched, so studies stored before them keep their parameters.
+        if s.kv_cache_dtype != ["auto"]:
+            choices["kv_cache_dtype"] = list(dict.fromkeys(s.kv_cache_dtype))
+        if s.num_redundant_experts != [0]:
+            choices["num_redundant_experts"] = s.num_redundant_experts
+        return choices
 
     def topology(self, phase: Phase, params: dict) -> Topology:
         return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
                                mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
                                max_num_seqs=params["max_num_seqs"],
-                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase))
+                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase),
+                               kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
+                               num_redundant_experts=params.get("num_redundant_experts", 0)
+                               if params["ep"] and params["tp"] * params["dp"] > 1 else 0)
 
     def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
         """All valid configurations of a phase; raises if constraints leave none, saying which."""
