@@ -53,6 +53,8 @@ class Topology(BaseModel):
     ep: bool = Field(False, description="Expert parallelism (--enable-expert-parallel).")
     pp: Literal[1] = Field(1, description="Pipeline-parallel size; only 1 for now.")
     mtp: int = Field(0, ge=0, le=8, description="MTP speculative tokens (0 = off).")
+    dbo: bool = Field(False, description="Dual-batch overlap of the EP all-to-all with compute (--enable-dbo); "
+                                         "needs expert parallelism over DP ranks.")
     gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
@@ -111,7 +113,7 @@ class Topology(BaseModel):
 
     def label(self) -> str:
         """Name plus the engine settings that differ between trials."""
-        extra = f" MTP{self.mtp}" if self.mtp else ""
+        extra = (f" MTP{self.mtp}" if self.mtp else "") + (" DBO" if self.dbo else "")
         if self.num_redundant_experts:
             extra += f" EPLB+{self.num_redundant_experts}"
         if self.kv_cache_dtype != "auto":
@@ -164,6 +166,9 @@ class Topology(BaseModel):
                     f"TP x DP = {self.ep_size}", field="topology", fix="enable expert parallelism (+EP)")
         elif self.ep:
             raise TopologyError("expert parallelism on a dense model", field="topology", fix="drop +EP")
+        if self.dbo and not (self.ep and self.dp > 1):
+            raise TopologyError("dual-batch overlap needs expert parallelism over DP ranks (all-to-all kernels)",
+                                field="dbo", fix="use DP > 1 with +EP, or turn DBO off")
         if self.mtp and not model.num_mtp_layers:
             raise TopologyError(f"{model.name} has no MTP layers", field="mtp",
                                 fix="use --mtp 0 (or a draft model, not supported yet)")
@@ -175,6 +180,8 @@ class Topology(BaseModel):
             flags += ["--data-parallel-size", str(self.dp)]
         if self.ep:
             flags.append("--enable-expert-parallel")
+        if self.dbo:  # vLLM asserts microbatching runs on a DeepEP all-to-all backend (config/vllm.py)
+            flags += ["--enable-dbo", "--all2all-backend", "deepep_low_latency"]
         if self.num_redundant_experts:
             flags += ["--enable-eplb", "--eplb-config",
                       json.dumps({"num_redundant_experts": self.num_redundant_experts})]
