@@ -229,8 +229,8 @@ def compute_memory(
         Line("peak activations", activation, "measured input" if inputs.activation_gib is not None
              else f"estimate: profile run of {topo.max_num_batched_tokens} tokens + sampler"),
         Line("CUDA-graph reserve", graphs, "measured input" if inputs.cuda_graph_gib is not None
-             else f"estimate: largest of {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes' "
-             "activations + per-graph cost x layers (FULL_AND_PIECEWISE)"),
+             else f"estimate: {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes, "
+             "first capture + per-graph cost"),
         Line("KV budget", budget / GIB, "--kv-cache-memory-bytes" if overridden
              else "requested - weights - non-torch - activations - CUDA graphs"),
         Line("block size (tokens)", None,
