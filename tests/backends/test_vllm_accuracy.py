@@ -69,16 +69,17 @@ def test_verdict_does_not_fail_a_correct_deployment_on_noise() -> None:
     """A deployment at the bar's accuracy scoring a little under it on a 200-question sample passes; one whose
     interval lies wholly below the bar fails."""
     questions = [Question(question=str(i), answer=i) for i in range(200)]
-    noisy = score(questions, [(f"#### {i if i < 176 else -1}", "") for i in range(200)])  # 0.88, bar 0.90
+    noisy = score(questions, [(f"#### {i if i < 176 else -1}", "", 5) for i in range(200)])  # 0.88, bar 0.90
     assert noisy.score == pytest.approx(0.88) and noisy.ci_high > 0.90 and noisy.passes(0.90)
-    broken = score(questions, [(f"#### {i if i < 150 else -1}", "") for i in range(200)])  # 0.75
+    broken = score(questions, [(f"#### {i if i < 150 else -1}", "", 5) for i in range(200)])  # 0.75
     assert broken.ci_high < 0.90 and not broken.passes(0.90)
 
 
 def test_invalid_and_failed_requests_are_counted() -> None:
     questions = [Question(question="a", answer=1), Question(question="b", answer=2)]
-    result = score(questions, [("no number", ""), (None, "HTTP 400: too long")])
+    result = score(questions, [("no number", "", 3), (None, "HTTP 400: too long", 0)])
     assert (result.correct, result.invalid, result.errors, result.first_error) == (0, 1, 1, "HTTP 400: too long")
+    assert result.output_tokens == 3
 
 
 class _Fake(BaseHTTPRequestHandler):
@@ -91,7 +92,7 @@ class _Fake(BaseHTTPRequestHandler):
         _Fake.bodies.append(body)
         last_question = body["prompt"].rsplit("Question:", 1)[1]
         text = " 16 - 3 - 4 = 9, 9 * 2 = 18.\n#### 18" if "Janet" in last_question else " #### 7"
-        payload = json.dumps({"choices": [{"text": text}]}).encode()
+        payload = json.dumps({"choices": [{"text": text}], "usage": {"completion_tokens": 11}}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -112,7 +113,7 @@ def test_run_gsm8k_sends_vllms_request_and_scores_it() -> None:
         server.shutdown()
     assert (result.correct, result.total, result.errors) == (1, 4, 0)
     assert result.score == 0.25 and result.ci_low < 0.25 < result.ci_high
-    assert result.samples[0]["got"] == 18
+    assert result.samples[0]["got"] == 18 and result.output_tokens == 44
     body = _Fake.bodies[-1]
     assert body["stop"] == list(STOP_SEQUENCES) == ["Question", "Assistant:", "<|separator|>"]
     assert body["temperature"] == 0.0 and body["max_tokens"] == 256 and body["seed"] == 42

@@ -104,6 +104,7 @@ class AccuracyResult:
     errors: int = 0  # requests that failed (counted as wrong)
     first_error: str = ""  # why the first failed request failed (the server's answer when it gave one)
     num_shots: int = NUM_SHOTS
+    output_tokens: int = 0  # generated over the gate (the server's usage counts), for its cost
     samples: tuple[dict[str, str | int | None], ...] = field(default=())
 
     def passes(self, min_accuracy: float) -> bool:
@@ -111,33 +112,39 @@ class AccuracyResult:
         return self.ci_high >= min_accuracy
 
 
-def _complete(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> str:
+def _complete(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> tuple[str, int]:
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                        "seed": SEED, "stop": list(STOP_SEQUENCES)}).encode()
     req = urllib.request.Request(endpoint.rstrip("/") + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())["choices"][0]["text"]
+        data = json.loads(resp.read())
+    return data["choices"][0]["text"], int((data.get("usage") or {}).get("completion_tokens", 0))
 
 
-def _ask(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> tuple[str | None, str]:
-    """The completion, or None and why the request failed."""
+Completion = tuple[str | None, str, int]  # text (None when the request failed), why it failed, tokens generated
+
+
+def _ask(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> Completion:
+    """The completion and its token count, or None and why the request failed."""
     try:
-        return _complete(endpoint, model, prompt, max_tokens, timeout_s), ""
+        text, tokens = _complete(endpoint, model, prompt, max_tokens, timeout_s)
+        return text, "", tokens
     except urllib.error.HTTPError as exc:  # e.g. 400: the prompt does not fit max-model-len
         body = exc.read().decode("utf-8", errors="replace") if exc.fp else ""
-        return None, f"HTTP {exc.code}: {body[:300] or exc.reason}"
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:300]
+        return None, f"HTTP {exc.code}: {body[:300] or exc.reason}", 0
+    except (urllib.error.URLError, OSError, KeyError, ValueError, TypeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:300], 0
 
 
-def score(questions: Sequence[Question], completions: Sequence[tuple[str | None, str]], *,
+def score(questions: Sequence[Question], completions: Sequence[Completion], *,
           confidence: float = 0.95) -> AccuracyResult:
     """Exact match of each completion's answer with the reference, and the interval around the score."""
-    correct = invalid = errors = 0
+    correct = invalid = errors = output_tokens = 0
     first_error = ""
     samples = []
-    for q, (text, error) in zip(questions, completions, strict=True):
+    for q, (text, error, tokens) in zip(questions, completions, strict=True):
+        output_tokens += tokens
         got = answer_value(text) if text is not None else None
         errors += bool(error)
         first_error = first_error or error
@@ -149,7 +156,7 @@ def score(questions: Sequence[Question], completions: Sequence[tuple[str | None,
     low, high = wilson_interval(correct, total, confidence)
     return AccuracyResult(score=correct / total if total else 0.0, correct=correct, total=total, ci_low=low,
                           ci_high=high, confidence=confidence, invalid=invalid, errors=errors,
-                          first_error=first_error, samples=tuple(samples))
+                          first_error=first_error, output_tokens=output_tokens, samples=tuple(samples))
 
 
 def run_gsm8k(endpoint: str, model: str, *, num_questions: int = 200, max_tokens: int = 256,
