@@ -20,9 +20,10 @@ from api.config import ApiSettings
 from api.db import make_engine, make_session_factory, upgrade
 from api.errors import FieldError, field_error_handler
 from api.metrics import ServiceMetrics
-from api.routes import health, metrics, models, pages, studies
+from api.routes import health, metrics, models, pages, signin, studies
 from api.runner import StudyRunner
-from api.security import BearerAuthMiddleware
+from api.security import AuthMiddleware
+from api.sessions import SessionSigner
 from api.views import ResultCache
 from api.watcher import ModelWatcher
 
@@ -87,8 +88,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.cache = cache
     app.state.watcher = watcher
     app.add_exception_handler(FieldError, field_error_handler)
-    app.add_middleware(BearerAuthMiddleware, token=settings.token(), read_auth=settings.read_auth)
-    for module in (health, metrics, studies, models, pages):
+    token = settings.token()
+    signer = SessionSigner(token, settings.session_hours * 3600) if token else None
+    app.state.signer = signer
+    app.add_middleware(AuthMiddleware, token=token, read_auth=settings.read_auth, signer=signer)
+    for module in (health, metrics, studies, models, pages, signin):
         app.include_router(module.router)
 
     @app.get("/", include_in_schema=False)
