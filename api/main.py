@@ -17,6 +17,7 @@ from fastapi.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.config import ApiSettings
+from api.dashboard_banner import DashboardBanner
 from api.db import make_engine, make_session_factory, upgrade
 from api.errors import FieldError, field_error_handler
 from api.metrics import ServiceMetrics
@@ -99,5 +100,5 @@ def create_app(settings: ApiSettings) -> FastAPI:
     def root() -> RedirectResponse:
         return RedirectResponse("/ui")
 
-    app.mount("/", dashboard)  # last: everything not matched above is the Optuna dashboard
+    app.mount("/", DashboardBanner(dashboard))  # last: everything not matched above is the Optuna dashboard
     return app

@@ -201,3 +201,12 @@ def test_compare_page_defaults_to_the_two_newest(app_client):
     assert f"const ids = [{ids[0]}, {ids[1]}]" in page
     page = app_client.get(f"/ui/compare?a={ids[1]}&b={ids[0]}").text
     assert f"const ids = [{ids[1]}, {ids[0]}]" in page
+
+
+def test_the_dashboard_page_says_why_it_is_read_only(app_client):
+    page = app_client.get("/dashboard")
+    assert page.status_code == 200 and 'id="topotune-banner"' in page.text and "/ui/login?next=/dashboard" in page.text
+    assert int(page.headers["content-length"]) == len(page.content)
+    assert "topotune-banner" not in app_client.get("/api/studies").text  # the JSON API is untouched
+    sign_in(app_client)
+    assert "topotune-banner" not in app_client.get("/dashboard").text
