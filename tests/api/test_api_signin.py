@@ -163,6 +163,9 @@ def test_form_constraints_go_through_the_api_schema(app_client):
     assert bad.status_code == 422
     assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "constraints", "max_ttft_ms"),
                                                               ("body", "constraints", "percentile")}
+    huge = app_client.post("/v1/studies", content=b'{"model_path": "x", "constraints": {"max_itl_ms": 1e400}}',
+                           headers={**AUTH, "Content-Type": "application/json"})
+    assert huge.status_code == 422 and huge.json()["detail"][0]["loc"] == ["body", "constraints", "max_itl_ms"]
     r = app_client.post("/v1/studies", json={**FAST_STUDY, "space_path": "gb300-nvl72-8k1k.yaml",
                                              "constraints": {"max_itl_ms": 25.0, "min_accuracy": None}},
                         headers=AUTH)
