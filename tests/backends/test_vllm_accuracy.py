@@ -122,3 +122,16 @@ def test_run_gsm8k_sends_vllms_request_and_scores_it() -> None:
 def test_unreachable_endpoint_counts_as_wrong(tmp_path: Path) -> None:
     result = run_gsm8k("http://127.0.0.1:1", "m", num_questions=2, timeout_s=1)
     assert (result.score, result.errors) == (0.0, 2)
+
+
+def test_interval_verdict_rarely_fails_a_deployment_at_the_bar() -> None:
+    """Seeded simulation: 4,000 gates of 250 questions on a deployment whose true accuracy is exactly the bar.
+    The interval verdict fails about 2.5% of them; comparing the score with the bar would fail about half."""
+    import numpy as np
+
+    from tuner.backends.vllm._accuracy import wilson_interval
+
+    correct = np.random.default_rng(0).binomial(250, 0.95, size=4000)
+    interval_fails = np.mean([wilson_interval(int(c), 250)[1] < 0.95 for c in correct])
+    naive_fails = np.mean(correct / 250 < 0.95)
+    assert interval_fails < 0.05 and naive_fails > 0.3
