@@ -8,11 +8,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from api.models import ModelStatus, StudyStatus
+from tuner.space import Constraints
 
 PhaseName = Literal["prefill", "decode"]
 SamplerName = Literal["gp", "tpe", "nsga2", "random"]
 ExportFormat = Literal["vllm", "compose", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
+MAX_TRIAL_DELAY_S = 600.0
+MAX_SIMULATED_WALL_S = 86_400.0  # trials x trial_delay_s: one request may not hold a runner thread for days
 
 
 class _In(BaseModel):
@@ -23,6 +26,12 @@ def _no_nul(value: str | None) -> str | None:
     if value is not None and "\x00" in value:
         raise ValueError("must not contain NUL characters")
     return value
+
+
+class ConstraintsIn(Constraints):
+    """The space's Constraints, finite numbers only (JSON's 1e400 arrives as inf and would read as unbounded)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StudyCreate(_In):
@@ -40,8 +49,11 @@ class StudyCreate(_In):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     warm_start: bool = True
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=2, description="default: every phase")
+    constraints: ConstraintsIn | None = Field(None, description="SLA bounds replacing the space's, field by field: "
+                                            "max_ttft_ms, max_itl_ms, percentile, min_accuracy (null: unbounded)")
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")
-    trial_delay_s: float = Field(0.0, ge=0.0, le=3600.0, description="simulated backend: wall time per trial")
+    trial_delay_s: float = Field(0.0, ge=0.0, le=MAX_TRIAL_DELAY_S, description="simulated backend: wall time "
+                                 "per trial (trials x trial_delay_s at most a day)")
 
     @field_validator("model_path", "space_path")
     @classmethod
@@ -64,6 +76,9 @@ class StudyCreate(_In):
     def _simulated_only(cls, value: float, info: ValidationInfo) -> float:
         if value and info.data.get("backend", "simulated") != "simulated":
             raise ValueError("applies to the simulated backend only")
+        if info.field_name == "trial_delay_s" and value * info.data.get("trials", 1) > MAX_SIMULATED_WALL_S:
+            raise ValueError(f"trials x trial_delay_s is more than {MAX_SIMULATED_WALL_S:.0f} s of simulated "
+                             "wall time; lower one of them")
         return value
 
 
