@@ -44,21 +44,35 @@ def _seeded(*key: object) -> np.random.Generator:
 
 
 def draw_calibration(base: Calibration, rng: np.random.Generator) -> Calibration:
-    """Every fittable factor moved within its bound: efficiencies (fields capped at 1) by +-25%, costs x0.6-1.6."""
+    """Every fittable factor moved within its bound: fractions (fields capped at 1) by +-25%, other factors
+    (latencies, overheads, skews) x0.6-1.6, each kept inside the field's documented range."""
     update: dict[str, float] = {}
     for name in FITTABLE_FACTORS:
         value = float(getattr(base, name))
+        low, high = _bounds(name)
         if name == "mtp_acceptance":
-            update[name] = float(rng.uniform(*MTP_ACCEPTANCE))
-        elif _capped_at_one(name):
-            update[name] = min(1.0, value * float(rng.uniform(1 - EFFICIENCY_SPREAD, 1 + EFFICIENCY_SPREAD)))
+            drawn = float(rng.uniform(*MTP_ACCEPTANCE))
+        elif high == 1.0:
+            drawn = value * float(rng.uniform(1 - EFFICIENCY_SPREAD, 1 + EFFICIENCY_SPREAD))
         else:
-            update[name] = value * float(rng.uniform(*COST_SPREAD))
+            drawn = value * float(rng.uniform(*COST_SPREAD))
+        update[name] = min(max(drawn, low), high)
     return base.model_copy(update=update)
 
 
-def _capped_at_one(field: str) -> bool:
-    return any(getattr(m, "le", None) == 1 for m in Calibration.model_fields[field].metadata)
+def _bounds(field: str) -> tuple[float, float]:
+    """The (inclusive-ish) range a Calibration field accepts; open bounds are nudged inwards."""
+    low, high = 0.0, math.inf
+    for m in Calibration.model_fields[field].metadata:
+        if getattr(m, "ge", None) is not None:
+            low = max(low, float(m.ge))
+        if getattr(m, "gt", None) is not None:
+            low = max(low, float(m.gt) + 1e-6)
+        if getattr(m, "le", None) is not None:
+            high = min(high, float(m.le))
+        if getattr(m, "lt", None) is not None:
+            high = min(high, float(m.lt) - 1e-6)
+    return low, high
 
 
 @dataclass(frozen=True)
