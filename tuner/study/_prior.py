@@ -19,11 +19,11 @@ from tuner.perf import RooflineModel
 from tuner.space import Phase, SearchSpace
 from tuner.study._objectives import phase_values
 from tuner.study._records import is_feasible, point_constraints
-from tuner.study._warm_start import topology_params
+from tuner.topology import Topology
 
 #: Knobs describing the parallel layout (a cluster's deviations from the model mostly follow these);
 #: the rest are engine knobs. The residual model gives each group its own length scale.
-LAYOUT_KNOBS = ("tp", "dp", "ep", "mtp")
+LAYOUT_KNOBS = ("tp", "dp", "ep", "mtp", "num_redundant_experts")
 
 
 def params_key(params: dict[str, Any]) -> tuple:
@@ -61,7 +61,7 @@ class SimulatorPrior:
                 continue
             curve = perf.predict_curve(topo, topo.role, isl=workload.isl, osl=workload.osl,
                                        concurrencies=workload.concurrency)
-            candidates.append(topology_params(topo))
+            candidates.append(_params_of(topo, choices))
             predicted.append([phase_values(phase, m) for m in curve])
             feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])
         varied = [k for k, v in choices.items() if len(v) > 1]
@@ -75,9 +75,22 @@ class SimulatorPrior:
         return {params_key(c): i for i, c in enumerate(self.candidates)}
 
 
+def _params_of(topo: Topology, choices: dict[str, list]) -> dict[str, Any]:
+    """The knob values of a topology, each one of its choices (a value the topology forces, such as EP off on one
+    GPU, maps to the nearest choice, which the space maps back to the same topology)."""
+    out = {}
+    for name, options in choices.items():
+        value = getattr(topo, name)
+        out[name] = value if value in options else options[_nearest(options, value)]
+    return out
+
+
+def _nearest(options: list, value: Any) -> int:
+    if isinstance(value, str) or any(isinstance(o, str) for o in options):
+        return 0
+    return min(range(len(options)), key=lambda j: abs(float(options[j]) - float(value)))
+
+
 def _position(options: list, value: Any) -> float:
-    if value in options:
-        i = options.index(value)
-    else:  # e.g. EP forced off on one GPU: the closest choice
-        i = min(range(len(options)), key=lambda j: abs(float(options[j]) - float(value)))
+    i = options.index(value) if value in options else _nearest(options, value)
     return i / (len(options) - 1)
