@@ -69,7 +69,7 @@ def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -
     assert {p.deployment.groups[0].topology.tp for p in prefill.points} == {1, 2}
     assert decode.counts.get("ok") == 1 and decode.counts.get("kv_too_small") == 1, decode.failures
     [failure] = decode.failures
-    assert failure["params"]["tp"] == 1 and "max seq len" in failure["reason"]
+    assert failure.params["tp"] == 1 and "max seq len" in failure.reason
     for phase, tps in ((prefill, {1, 2}), (decode, {2})):
         by_config: dict[int, list[int]] = {}  # each level is stored as its own trial; group by topology
         for p in phase.points:

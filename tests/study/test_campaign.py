@@ -163,7 +163,7 @@ def _study_name() -> str:
 def test_results_survive_reload(storage_url: str, tmp_path: Path) -> None:
     _campaign(storage_url, tmp_path, SimulatedBackend(), trials=4, sampler="random").run()
     result, space, meta = load_campaign(storage_url, "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024")
-    assert meta["model_path"] == str(MODEL) and space.name == "gb300-nvl72-8k1k"
+    assert meta.model_path == str(MODEL) and space.name == "gb300-nvl72-8k1k"
     assert result.phases["decode"].front
     listed = list_campaigns(storage_url)
     assert [c.name for c in listed] == ["qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.launch import process_alive
 
 TRIAL_TAG_ENV = "TOPOTUNE_TRIAL_TAG"
 TRIAL_LOG = "trial.log"  # stdout/stderr of the runner (and of the backend's own prints and logging)
@@ -158,18 +159,10 @@ def reap(token: str, grace_s: float = 5.0) -> list[int]:
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
         while time.monotonic() < deadline:
             _reap_children()
-            if not [p for p in pids if _alive(p)]:
+            if not [p for p in pids if process_alive(p)]:
                 return pids
             time.sleep(0.05)
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # a zombie is dead
-    except (OSError, IndexError):
-        return False
 
 
 def _reap_children() -> None:

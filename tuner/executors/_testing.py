@@ -99,19 +99,6 @@ def peak_gpus(events: list[dict]) -> int:
     return peak
 
 
-def alive_pids(pids: list[int]) -> list[int]:
-    """The pids that still run (zombies count as dead)."""
-    out = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != b"Z":
-            out.append(pid)
-    return out
-
-
 def spawned_children(record_dir: str | Path) -> list[int]:
     path = Path(record_dir) / CHILDREN
     return [int(x) for x in path.read_text().split()] if path.exists() else []
