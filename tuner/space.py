@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import Role, Topology
+from tuner.topology import KVCacheDtype, Role, Topology
 from tuner.workload import Workload
 
 Phase = Literal["prefill", "decode"]
@@ -59,6 +59,8 @@ class PhaseSpace(_Strict):
     max_num_seqs: list[int] = Field([256], min_length=1)
     max_num_batched_tokens: list[int] = Field([8192], min_length=1)
     concurrency: list[int] = Field(min_length=1)
+    kv_cache_dtype: list[KVCacheDtype] = Field(["auto"], min_length=1)
+    num_redundant_experts: list[int] = Field([0], min_length=1)
     workload: PhaseWorkload = PhaseWorkload()
 
     @field_validator("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "concurrency")
@@ -66,6 +68,13 @@ class PhaseSpace(_Strict):
     def _positive(cls, values: list[int]) -> list[int]:
         if any(v < 1 for v in values):
             raise ValueError("every value must be >= 1")
+        return sorted(set(values))
+
+    @field_validator("num_redundant_experts")
+    @classmethod
+    def _redundant(cls, values: list[int]) -> list[int]:
+        if any(v < 0 for v in values):
+            raise ValueError("num_redundant_experts values must be >= 0 (0 = EPLB off)")
         return sorted(set(values))
 
     @field_validator("mtp")
@@ -123,15 +132,24 @@ class SearchSpace(_Strict):
     def param_choices(self, phase: Phase) -> dict[str, list]:
         """Every knob's choices; the order fixes the Optuna parameter order."""
         s = self.phases[phase]
-        return {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
-                "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
-                "max_num_batched_tokens": s.max_num_batched_tokens}
+        choices = {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
+                   "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
+                   "max_num_batched_tokens": s.max_num_batched_tokens}
+        # Knobs added later appear only when searched, so studies stored before them keep their parameters.
+        if s.kv_cache_dtype != ["auto"]:
+            choices["kv_cache_dtype"] = list(dict.fromkeys(s.kv_cache_dtype))
+        if s.num_redundant_experts != [0]:
+            choices["num_redundant_experts"] = s.num_redundant_experts
+        return choices
 
     def topology(self, phase: Phase, params: dict) -> Topology:
         return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
                                mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
                                max_num_seqs=params["max_num_seqs"],
-                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase))
+                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase),
+                               kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
+                               num_redundant_experts=params.get("num_redundant_experts", 0)
+                               if params["ep"] and params["tp"] * params["dp"] > 1 else 0)
 
     def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
         """All valid configurations of a phase; raises if constraints leave none, saying which."""
