@@ -26,12 +26,7 @@ from api.schemas import (
 )
 from tuner.errors import TopotuneError
 from tuner.space import PHASES, SearchSpace
-from tuner.study import CampaignMeta, CampaignResult, TrialRecord, load_campaign, open_storage
-
-PHASE_OBJECTIVES: dict[str, tuple[str, str]] = {
-    "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
-    "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
-}
+from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, TrialRecord, load_campaign, open_storage
 
 _STATE_COUNTS = text(
     "SELECT s.study_id, s.study_name, t.state, COUNT(t.trial_id) FROM studies s "
@@ -141,9 +136,7 @@ def phase_progress(record: StudyRecord, snap: Snapshot) -> dict[str, PhaseProgre
 
 def exportable(result: CampaignResult) -> list:
     """The deployments /export indexes: the composed front, else the phase fronts (single-phase campaigns)."""
-    if result.composed_front:
-        return [p.deployment for p in result.composed_front]
-    return [p.deployment for pr in result.phases.values() for p in pr.front]
+    return result.exportable_deployments()
 
 
 def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
@@ -159,7 +152,7 @@ def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
         if result is not None:
             for phase, pr in result.phases.items():
                 phases[phase] = PhaseFront(
-                    study_name=pr.study_name, objectives=list(PHASE_OBJECTIVES[phase]), points_total=len(pr.points),
+                    study_name=pr.study_name, objectives=list(PHASE_METRICS[phase]), points_total=len(pr.points),
                     points_feasible=sum(p.feasible for p in pr.points),
                     front=[FrontPoint(trial_number=p.trial_number, deployment=p.deployment.name,
                                       topology=p.deployment.groups[0].topology.label(),

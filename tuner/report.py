@@ -98,13 +98,13 @@ def write_figures(path: Path, title: str, figures: list[go.Figure], field: str =
 
 
 def write_campaign_report(result: CampaignResult, path: Path) -> Path:
-    from tuner.study._objectives import PHASE_METRICS
+    from tuner.study import PHASE_AXES
 
     figures = []
     if result.composed_front:
         figures.append(composed_front_figure(result.composed, result.composed_front,
                                              f"{result.name}: composed PD front (measured curves)"))
     for phase, pr in result.phases.items():
-        figures.append(phase_figure(pr, PHASE_METRICS[phase]))
+        figures.append(phase_figure(pr, PHASE_AXES[phase]))
         figures.append(hypervolume_figure(pr))
     return write_figures(path, f"topotune: {result.name}", figures, field="report")

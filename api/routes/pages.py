@@ -19,11 +19,10 @@ from api.deps import CacheDep, SessionDep, StudyDep
 from api.models import EventRecord, StudyRecord
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.errors import TopotuneError
+from tuner.study import PHASE_AXES
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
-AXES = {"prefill": ("total tokens/s per GPU", "prompt tokens/s per user"),
-        "decode": ("total tokens/s per GPU", "generated tokens/s per user")}
 
 
 def _plotly_js() -> Path:
@@ -45,7 +44,7 @@ def figures(record: StudyRecord, snap: Snapshot) -> list[dict[str, Any]]:
         figs.append(composed_front_figure(result.composed, result.composed_front,
                                           f"study {record.id}: composed PD front"))
     for phase, pr in result.phases.items():
-        figs.append(phase_figure(pr, AXES[phase]))
+        figs.append(phase_figure(pr, PHASE_AXES[phase]))
     return [json.loads(f.to_json()) for f in figs]
 
 

@@ -36,9 +36,9 @@ def ray_cluster() -> Iterator[object]:
     finally:
         ray.shutdown()
         cluster.shutdown()
-        from tuner.executors import _session
+        from tuner.executors import forget_ray_session
 
-        _session._SESSION = None
+        forget_ray_session()
 
 
 @pytest.fixture

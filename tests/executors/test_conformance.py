@@ -50,7 +50,7 @@ def test_local_default_starts_a_token_authenticated_head_off_the_redis_port(tmp_
         ex = RayExecutor.start(TunerSettings(), ClusterSpec(gpu="gb300", num_gpus=8, gpus_per_host=4),
                                "simulated", {}, max_parallel=2)
         again = RayExecutor.start(TunerSettings(), ClusterSpec(gpu="gb300", num_gpus=8), "simulated")
-        from tuner.executors._session import current_session
+        from tuner.executors import current_session
         s = current_session()
         print(json.dumps({"address": s.address, "local": s.local, "gpus": ray.cluster_resources().get("GPU"),
                           "auth": os.environ.get("RAY_AUTH_MODE"), "per_host": again.gpus_per_host}))

@@ -54,7 +54,7 @@ def two_hosts() -> Iterator[object]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from tuner.executors import _session
+    from tuner.executors import forget_ray_session
 
     previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     if previous:
@@ -70,7 +70,7 @@ def two_hosts() -> Iterator[object]:
     finally:
         ray.shutdown()
         cluster.shutdown()
-        _session._SESSION = None
+        forget_ray_session()
         if previous:
             ray.init(address=previous, log_to_driver=False, logging_level="ERROR")
 

@@ -64,7 +64,7 @@ def _front_table(result) -> Table:  # type: ignore[no-untyped-def]
 
 
 def _phase_table(pr) -> Table:  # type: ignore[no-untyped-def]
-    from tuner.study._objectives import PHASE_METRICS
+    from tuner.study import PHASE_METRICS
 
     x, y = PHASE_METRICS[pr.phase]
     table = Table(title=f"{pr.phase} front ({pr.study_name}): {pr.launched} launched, "
@@ -217,23 +217,17 @@ def export(study: Annotated[str, typer.Argument()],
            storage: StorageOpt = None) -> None:
     """Write a ready-to-run recipe for one point of the front."""
     from tuner.export import FORMATS, RecipeContext, export_deployment
-    from tuner.hardware import get_gpu
     from tuner.study import load_campaign
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     result, space, meta = load_campaign(settings.storage_url, study)
-    deployments = [p.deployment for p in result.composed_front]
-    if not deployments:  # single-phase campaigns export their own front
-        deployments = [p.deployment for pr in result.phases.values() for p in pr.front]
+    deployments = result.exportable_deployments()
     if not 0 <= point < len(deployments):
         raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
                           fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)")
-    gpu = get_gpu(space.cluster.gpu)
-    ctx = RecipeContext(model_path=meta.model_path, model_name=meta.model, gpu=gpu.name,
-                        gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
-                        osl=space.workload.osl, concurrency=tuple(space.phases[next(iter(space.phases))].concurrency))
+    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model)
     text = export_deployment(deployments[point], fmt, ctx)
     if output is None:
         print(text, end="")

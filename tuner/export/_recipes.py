@@ -9,6 +9,8 @@ import yaml
 
 from tuner.backends.vllm import PlanSettings, build_plan, uniform_hosts
 from tuner.deployment import Deployment
+from tuner.hardware import get_gpu
+from tuner.space import SearchSpace
 from tuner.topology import Role, Topology
 
 VLLM_IMAGE = "vllm/vllm-openai:latest"
@@ -25,6 +27,15 @@ class RecipeContext:
     concurrency: tuple[int, ...] = ()
     precision: str = "bf16"
     image: str = VLLM_IMAGE
+
+    @classmethod
+    def for_space(cls, space: SearchSpace, *, model_path: str, model_name: str) -> RecipeContext:
+        """The context of a campaign's exports (the CLI's `export` and the API's /export build it here)."""
+        gpu = get_gpu(space.cluster.gpu)
+        first = next(iter(space.phases.values()))
+        return cls(model_path=model_path, model_name=model_name, gpu=gpu.name,
+                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
+                   osl=space.workload.osl, concurrency=tuple(first.concurrency))
 
     def plan_settings(self) -> PlanSettings:
         return PlanSettings(model_path=self.model_path, served_model_name=self.model_name,

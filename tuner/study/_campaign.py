@@ -12,6 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.backends import TrialStatus
+from tuner.deployment import Deployment
 from tuner.errors import ConfigError, TopotuneError
 from tuner.executors import Executor
 from tuner.frontier import (
@@ -65,6 +66,12 @@ class CampaignResult:
     composed: list[ComposedPoint]  # every xPyD deployment composed from measured curves
     composed_front: list[ComposedPoint]
     composition_error: str | None = None
+
+    def exportable_deployments(self) -> list[Deployment]:
+        """What `export` indexes: the composed front, else the phase fronts (single-phase campaigns)."""
+        if self.composed_front:
+            return [p.deployment for p in self.composed_front]
+        return [p.deployment for pr in self.phases.values() for p in pr.front]
 
     def front_table(self) -> list[FrontRow]:
         return [FrontRow(point=i, deployment=p.name, gpus=p.num_gpus, total_tok_s_per_gpu=p.total_tok_s_per_gpu,
