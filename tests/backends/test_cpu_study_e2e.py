@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cpu_vllm_helpers import CPU_SETTINGS, needs_envs, processes_mentioning
+from _support.cpu_vllm import CPU_SETTINGS, needs_envs
+from _support.paths import REPO
+from _support.processes import processes_mentioning
 
 from tuner.executors._factory import make_executor
 from tuner.settings import TunerSettings
@@ -27,7 +29,6 @@ from tuner.study import Campaign, TuneOptions
 
 pytestmark = [pytest.mark.slow, needs_envs]
 
-REPO = Path(__file__).resolve().parents[2]
 KV_BUDGET_BYTES = 640 * 1024
 EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "ray")  # "local" runs the same study in threads
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from executor_helpers import GPUS_PER_HOST, HOSTS, free_port
+from _support.executors import GPUS_PER_HOST, HOSTS, free_port
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def ray_cluster() -> Iterator[object]:
 def probe_spec(tmp_path: Path):
     """A ProbeBackend spec recording into tmp_path/records; call with delay_s/spawn/inner."""
     from tuner.executors import BackendSpec
-    from tuner.executors._testing import ProbeBackend
+    from tuner.testing import ProbeBackend
 
     def make(**options: object) -> BackendSpec:
         return BackendSpec("probe", factory=functools.partial(ProbeBackend, str(tmp_path / "records"), **options))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE, REPO
 from optuna.trial import TrialState
 
 from tuner.backends import Backend, TrialRequest, TrialResult
@@ -23,9 +24,8 @@ from tuner.models import load_model
 from tuner.space import load_space, parse_space
 from tuner.study import Campaign, TuneOptions, list_campaigns, load_campaign, open_storage
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 
 
 class RecordingBackend(Backend):

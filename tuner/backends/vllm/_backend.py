@@ -16,11 +16,19 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._base import (
+    Backend,
+    ExecutorNeeds,
+    HostAssignment,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
 from tuner.backends.vllm._accuracy import run_gsm8k
 from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
 from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
 from tuner.backends.vllm._process import (
+    VLLM_PROCESSES,
     Failure,
     LocalStarter,
     ProcessHandle,
@@ -169,6 +177,7 @@ class VllmBackend(Backend):
     each process to the host agent of the node it was planned for (same plan, same argv)."""
 
     name: ClassVar[str] = "vllm"
+    needs: ClassVar[ExecutorNeeds] = ExecutorNeeds(device_ids=True, process_starter=True)
 
     def __init__(self, settings: VllmBackendSettings | None = None) -> None:
         self.settings = settings or VllmBackendSettings()
@@ -245,11 +254,11 @@ class VllmBackend(Backend):
             with self._live_lock:
                 self._live[request.trial_id] = (starter, processes)
             for spec in plan.servers:  # one by one: a start that fails still leaves the others to tear down
-                processes.append(starter.start(spec, logs, host_of(plan, spec)))
+                processes.append(starter.start(spec, logs, host_of(plan, spec), policy=VLLM_PROCESSES))
             self._wait(processes, deadline, self.settings.startup_timeout_s)
             if plan.fronts:
                 for spec in plan.fronts:
-                    processes.append(starter.start(spec, logs, host_of(plan, spec)))
+                    processes.append(starter.start(spec, logs, host_of(plan, spec), policy=VLLM_PROCESSES))
                 self._wait(processes, deadline, min(120.0, self.settings.startup_timeout_s))
             timings.startup_s = time.monotonic() - t0
 

@@ -1,17 +1,16 @@
-"""Shared constants and helpers of the executor tests (imported by name: tests/ is not a package)."""
+"""Shared constants and helpers of the executor tests."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
+from _support.paths import REFERENCE_SPACE
 from tuner.backends import TrialRequest
 from tuner.deployment import Deployment
 from tuner.topology import Topology
 from tuner.workload import Workload
 
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE_MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
 HOSTS = 3
 GPUS_PER_HOST = 4
 TOTAL_GPUS = HOSTS * GPUS_PER_HOST
@@ -31,7 +30,7 @@ def small_space(num_gpus: int = TOTAL_GPUS):
     """The reference space on a cluster of this test's size."""
     from tuner.space import load_space
 
-    space = load_space(REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml")
+    space = load_space(REFERENCE_SPACE)
     return space.model_copy(update={"cluster": space.cluster.model_copy(
         update={"num_gpus": num_gpus, "gpus_per_host": GPUS_PER_HOST})})
 
