@@ -1,8 +1,16 @@
 """Trial backends: one base class, one result schema, implementations in their own modules."""
 
-from tuner.backends._base import Backend, ExecutorNeeds, HostAssignment, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._base import (
+    AccuracyGate,
+    Backend,
+    ExecutorNeeds,
+    HostAssignment,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
 
-__all__ = ["Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus",
+__all__ = ["AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus",
            "backend_class", "make_backend"]
 
 

@@ -399,14 +399,18 @@ class PhaseRun:
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, request: TrialRequest, result: TrialResult) -> None:
         TrialAttrs(duration_s=result.duration_s, observed_memory=result.observed_memory or None,
-                   predicted_memory=result.predicted_memory or None, accuracy=result.accuracy).write(trial)
+                   predicted_memory=result.predicted_memory or None, accuracy=result.accuracy,
+                   accuracy_gate=result.accuracy_gate.model_dump() if result.accuracy_gate else None).write(trial)
         if not result.status.ok or not result.points:
             key = "accuracy" if result.status is TrialStatus.ACCURACY else "failed"
             self._tell_failure(study, trial, TrialKind.SAMPLED, key, 1.0, result.reason or result.status.value,
                                outcome=result.status)
             return
         c = self.space.constraints
-        points = [(m, point_constraints(m, c, result.accuracy)) for m in result.points]
+        # the gate's verdict: feasible unless the interval's upper bound is below the bar (sampling noise)
+        gate = result.accuracy_gate
+        accuracy = gate.ci_high if gate is not None else result.accuracy
+        points = [(m, point_constraints(m, c, accuracy)) for m in result.points]
         best = self._representative(study, points)
         m, constraints = points[best]
         for name, value in sampler_constraints(constraints).items():

@@ -78,6 +78,7 @@ class TrialAttrs:
     artifacts_dir: str | None = None
     duration_s: float | None = None
     accuracy: float | None = None
+    accuracy_gate: dict[str, Any] | None = None  # the GSM8K gate's score, interval and sample size (AccuracyGate)
     observed_memory: dict[str, float] | None = None
     predicted_memory: dict[str, float] | None = None
     constraint_detail: dict[str, float] | None = None  # every constraint key; the sampler sees only the worst
