@@ -19,7 +19,6 @@ from api.deps import CacheDep, SessionDep, StudyDep
 from api.models import EventRecord, StudyRecord
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.errors import TopotuneError
-from tuner.study import PHASE_AXES
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
@@ -34,18 +33,11 @@ def _plotly_js() -> Path:
 def figures(record: StudyRecord, snap: Snapshot) -> list[dict[str, Any]]:
     """Plotly figures as JSON: the composed PD front (every xPyD deployment faint, the front bold), then each
     phase (feasible points faint, SLA-infeasible marked x, the feasible front bold)."""
-    from tuner.report import composed_front_figure, phase_figure
+    from tuner.report import campaign_figures
 
-    result = snap.result
-    if result is None:
+    if snap.result is None:
         return []
-    figs = []
-    if result.composed_front:
-        figs.append(composed_front_figure(result.composed, result.composed_front,
-                                          f"study {record.id}: composed PD front"))
-    for phase, pr in result.phases.items():
-        figs.append(phase_figure(pr, PHASE_AXES[phase]))
-    return [json.loads(f.to_json()) for f in figs]
+    return [json.loads(f.to_json()) for f in campaign_figures(snap.result, f"study {record.id}: composed PD front")]
 
 
 def constraint_summary(snap: Snapshot) -> dict[str, dict[str, int]]:

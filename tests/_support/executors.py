@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from _support.paths import REFERENCE_SPACE
@@ -64,3 +66,26 @@ def free_gpus_eventually(expected: float, timeout_s: float = 10.0) -> float:
         if free == expected or time.monotonic() > deadline:
             return free
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def ray_test_cluster(head: dict, workers: list[dict]) -> Iterator[object]:
+    """A multi-node Ray cluster on this machine (ray.cluster_utils) with the driver connected; torn down after,
+    and topotune's Ray session forgotten so the next executor opens its own."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tuner.executors import forget_ray_session
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**head, "include_dashboard": False, "gcs_server_port": free_port()})
+    try:
+        for node in workers:
+            cluster.add_node(**node)
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        forget_ray_session()

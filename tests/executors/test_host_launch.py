@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support.executors import free_port
+from _support.executors import ray_test_cluster
 from _support.processes import process_alive, processes_mentioning
 
 from tuner.backends import TrialRequest, TrialStatus
@@ -52,25 +52,15 @@ def two_hosts() -> Iterator[object]:
 
     Reconnects the driver to the suite's shared cluster afterwards if one was connected before."""
     import ray
-    from ray.cluster_utils import Cluster
-
-    from tuner.executors import forget_ray_session
 
     previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     if previous:
         ray.shutdown()
     node = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={**node, "include_dashboard": False, "gcs_server_port": free_port()})
     try:
-        cluster.add_node(**node, env_vars={"CUDA_VISIBLE_DEVICES": "1"})
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        cluster.wait_for_nodes()
-        yield cluster
+        with ray_test_cluster(node, [{**node, "env_vars": {"CUDA_VISIBLE_DEVICES": "1"}}]) as cluster:
+            yield cluster
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-        forget_ray_session()
         if previous:
             ray.init(address=previous, log_to_driver=False, logging_level="ERROR")
 
