@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
-from tuner.executors._host import BackendSpec
+from tuner.executors import BackendSpec
 
 EVENTS = "events.jsonl"
 CHILDREN = "children.txt"
