@@ -58,6 +58,9 @@ class PhaseSpace(_Strict):
     gpu_memory_utilization: list[float] | FloatRange = [0.92]
     max_num_seqs: list[int] = Field([256], min_length=1)
     max_num_batched_tokens: list[int] = Field([8192], min_length=1)
+    # Largest CUDA-graph capture size in tokens; "auto" covers the decode batch x (1 + MTP). Smaller values
+    # trade speed (bigger steps run eager) for the graphs' memory: a knob only when given more than "auto".
+    max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1)
     concurrency: list[int] = Field(min_length=1)
     workload: PhaseWorkload = PhaseWorkload()
 
@@ -67,6 +70,13 @@ class PhaseSpace(_Strict):
         if any(v < 1 for v in values):
             raise ValueError("every value must be >= 1")
         return sorted(set(values))
+
+    @field_validator("max_cudagraph_capture_size")
+    @classmethod
+    def _capture(cls, values: list[int | str]) -> list[int | str]:
+        if any(v != "auto" and int(v) < 1 for v in values):
+            raise ValueError("capture sizes must be >= 1 tokens, or auto")
+        return sorted(set(values), key=lambda v: (v != "auto", v if v != "auto" else 0))
 
     @field_validator("mtp")
     @classmethod
@@ -92,6 +102,9 @@ class ClusterSpec(_Strict):
     gpu: str
     num_gpus: int = Field(ge=1)
     gpus_per_host: int | None = Field(None, ge=1, description="default: the GPU catalog's")
+    # The vLLM the hosts run (e.g. 0.26.1rc1): launch plans follow its version table. None: detected on the
+    # hosts (`topotune doctor` reports it).
+    vllm_version: str | None = Field(None, pattern=r"^v?\d+\.\d+(\.\d+)?\S*$")
 
 
 class WorkloadSpec(_Strict):
@@ -123,15 +136,22 @@ class SearchSpace(_Strict):
     def param_choices(self, phase: Phase) -> dict[str, list]:
         """Every knob's choices; the order fixes the Optuna parameter order."""
         s = self.phases[phase]
-        return {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
-                "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
-                "max_num_batched_tokens": s.max_num_batched_tokens}
+        choices: dict[str, list] = {
+            "tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
+            "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens}
+        if s.max_cudagraph_capture_size != ["auto"]:
+            choices["max_cudagraph_capture_size"] = s.max_cudagraph_capture_size
+        return choices
 
     def topology(self, phase: Phase, params: dict) -> Topology:
+        capture = params.get("max_cudagraph_capture_size", "auto")
         return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
                                mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
                                max_num_seqs=params["max_num_seqs"],
-                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase))
+                               max_num_batched_tokens=params["max_num_batched_tokens"],
+                               max_cudagraph_capture_size=None if capture == "auto" else int(capture),
+                               role=Role(phase))
 
     def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
         """All valid configurations of a phase; raises if constraints leave none, saying which."""

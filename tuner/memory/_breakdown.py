@@ -12,6 +12,7 @@ from tuner.memory._layout import KVLayout, kv_layout
 from tuner.memory._weights import WeightsPerGpu, weights_per_gpu
 from tuner.models import ModelSpec
 from tuner.topology import Topology
+from tuner.workload import served_context_tokens
 
 GIB = 1024**3
 MIB = 1024**2
@@ -23,7 +24,7 @@ class MemoryInputs:
 
     isl: int = 8192
     osl: int = 1024
-    max_model_len: int | None = None  # defaults to isl + osl
+    max_model_len: int | None = None  # defaults to isl + osl plus the plan's headroom (served_context_tokens)
     kv_cache_memory_bytes: int | None = None  # vLLM's --kv-cache-memory-bytes: the KV budget, exactly
     non_torch_gib: float | None = None  # defaults to the GPU's catalog figure
     activation_gib: float | None = None  # measured peak activations; default: estimate
@@ -121,7 +122,9 @@ class MemoryBreakdown:
 
     @property
     def fits(self) -> bool:
-        return self.kv_budget_bytes > 0 and self.num_gpu_blocks >= self.blocks_per_request
+        """One request of the workload fits, and so does one of max-model-len (vLLM refuses to start otherwise)."""
+        return self.kv_budget_bytes > 0 and self.num_gpu_blocks >= max(self.blocks_per_request,
+                                                                       self.blocks_per_request_max_model_len)
 
     @property
     def shortfall_gib(self) -> float:
@@ -198,7 +201,7 @@ def compute_memory(
                        kv_cache_dtype=inputs.kv_cache_dtype)
     num_blocks = max(0, budget // layout.page_size_bytes // layout.group_size)
     tokens = inputs.tokens_per_request
-    max_len = inputs.max_model_len or tokens
+    max_len = inputs.max_model_len or served_context_tokens(inputs.isl, inputs.osl)
     per_request = layout.blocks_per_request(tokens, topo.max_num_batched_tokens)
     per_request_max = layout.blocks_per_request(max_len, topo.max_num_batched_tokens)
 
