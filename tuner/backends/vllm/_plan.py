@@ -318,13 +318,13 @@ def resolve_address(address: str) -> str:
 
 
 def _check_resolved(resolved: dict[str, str]) -> None:
-    """Several hosts, one of them resolved to loopback (e.g. Debian's 127.0.1.1 hostname line): the others
-    would dial themselves."""
-    if len(resolved) > 1:
-        for name, address in resolved.items():
-            if address.startswith("127.") or address in ("::1", "localhost"):
-                raise ConfigError(f"host {name!r} resolves to loopback {address} in a plan over {len(resolved)} "
-                                  "hosts", field="hosts", fix="give each host's cluster IP address")
+    """Hosts on a network, one of them resolved to loopback (e.g. Debian's 127.0.1.1 hostname line): the
+    others would dial themselves. (All on loopback is one machine standing in for several: fine.)"""
+    loopback = {name: a for name, a in resolved.items() if a.startswith("127.") or a == "::1"}
+    if loopback and len(loopback) < len(resolved):
+        name, address = next(iter(loopback.items()))
+        raise ConfigError(f"host {name!r} resolves to loopback {address} in a plan whose other hosts are on the "
+                          "network", field="hosts", fix="give each host's cluster IP address")
 
 
 # -- argv -----------------------------------------------------------------------------------------------
