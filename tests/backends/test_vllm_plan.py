@@ -9,7 +9,6 @@ from tuner.backends.vllm import (
     PlanSettings,
     build_plan,
     keep_names,
-    pack_hosts,
     parse_deployment,
     place_instances,
     uniform_hosts,
@@ -60,8 +59,8 @@ def test_tp4dp4_ep_decode_over_four_hosts() -> None:
     topo = Topology.parse("TP4DP4+EP", role=Role.DECODE)
     plan = plan_of(Deployment.single(topo), hosts("h0", "h1", "h2", "h3"))
     base = [*HEAD, "--tensor-parallel-size", "4", "--data-parallel-size", "4", "--enable-expert-parallel",
-            *ENGINE, "--max-cudagraph-capture-size", "1024", "--max-model-len", "9216", "--data-parallel-size-local", "1",
-            "--data-parallel-address", "h0", "--data-parallel-rpc-port", "13345"]
+            *ENGINE, "--max-cudagraph-capture-size", "1024", "--max-model-len", "9216",
+            "--data-parallel-size-local", "1", "--data-parallel-address", "h0", "--data-parallel-rpc-port", "13345"]
     assert list(plan.processes[0].argv) == [*base, "--host", "0.0.0.0", "--port", "8100"]
     for rank in (1, 2, 3):
         assert list(plan.processes[rank].argv) == [*base, "--data-parallel-start-rank", str(rank), "--headless"]

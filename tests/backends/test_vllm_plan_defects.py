@@ -248,7 +248,7 @@ def test_8_ucx_vllm_port_resolved_addresses_and_warmup() -> None:
 def test_version_table_is_one_table_with_sources_shown_in_the_docs() -> None:
     assert VllmVersion.parse("0.26.1rc1.dev12+gabc") == VllmVersion(0, 26, 1)
     assert VllmVersion.parse("v0.32.0+cpu") > VllmVersion.parse("0.26.1")
-    with pytest.raises(ConfigError, match="cluster.vllm_version"):
+    with pytest.raises(ConfigError, match=r"cluster\.vllm_version"):
         VllmVersion.parse("latest")
     assert all(e.source and e.basis for e in TABLE)
     assert launch_rules("0.32.0").hybrid_hetero_tp and not launch_rules("0.25.9").hybrid_hetero_tp
