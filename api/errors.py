@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 
@@ -27,3 +32,20 @@ async def field_error_handler(_request: Request, exc: Exception) -> JSONResponse
     assert isinstance(exc, FieldError)
     return JSONResponse(status_code=exc.status_code,
                         content={"detail": [{"loc": list(exc.loc), "msg": exc.message, "type": exc.kind}]})
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no inf/NaN: `"trials": 1e400` arrives as inf and used to crash the 422 itself (a 500)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def validation_error_handler(_request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's own 422 shape, with every echoed input made JSON-safe."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse(status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))})

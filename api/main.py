@@ -13,12 +13,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.config import ApiSettings
 from api.db import make_engine, make_session_factory, upgrade
-from api.errors import FieldError, field_error_handler
+from api.errors import FieldError, field_error_handler, validation_error_handler
+from api.limits import BodySizeLimitMiddleware
 from api.metrics import ServiceMetrics
 from api.routes import health, metrics, models, pages, studies
 from api.runner import StudyRunner
@@ -87,6 +89,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.cache = cache
     app.state.watcher = watcher
     app.add_exception_handler(FieldError, field_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(BearerAuthMiddleware, token=settings.token(), read_auth=settings.read_auth)
     for module in (health, metrics, studies, models, pages):
         app.include_router(module.router)

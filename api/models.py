@@ -34,7 +34,10 @@ class StudyStatus(enum.StrEnum):
 
 
 class ModelStatus(enum.StrEnum):
-    TUNING = "tuning"  # a study was started for it
+    TUNING = "tuning"  # a study was started for it and is queued or running
+    TUNED = "tuned"  # its study succeeded
+    TUNING_FAILED = "tuning_failed"  # its study failed (the study's error says why)
+    TUNING_CANCELLED = "tuning_cancelled"  # its study was cancelled
     DOES_NOT_FIT = "does_not_fit"  # the memory model finds no layout on the configured cluster
     UNSUPPORTED = "unsupported"  # config.json unreadable for the model registry, or no valid configuration
     REGISTERED = "registered"  # registered without a study (auto_tune off)

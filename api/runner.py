@@ -19,9 +19,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.config import ApiSettings
+from api.errors import FieldError
 from api.metrics import ServiceMetrics
-from api.models import EventRecord, StudyRecord, StudyStatus
-from api.service import ServiceCampaign
+from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
+from api.service import ServiceCampaign, confine_model_path
 from tuner.errors import TopotuneError
 from tuner.executors._factory import make_executor
 from tuner.space import SearchSpace
@@ -34,8 +35,19 @@ class _Stopping(Exception):
     """Raised from the campaign's event callback when the service stops: unwinds the driver without cancelling."""
 
 
+_MODEL_AFTER = {StudyStatus.SUCCEEDED: ModelStatus.TUNED, StudyStatus.FAILED: ModelStatus.TUNING_FAILED,
+                StudyStatus.CANCELLED: ModelStatus.TUNING_CANCELLED}
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def settle_model(session: Session, study_id: int, status: StudyStatus) -> None:
+    """A registered model follows its study's end: tuned, tuning_failed or tuning_cancelled (not "tuning")."""
+    session.execute(update(ModelRecord).where(ModelRecord.study_id == study_id,
+                                              ModelRecord.status == ModelStatus.TUNING)
+                    .values(status=_MODEL_AFTER[status]))
 
 
 class StudyRunner:
@@ -68,6 +80,7 @@ class StudyRunner:
             for r in records:
                 if r.status is StudyStatus.CANCELLING:
                     r.status, r.finished_at = StudyStatus.CANCELLED, _now()
+                    settle_model(s, r.id, StudyStatus.CANCELLED)
                     s.add(EventRecord(study_id=r.id, kind="cancelled", message="cancelled while the service was down"))
                     continue
                 if r.status is StudyStatus.RUNNING:
@@ -109,6 +122,7 @@ class StudyRunner:
         event.set()
         if record.status is StudyStatus.QUEUED:
             record.status, record.finished_at = StudyStatus.CANCELLED, _now()
+            settle_model(session, record.id, StudyStatus.CANCELLED)
         else:
             record.status = StudyStatus.CANCELLING
             self._flag_studies(record.campaign)
@@ -145,9 +159,11 @@ class StudyRunner:
             s.commit()
 
     def _finish(self, study_id: int, status: StudyStatus, error: str | None = None) -> None:
+        """The study's end, and its model's (a registered model is no longer "tuning"), in one transaction."""
         with self.sessions() as s:
             s.execute(update(StudyRecord).where(StudyRecord.id == study_id).values(
                 status=status, error=error, finished_at=_now()))
+            settle_model(s, study_id, status)
             s.add(EventRecord(study_id=study_id, kind=status.value, message=error or ""))
             s.commit()
         self.on_study_done(study_id)
@@ -159,6 +175,7 @@ class StudyRunner:
                 return
             if record.status is StudyStatus.CANCELLING:
                 record.status, record.finished_at = StudyStatus.CANCELLED, _now()
+                settle_model(s, record.id, StudyStatus.CANCELLED)
                 s.commit()
                 return
             record.status = StudyStatus.RUNNING
@@ -167,6 +184,11 @@ class StudyRunner:
             s.expunge(record)
         with self._lock:
             cancel = self._cancel.setdefault(study_id, threading.Event())
+        try:  # the path was checked when the study was asked for; a symlink may have been swapped in since
+            confine_model_path(record.model_path, self.settings, ("study", "model_path"))
+        except FieldError as exc:
+            self._finish(study_id, StudyStatus.FAILED, f"model_path: {exc.message}")
+            return
         space = SearchSpace.model_validate(record.space)
         options = dict(record.backend_options)
         phases = tuple(options.pop("phases", None) or space.phases)

@@ -13,6 +13,8 @@ PhaseName = Literal["prefill", "decode"]
 SamplerName = Literal["gp", "tpe", "nsga2", "random"]
 ExportFormat = Literal["vllm", "compose", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
+MAX_TRIAL_DELAY_S = 600.0
+MAX_SIMULATED_WALL_S = 86_400.0  # trials x trial_delay_s: one request may not hold a runner thread for days
 
 
 class _In(BaseModel):
@@ -41,7 +43,8 @@ class StudyCreate(_In):
     warm_start: bool = True
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=2, description="default: every phase")
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")
-    trial_delay_s: float = Field(0.0, ge=0.0, le=3600.0, description="simulated backend: wall time per trial")
+    trial_delay_s: float = Field(0.0, ge=0.0, le=MAX_TRIAL_DELAY_S, description="simulated backend: wall time "
+                                 "per trial (trials x trial_delay_s at most a day)")
 
     @field_validator("model_path", "space_path")
     @classmethod
@@ -64,6 +67,9 @@ class StudyCreate(_In):
     def _simulated_only(cls, value: float, info: ValidationInfo) -> float:
         if value and info.data.get("backend", "simulated") != "simulated":
             raise ValueError("applies to the simulated backend only")
+        if info.field_name == "trial_delay_s" and value * info.data.get("trials", 1) > MAX_SIMULATED_WALL_S:
+            raise ValueError(f"trials x trial_delay_s is more than {MAX_SIMULATED_WALL_S:.0f} s of simulated "
+                             "wall time; lower one of them")
         return value
 
 

@@ -57,7 +57,11 @@ def request_campaign(model_name: str, gpu: str, space: SearchSpace, study_id: in
 
 # -- model configs: JSON only, regular files only, bounded size --------------------------------------------------
 class ConfigNotReady(Exception):
-    """config.json is missing, not a regular file, or not (yet) complete JSON: a writer may still be at it."""
+    """config.json is missing or not (yet) complete JSON: a writer may still be at it (the watcher retries)."""
+
+
+class ConfigRejected(ConfigNotReady):
+    """config.json can never be read as a model: not a regular file, too large, or not a JSON object."""
 
 
 def config_file(model_path: Path) -> Path:
@@ -72,15 +76,15 @@ def check_config_ready(model_path: Path) -> None:
     except OSError as exc:
         raise ConfigNotReady(f"no readable config.json at {path} ({exc.strerror})") from exc
     if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
-        raise ConfigNotReady(f"{path} is not a regular file")
+        raise ConfigRejected(f"{path} is not a regular file")
     if st.st_size > MAX_CONFIG_BYTES:
-        raise ConfigNotReady(f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB")
+        raise ConfigRejected(f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB; a model config is a few KiB")
     try:
         data = json.loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigNotReady(f"{path} is not complete JSON yet ({exc})") from exc
     if not isinstance(data, dict):
-        raise ConfigNotReady(f"{path} must hold a JSON object")
+        raise ConfigRejected(f"{path} must hold a JSON object")
 
 
 @lru_cache(maxsize=256)
@@ -131,8 +135,14 @@ def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
         raise FieldError(("body", "space"), f"not a valid search space: {exc}") from exc
 
 
+def confine_model_path(raw: str | Path, settings: ApiSettings, loc: tuple[str, ...]) -> Path:
+    """THE check of every model path the service acts on, whoever found it (a request, the watcher, the runner):
+    resolved with symlinks followed, it must lie under an allowed root."""
+    return confine(str(raw), settings.allowed_roots, base=settings.model_store, loc=loc)
+
+
 def resolve_model(raw: str, settings: ApiSettings, loc: tuple[str, ...]) -> tuple[Path, ModelSpec]:
-    path = confine(raw, settings.allowed_roots, base=settings.model_store, loc=loc)
+    path = confine_model_path(raw, settings, loc)
     try:
         return path, read_model(path)
     except ConfigNotReady as exc:
@@ -196,24 +206,32 @@ def screen_model(model: ModelSpec, space: SearchSpace) -> str | None:
             f"({best.topology.name}) {best.memory.verdict()}")
 
 
-def register_model(session: Session, settings: ApiSettings, path: Path, *, source: str,
-                   auto_tune: bool = True) -> tuple[ModelRecord, bool]:
+def register_model(session: Session, settings: ApiSettings, raw_path: str | Path, *, source: str,
+                   auto_tune: bool = True, loc: tuple[str, ...] = ("body", "path"),
+                   unreadable: str | None = None) -> tuple[ModelRecord, bool]:
     """(record, created). The same resolved path is registered once and starts at most one study.
 
+    The path goes through confine_model_path (FieldError on `loc` when it leads outside the allowed roots).
     Raises ConfigNotReady while config.json is missing or incomplete (the watcher retries; the API answers 422).
+    `unreadable` registers the model as unsupported with that reason without reading it (the watcher's verdict
+    on a config that never became JSON).
     """
-    path = path.resolve()
+    path = confine_model_path(raw_path, settings, loc)
     existing = session.scalar(select(ModelRecord).where(ModelRecord.path == str(path)))
     if existing is not None:
         return existing, False
-    check_config_ready(path)
+    if unreadable is None:
+        check_config_ready(path)
     with _REGISTER_LOCK:  # one registration at a time in this process; the unique index guards across processes
         existing = session.scalar(select(ModelRecord).where(ModelRecord.path == str(path)))
         if existing is not None:
             return existing, False
         status, reason, model = ModelStatus.REGISTERED, None, None
         try:
-            model = read_model(path)
+            if unreadable is not None:
+                status, reason = ModelStatus.UNSUPPORTED, unreadable
+            else:
+                model = read_model(path)
         except (UnsupportedModelError, ConfigError) as exc:
             status, reason = ModelStatus.UNSUPPORTED, exc.user_message()
         record = ModelRecord(path=str(path), name=model.name if model else path.name, source=source,

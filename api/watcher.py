@@ -3,6 +3,11 @@
 watchfiles reports changes; each change (and a periodic tick) rescans the top-level folders, so a config.json
 that was half-written at the first event is simply tried again at the next one. Registration is idempotent per
 resolved path, so repeated events, restarts and a POST /v1/models of the same folder start one study.
+
+Every folder goes through the same path check as a request (api.service.confine_model_path, inside
+register_model): a symlink leading out of the allowed roots is refused, never registered. A config that can never
+be a model (a FIFO, over 16 MiB, not a JSON object), or one still not JSON after it stopped changing for
+SETTLE_S, is registered as unsupported with its reason instead of being skipped silently.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from watchfiles import watch
 
 from api.config import ApiSettings
-from api.models import ModelStatus
-from api.service import ConfigNotReady, register_model
+from api.errors import FieldError
+from api.models import ModelRecord, ModelStatus
+from api.service import ConfigNotReady, ConfigRejected, register_model
 
 log = logging.getLogger("topotune.api.watcher")
 
 RETRY_EVERY_S = 1.0
-GIVE_UP_AFTER_S = 600.0  # a config.json still incomplete after this long is reported, not retried forever
+SETTLE_S = 5.0  # a config.json unchanged this long and still not JSON is not being written: it is broken
 
 
 class ModelWatcher:
@@ -35,7 +41,7 @@ class ModelWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: set[Path] = set()
-        self._waiting: dict[Path, float] = {}  # folder -> first time it was seen incomplete
+        self.refused: dict[Path, str] = {}  # folders the path check refused, with the reason
         self.last_error: str | None = None
 
     @property
@@ -80,23 +86,42 @@ class ModelWatcher:
             if folder in self._seen or not (folder / "config.json").exists():
                 continue
             try:
-                with self.sessions() as session:
-                    record, created = register_model(session, self.settings, folder, source="watcher")
-                    study_id = record.study_id if created and record.status is ModelStatus.TUNING else None
-            except ConfigNotReady as exc:
-                first = self._waiting.setdefault(folder, time.monotonic())
-                if time.monotonic() - first > GIVE_UP_AFTER_S:
-                    self.last_error = f"{folder}: {exc}"
+                record, created = self._register(folder)
+            except ConfigNotReady:
+                continue  # being written: the next tick tries again
+            except FieldError as exc:  # outside the allowed roots (a symlink leading out): never acted on
+                self.refused[folder] = exc.message
+                self._seen.add(folder)
+                self.last_error = f"{folder}: {exc.message}"
+                log.warning("model watcher: refused %s: %s", folder, exc.message)
                 continue
             except Exception as exc:  # a database hiccup: try again at the next tick
                 self.last_error = f"{folder}: {exc}"
                 log.warning("model watcher: cannot register %s: %s", folder, exc)
                 continue
-            self._waiting.pop(folder, None)
             self._seen.add(folder)
             if created:
                 registered.append(folder)
                 log.info("model watcher: registered %s (%s)", folder, record.status.value)
-            if study_id is not None:
-                self.on_study(study_id)
+                if record.status is ModelStatus.TUNING and record.study_id is not None:
+                    self.on_study(record.study_id)
         return registered
+
+    def _register(self, folder: Path) -> tuple[ModelRecord, bool]:
+        """register_model; a config that is not JSON and has stopped changing is registered with its reason."""
+        loc = ("watcher", folder.name)
+        with self.sessions() as session:
+            try:
+                return register_model(session, self.settings, folder, source="watcher", loc=loc)
+            except ConfigRejected as exc:
+                return register_model(session, self.settings, folder, source="watcher", loc=loc,
+                                      unreadable=str(exc))
+            except ConfigNotReady as exc:
+                try:
+                    age_s = time.time() - (folder / "config.json").stat().st_mtime
+                except OSError:
+                    raise exc from None
+                if age_s < SETTLE_S:
+                    raise
+                return register_model(session, self.settings, folder, source="watcher", loc=loc,
+                                      unreadable=f"{exc} (unchanged for {age_s:.0f} s)".replace(" yet", ""))

@@ -50,8 +50,11 @@ def test_validation_against_model(reference_model_path: Path, models_dir: Path) 
         Topology(tp=1, ep=True).check(ref)
     with pytest.raises(TopologyError, match="cluster has 8"):
         Topology(tp=4, dp=4).check(ref, cluster_gpus=8)
+    # vLLM splits 512 experts over EP3 unevenly (171/171/170, determine_expert_map); EPLB needs E + R % EP == 0
+    Topology(tp=1, dp=3, ep=True).check(ref)
     with pytest.raises(TopologyError, match="experts"):
-        Topology(tp=1, dp=3, ep=True).check(ref)
+        Topology(tp=1, dp=3, ep=True, num_redundant_experts=2).check(ref)
+    Topology(tp=1, dp=3, ep=True, num_redundant_experts=1).check(ref)
     Topology(tp=4, dp=4, ep=True, mtp=3).check(ref, cluster_gpus=72)
     llama = load_model(models_dir / "llama-3.1-70b")
     with pytest.raises(TopologyError, match="dense"):

@@ -18,7 +18,7 @@ import numpy as np
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError, InfeasibleError
 from tuner.metrics import ServingMetrics
-from tuner.topology import Topology
+from tuner.topology import Role, Topology
 
 T = TypeVar("T")
 Metric = str | Callable[[Any], float]
@@ -102,6 +102,7 @@ class ComposedPoint:
     ttft_ms: float  # prefill TTFT + decode-side wait, transfer and first step, at the chosen percentile
     itl_ms: float
     family: str = field(compare=False)  # prefill topology + decode topology and MTP: one faint curve
+    mode: str = field(default="disaggregated", compare=False)
 
     @cached_property
     def deployment(self) -> Deployment:
@@ -247,3 +248,82 @@ def family_fronts(points: Sequence[ComposedPoint]) -> dict[str, list[ComposedPoi
     for p in points:
         groups.setdefault(p.family, []).append(p)
     return {k: combined_front(v) for k, v in groups.items()}
+
+
+# -- aggregated serving ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AggregatedPoint:
+    """`num_instances` identical aggregated instances (prefill and decode on the same GPUs) at one curve point.
+
+    Replicas are independent, so per-GPU throughput and per-user speed are the instance's own; the deployment
+    fills the GPU budget with as many replicas as fit.
+    """
+
+    topology: Topology
+    num_instances: int
+    instance: ServingMetrics
+    num_gpus: int
+    total_tok_s_per_gpu: float
+    tok_s_per_user: float
+    ttft_ms: float
+    itl_ms: float
+    family: str = field(compare=False)
+    mode: str = field(default="aggregated", compare=False)
+
+    @cached_property
+    def deployment(self) -> Deployment:
+        return Deployment.single(self.topology, count=self.num_instances)
+
+    @property
+    def name(self) -> str:
+        mtp = f" MTP{self.topology.mtp}" if self.topology.mtp else ""
+        return f"{self.num_instances}x({self.topology.name}{mtp})"
+
+    @property
+    def concurrency_per_instance(self) -> int:
+        return self.instance.concurrency
+
+
+def compose_aggregated(curve: Sequence[CurvePoint], constraints: Constraints) -> list[AggregatedPoint]:
+    """Every aggregated deployment that meets the limits: each curve point replicated over the GPU budget."""
+    c = constraints
+    out: list[AggregatedPoint] = []
+    for topo, m in curve:
+        if topo.num_gpus > c.max_gpus or m.request_throughput_rps <= 0:
+            continue
+        ttft, itl = _ttft(m, c.percentile), _itl(m, c.percentile)
+        if (c.max_ttft_ms is not None and ttft > c.max_ttft_ms) or (c.max_itl_ms is not None and itl > c.max_itl_ms):
+            continue
+        count = c.max_gpus // topo.num_gpus
+        placed = topo.model_copy(update={"role": Role.BOTH}) if topo.role is not Role.BOTH else topo
+        out.append(AggregatedPoint(
+            topology=placed, num_instances=count, instance=m, num_gpus=count * topo.num_gpus,
+            total_tok_s_per_gpu=m.total_tok_s_per_gpu, tok_s_per_user=m.tok_s_per_user, ttft_ms=ttft, itl_ms=itl,
+            family=topo.name + (f" MTP{topo.mtp}" if topo.mtp else "")))
+    return out
+
+
+@dataclass(frozen=True)
+class Winner:
+    """Which serving mode holds the merged front over a range of per-user speed (tok/s/user)."""
+
+    mode: str  # "aggregated" or "disaggregated"
+    from_tok_s_per_user: float
+    to_tok_s_per_user: float
+    best_tok_s_per_gpu: float
+
+
+def which_wins(disaggregated: Sequence[ComposedPoint], aggregated: Sequence[AggregatedPoint]) -> list[Winner]:
+    """Walk the merged Pareto front from the throughput end to the latency end and name each mode's stretch."""
+    merged = pareto_front([*disaggregated, *aggregated], x="total_tok_s_per_gpu", y="tok_s_per_user")
+    merged.sort(key=lambda p: p.tok_s_per_user)
+    stretches: list[Winner] = []
+    for p in merged:
+        mode = p.mode
+        if stretches and stretches[-1].mode == mode:
+            last = stretches[-1]
+            stretches[-1] = Winner(mode, last.from_tok_s_per_user, p.tok_s_per_user,
+                                   max(last.best_tok_s_per_gpu, p.total_tok_s_per_gpu))
+        else:
+            stretches.append(Winner(mode, p.tok_s_per_user, p.tok_s_per_user, p.total_tok_s_per_gpu))
+    return stretches

@@ -7,6 +7,7 @@ knob. It expands to the full list of valid configurations (for pre-screening and
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Literal
@@ -16,15 +17,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import Role, Topology
+from tuner.topology import KVCacheDtype, Role, Topology
 from tuner.workload import Workload
 
 Phase = Literal["prefill", "decode"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
 
 
+# What one space may ask for. A space is typed by people (a few hundred lines): these bounds are far above any real
+# one and keep a hostile or mistaken one (a YAML alias bomb, a 1e-300 step, 10**6 values per knob) from taking the
+# process down. parse_space enforces them before anything walks the document.
+MAX_SPACE_CHARS = 1_000_000
+MAX_YAML_NODES = 20_000  # after alias expansion: the billion-laughs document expands to ~10**9
+MAX_YAML_ALIASES = 100
+MAX_YAML_DEPTH = 32
+MAX_CHOICES_PER_KNOB = 1_000
+MAX_CONFIGS_PER_PHASE = 1_000_000  # the product of a phase's knob choices (expand() walks all of them)
+MAX_KNOB_VALUE = 10_000_000  # tokens, sequences, GPUs: far above any real value
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FloatRange(_Strict):
@@ -36,6 +49,8 @@ class FloatRange(_Strict):
     def _ordered(self) -> FloatRange:
         if self.high < self.low:
             raise ValueError("high must be >= low")
+        if (self.high - self.low) / self.step >= MAX_CHOICES_PER_KNOB:
+            raise ValueError(f"the range holds more than {MAX_CHOICES_PER_KNOB} values; raise step")
         return self
 
     def values(self) -> list[float]:
@@ -46,8 +61,8 @@ class FloatRange(_Strict):
 class PhaseWorkload(_Strict):
     """A phase may measure with its own lengths (the campaign's prefill sweep used 8192/2)."""
 
-    isl: int | None = Field(None, ge=1)
-    osl: int | None = Field(None, ge=1)
+    isl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
+    osl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
 
 
 class PhaseSpace(_Strict):
@@ -58,17 +73,44 @@ class PhaseSpace(_Strict):
     gpu_memory_utilization: list[float] | FloatRange = [0.92]
     max_num_seqs: list[int] = Field([256], min_length=1)
     max_num_batched_tokens: list[int] = Field([8192], min_length=1)
+    concurrency: list[int] = Field(min_length=1, max_length=64)
+    kv_cache_dtype: list[KVCacheDtype] = Field(["auto"], min_length=1)
+    num_redundant_experts: list[int] = Field([0], min_length=1)
     # Largest CUDA-graph capture size in tokens; "auto" covers the decode batch x (1 + MTP). Smaller values
     # trade speed (bigger steps run eager) for the graphs' memory: a knob only when given more than "auto".
-    max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1)
-    concurrency: list[int] = Field(min_length=1)
+    max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1, max_length=64)
     workload: PhaseWorkload = PhaseWorkload()
+
+    @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                     "kv_cache_dtype", "num_redundant_experts", "max_cudagraph_capture_size", mode="before")
+    @classmethod
+    def _bounded(cls, values: object) -> object:
+        if isinstance(values, list) and len(values) > MAX_CHOICES_PER_KNOB:
+            raise ValueError(f"at most {MAX_CHOICES_PER_KNOB} choices per knob")
+        return values
+
+    @model_validator(mode="after")
+    def _expandable(self) -> PhaseSpace:
+        sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
+                 self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts,
+                 self.max_cudagraph_capture_size)
+        if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
+            raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
+                             "narrow some lists")
+        return self
 
     @field_validator("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "concurrency")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:
-        if any(v < 1 for v in values):
-            raise ValueError("every value must be >= 1")
+        if any(not 1 <= v <= MAX_KNOB_VALUE for v in values):
+            raise ValueError(f"every value must be in 1..{MAX_KNOB_VALUE:,}")
+        return sorted(set(values))
+
+    @field_validator("num_redundant_experts")
+    @classmethod
+    def _redundant(cls, values: list[int]) -> list[int]:
+        if any(not 0 <= v <= MAX_KNOB_VALUE for v in values):
+            raise ValueError(f"num_redundant_experts values must be in 0..{MAX_KNOB_VALUE:,} (0 = EPLB off)")
         return sorted(set(values))
 
     @field_validator("max_cudagraph_capture_size")
@@ -100,17 +142,17 @@ class PhaseSpace(_Strict):
 
 class ClusterSpec(_Strict):
     gpu: str
-    num_gpus: int = Field(ge=1)
-    gpus_per_host: int | None = Field(None, ge=1, description="default: the GPU catalog's")
+    num_gpus: int = Field(ge=1, le=MAX_KNOB_VALUE)
+    gpus_per_host: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE, description="default: the GPU catalog's")
     # The vLLM the hosts run (e.g. 0.26.1rc1): launch plans follow its version table. None: detected on the
     # hosts (`topotune doctor` reports it).
-    vllm_version: str | None = Field(None, pattern=r"^v?\d+\.\d+(\.\d+)?\S*$")
+    vllm_version: str | None = Field(None, max_length=64, pattern=r"^v?\d+\.\d+(\.\d+)?\S*$")
 
 
 class WorkloadSpec(_Strict):
-    isl: int = Field(ge=1)
-    osl: int = Field(ge=1)
-    requests_per_level: int = Field(0, ge=0)
+    isl: int = Field(ge=1, le=MAX_KNOB_VALUE)
+    osl: int = Field(ge=1, le=MAX_KNOB_VALUE)
+    requests_per_level: int = Field(0, ge=0, le=MAX_KNOB_VALUE)
 
 
 class Constraints(_Strict):
@@ -136,10 +178,14 @@ class SearchSpace(_Strict):
     def param_choices(self, phase: Phase) -> dict[str, list]:
         """Every knob's choices; the order fixes the Optuna parameter order."""
         s = self.phases[phase]
-        choices: dict[str, list] = {
-            "tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
-            "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
-            "max_num_batched_tokens": s.max_num_batched_tokens}
+        choices = {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
+                   "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
+                   "max_num_batched_tokens": s.max_num_batched_tokens}
+        # Knobs added later appear only when searched, so studies stored before them keep their parameters.
+        if s.kv_cache_dtype != ["auto"]:
+            choices["kv_cache_dtype"] = list(dict.fromkeys(s.kv_cache_dtype))
+        if s.num_redundant_experts != [0]:
+            choices["num_redundant_experts"] = s.num_redundant_experts
         if s.max_cudagraph_capture_size != ["auto"]:
             choices["max_cudagraph_capture_size"] = s.max_cudagraph_capture_size
         return choices
@@ -149,9 +195,11 @@ class SearchSpace(_Strict):
         return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
                                mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
                                max_num_seqs=params["max_num_seqs"],
-                               max_num_batched_tokens=params["max_num_batched_tokens"],
+                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase),
                                max_cudagraph_capture_size=None if capture == "auto" else int(capture),
-                               role=Role(phase))
+                               kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
+                               num_redundant_experts=params.get("num_redundant_experts", 0)
+                               if params["ep"] and params["tp"] * params["dp"] > 1 else 0)
 
     def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
         """All valid configurations of a phase; raises if constraints leave none, saying which."""
@@ -178,6 +226,58 @@ class SearchSpace(_Strict):
 
 
 # -- loading with line numbers ---------------------------------------------------------------------------
+def _bounded_compose(text: str, source: str) -> yaml.Node | None:
+    """yaml.compose, refused before anything walks the document when aliases would blow it up.
+
+    The composed graph shares one node per anchor, so it is small; what explodes is every walk of it (the line
+    index, the constructor, validation). Counting the expanded size with a memo per node is linear in the text.
+    """
+    if len(text) > MAX_SPACE_CHARS:
+        raise ConfigError(f"the space is {len(text):,} characters; at most {MAX_SPACE_CHARS:,}", field=source,
+                          fix="a search space is a short file: see search_spaces/gb300-nvl72-8k1k.yaml")
+    aliases = depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):  # events: no recursion, so no deep-nesting trap
+        if isinstance(event, yaml.AliasEvent):
+            aliases += 1
+        elif isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ConfigError(f"the space nests deeper than {MAX_YAML_DEPTH} levels", field=source,
+                                  fix="a search space is a flat mapping: see search_spaces/gb300-nvl72-8k1k.yaml")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    if aliases > MAX_YAML_ALIASES:
+        raise ConfigError(f"the space uses {aliases} YAML aliases; at most {MAX_YAML_ALIASES}", field=source,
+                          fix="write the values out instead of repeating anchors")
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return None
+    sizes: dict[int, int] = {}
+    limit = ConfigError(f"the space expands to more than {MAX_YAML_NODES:,} YAML nodes or nests deeper than "
+                        f"{MAX_YAML_DEPTH} levels (aliases repeating aliases?)", field=source,
+                        fix="write the values out instead of nesting anchors")
+
+    def expanded(n: yaml.Node, depth: int, path: frozenset[int]) -> int:
+        if depth > MAX_YAML_DEPTH or id(n) in path:  # too deep, or an alias to an ancestor (infinite)
+            raise limit
+        if id(n) in sizes:
+            return sizes[id(n)]
+        inner = path | {id(n)}
+        if isinstance(n, yaml.MappingNode):
+            total = 1 + sum(expanded(k, depth + 1, inner) + expanded(v, depth + 1, inner) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total = 1 + sum(expanded(v, depth + 1, inner) for v in n.value)
+        else:
+            total = 1
+        if total > MAX_YAML_NODES:
+            raise limit
+        sizes[id(n)] = total
+        return total
+
+    expanded(node, 0, frozenset())
+    return node
+
+
 def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
     index = {path: node.start_mark.line + 1}
     if isinstance(node, yaml.MappingNode):
@@ -208,7 +308,7 @@ _ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.m
 
 def parse_space(text: str, source: str = "<space>") -> SearchSpace:
     try:
-        node = yaml.compose(text)
+        node = _bounded_compose(text, source)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

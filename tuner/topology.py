@@ -19,6 +19,11 @@ DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # the campaign's 8% safety margin
 
+# vLLM's --kv-cache-dtype values whose bytes the memory model knows (vllm/config/cache.py CacheDType,
+# page sizes in vllm/v1/kv_cache_interface.py). "fp8" is e4m3 on CUDA; fp8_ds_mla is DeepSeek's sparse-MLA record.
+KVCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+                       "fp8_per_token_head", "int8_per_token_head", "nvfp4"]
+
 
 class Role(StrEnum):
     PREFILL = "prefill"
@@ -48,12 +53,17 @@ class Topology(BaseModel):
     ep: bool = Field(False, description="Expert parallelism (--enable-expert-parallel).")
     pp: Literal[1] = Field(1, description="Pipeline-parallel size; only 1 for now.")
     mtp: int = Field(0, ge=0, le=8, description="MTP speculative tokens (0 = off).")
+    dbo: bool = Field(False, description="Dual-batch overlap of the EP all-to-all with compute (--enable-dbo); "
+                                         "needs expert parallelism over DP ranks.")
     gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
     max_cudagraph_capture_size: int | None = Field(
         None, ge=1, description="Largest CUDA-graph batch in tokens (None: the decode batch x (1 + MTP)).")
     role: Role = Role.BOTH
+    kv_cache_dtype: KVCacheDtype = Field("auto", description="KV-cache element type (--kv-cache-dtype).")
+    num_redundant_experts: int = Field(0, ge=0, le=4096, description=(
+        "EPLB redundant experts (--enable-eplb, eplb-config num_redundant_experts); 0 = EPLB off."))
 
     @classmethod
     def create(cls, **fields: object) -> Topology:
@@ -89,6 +99,10 @@ class Topology(BaseModel):
         return self.tp * self.dp
 
     @property
+    def kv_cache_is_fp8(self) -> bool:
+        return self.kv_cache_dtype.startswith("fp8")
+
+    @property
     def name(self) -> str:
         if self.dp == 1:
             return f"TEP{self.tp}" if self.ep else f"TP{self.tp}"
@@ -115,7 +129,11 @@ class Topology(BaseModel):
 
     def label(self) -> str:
         """Name plus the engine settings that differ between trials."""
-        extra = f" MTP{self.mtp}" if self.mtp else ""
+        extra = (f" MTP{self.mtp}" if self.mtp else "") + (" DBO" if self.dbo else "")
+        if self.num_redundant_experts:
+            extra += f" EPLB+{self.num_redundant_experts}"
+        if self.kv_cache_dtype != "auto":
+            extra += f" kv={self.kv_cache_dtype}"
         return f"{self.name}{extra} seqs={self.max_num_seqs} util={self.gpu_memory_utilization:g}"
 
     # -- validation against a model and a cluster --------------------------------------------------
@@ -141,17 +159,32 @@ class Topology(BaseModel):
             raise TopologyError(
                 f"TP{self.tp} does not divide the linear-attention heads ({la.num_key_heads} key, "
                 f"{la.num_value_heads} value)", field="topology", fix="use a smaller power-of-two TP")
+        if self.num_redundant_experts and not (self.ep and model.moe):
+            raise TopologyError("redundant experts (EPLB) need expert parallelism on an MoE model",
+                                field="num-redundant-experts", fix="use 0, or +EP on an MoE model")
         if model.moe:
             experts = model.moe.num_experts
-            if self.ep and experts % self.ep_size:
-                raise TopologyError(f"{experts} experts do not divide over EP{self.ep_size}", field="topology",
-                                    fix=f"use TP x DP dividing {experts}")
+            physical = experts + self.num_redundant_experts
+            # vllm/distributed/eplb/rebalance_algo.py rebalance_experts: assert num_replicas % num_gpus == 0.
+            # Without EPLB any EP size works: determine_expert_map gives the first E % EP ranks one more expert.
+            if self.ep and self.num_redundant_experts and physical % self.ep_size:
+                raise TopologyError(
+                    f"{experts} experts + {self.num_redundant_experts} redundant do not divide over EP{self.ep_size} "
+                    "(EPLB places the same number of physical experts on every rank)",
+                    field="num-redundant-experts",
+                    fix=f"choose num_redundant_experts so that {experts} + it is a multiple of {self.ep_size}")
+            if self.ep and experts < self.ep_size:
+                raise TopologyError(f"{experts} experts cannot cover EP{self.ep_size}", field="topology",
+                                    fix=f"use TP x DP of at most {experts}")
             if not self.ep and model.moe.expert_intermediate_size % self.ep_size:
                 raise TopologyError(
                     f"expert intermediate size {model.moe.expert_intermediate_size} does not split over "
                     f"TP x DP = {self.ep_size}", field="topology", fix="enable expert parallelism (+EP)")
         elif self.ep:
             raise TopologyError("expert parallelism on a dense model", field="topology", fix="drop +EP")
+        if self.dbo and not (self.ep and self.dp > 1):
+            raise TopologyError("dual-batch overlap needs expert parallelism over DP ranks (all-to-all kernels)",
+                                field="dbo", fix="use DP > 1 with +EP, or turn DBO off")
         if self.mtp and not model.num_mtp_layers:
             raise TopologyError(f"{model.name} has no MTP layers", field="mtp",
                                 fix="use --mtp 0 (or a draft model, not supported yet)")
@@ -163,6 +196,13 @@ class Topology(BaseModel):
             flags += ["--data-parallel-size", str(self.dp)]
         if self.ep:
             flags.append("--enable-expert-parallel")
+        if self.dbo:  # vLLM asserts microbatching runs on a DeepEP all-to-all backend (config/vllm.py)
+            flags += ["--enable-dbo", "--all2all-backend", "deepep_low_latency"]
+        if self.num_redundant_experts:
+            flags += ["--enable-eplb", "--eplb-config",
+                      json.dumps({"num_redundant_experts": self.num_redundant_experts})]
+        if self.kv_cache_dtype != "auto":
+            flags += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.mtp:
             flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": self.mtp})]
         flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
@@ -180,6 +220,8 @@ _FIELD_FIXES = {
     "max_num_batched_tokens": "give a positive token count",
     "role": "use prefill, decode or both",
     "max_cudagraph_capture_size": "give a positive token count, or leave it unset (decode batch x (1 + MTP))",
+    "kv_cache_dtype": "use auto, bfloat16, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, int8_per_token_head or nvfp4",
+    "num_redundant_experts": "give 0 (EPLB off) or a positive number of redundant experts",
 }
 
 

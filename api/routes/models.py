@@ -10,7 +10,6 @@ from sqlalchemy import func, select
 from api.deps import Authorized, RunnerDep, SessionDep, SettingsDep
 from api.errors import FieldError
 from api.models import ModelRecord, ModelStatus
-from api.paths import confine
 from api.schemas import ModelCreate, ModelList, ModelPublic
 from api.service import ConfigNotReady, register_model
 
@@ -27,9 +26,9 @@ def to_public(r: ModelRecord) -> ModelPublic:
 def create_model(body: ModelCreate, session: SessionDep, settings: SettingsDep, runner: RunnerDep,
                  response: Response) -> ModelPublic:
     """Register a model folder; when it fits the configured cluster, a study starts on the default space."""
-    path = confine(body.path, settings.allowed_roots, base=settings.model_store, loc=("body", "path"))
     try:
-        record, created = register_model(session, settings, path, source="api", auto_tune=body.auto_tune)
+        record, created = register_model(session, settings, body.path, source="api", auto_tune=body.auto_tune,
+                                          loc=("body", "path"))
     except ConfigNotReady as exc:
         raise FieldError(("body", "path"), str(exc)) from exc
     if not created:

@@ -39,7 +39,7 @@ def test_simulate_prefill_table(ref: str, capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.parametrize(("args", "field"), [
-    (["--role", "both"], "--role"),
+    (["--role", "mixed"], "--role"),
     (["--concurrency", "1,x"], "--concurrency"),
     (["--concurrency", "0"], "--concurrency"),
     (["--topology", "TP3"], "topology"),
@@ -84,8 +84,43 @@ def test_frontier_impossible_sla_names_the_constraint(ref: str, capsys: pytest.C
 
 
 def test_frontier_budget_too_small(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["frontier", ref, "--gpus", "8"]) == 2
+    assert main(["frontier", ref, "--gpus", "8", "--mode", "disagg"]) == 2
     assert "--gpus" in capsys.readouterr().err
+
+
+def test_frontier_aggregated_fits_where_pd_cannot(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """8 GPUs hold no 1P1D pair of the reference model, but one aggregated instance serves both phases."""
+    assert main(["frontier", ref, "--gpus", "8", "--max-mtp", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["front"] == [] and data["aggregated_front"]
+    assert all(p["num_gpus"] <= 8 for p in data["aggregated_front"])
+    assert [w["mode"] for w in data["winners"]] == ["aggregated"]
+
+
+def test_frontier_shows_both_modes_and_who_wins(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frontier", ref, "--gpus", "72", "--max-mtp", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["front"] and data["aggregated_front"] and data["mode"] == "both"
+    modes = {w["mode"] for w in data["winners"]}
+    assert modes <= {"aggregated", "disaggregated"} and modes
+    for w in data["winners"]:
+        assert w["from_tok_s_per_user"] <= w["to_tok_s_per_user"]
+    # at the throughput end of 8k/1k the PD front holds (the decode instances never stall on prefill)
+    best_pd = max(p["total_tok_s_per_gpu"] for p in data["front"])
+    best_agg = max(p["total_tok_s_per_gpu"] for p in data["aggregated_front"])
+    assert data["winners"][0]["mode"] == ("disaggregated" if best_pd > best_agg else "aggregated")
+
+
+def test_simulate_aggregated_charges_prefill_to_the_itl(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", ref, "--topology", "TEP8", "--concurrency", "64", "--json"]
+    assert main([*args, "--role", "decode"]) == 0
+    decode = json.loads(capsys.readouterr().out)["points"][0]
+    assert main([*args, "--role", "aggregated"]) == 0
+    agg = json.loads(capsys.readouterr().out)
+    point = agg["points"][0]
+    assert agg["role"] == "aggregated"
+    assert point["itl_ms_mean"] > 1.2 * decode["itl_ms_mean"]  # prefill chunks stall every decoding request
+    assert 0 < point["step"]["chunk_share"] <= 1 and point["step"]["chunk_step_ms"] > point["step"]["step_ms"]
 
 
 def test_frontier_bad_calibration_file(ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from tuner.models import ModelSpec
 from tuner.perf import MeasuredPoint, RooflineModel, default_calibration, fit_calibration, mean_relative_error
 from tuner.topology import Role, Topology
 
-TRUE_FACTORS = {"hbm_efficiency": 0.72, "prefill_flop_efficiency": 0.55, "layer_overhead_us": 45.0,
+TRUE_FACTORS = {"hbm_efficiency": 0.72, "prefill_flop_efficiency": 0.55, "kernel_latency_us": 2.5,
                 "mtp_acceptance": 0.6}
 
 

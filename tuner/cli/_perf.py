@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -13,12 +14,22 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
-from tuner.errors import ConfigError
-from tuner.frontier import ComposedPoint, Constraints, combined_front, compose_disaggregated
+from tuner.errors import ConfigError, InfeasibleError
+from tuner.frontier import (
+    AggregatedPoint,
+    ComposedPoint,
+    Constraints,
+    Winner,
+    combined_front,
+    compose_aggregated,
+    compose_disaggregated,
+    pareto_front,
+    which_wins,
+)
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
-from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration, sweep_curves
+from tuner.perf import Calibration, Curves, RooflineModel, candidate_topologies, default_calibration, sweep_curves
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -75,11 +86,39 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+_ROLE_NAMES = {"prefill": Role.PREFILL, "decode": Role.DECODE, "aggregated": Role.BOTH, "agg": Role.BOTH,
+               "both": Role.BOTH}
+
+
 def _role(text: str) -> Role:
     key = text.strip().lower()
-    if key not in (Role.PREFILL.value, Role.DECODE.value):
-        raise ConfigError(f"unknown role {text!r}", field="--role", fix="use prefill or decode")
-    return Role(key)
+    if key not in _ROLE_NAMES:
+        raise ConfigError(f"unknown role {text!r}", field="--role", fix="use prefill, decode or aggregated")
+    return _ROLE_NAMES[key]
+
+
+def _breakdown(perf: RooflineModel, topo: Topology, role: Role, curve: list[ServingMetrics], *, isl: int,
+               osl: int) -> list[dict[str, float]]:
+    """Where each point's step time goes (an aggregated point: its mean step, prefill chunks included)."""
+    out = []
+    for m in curve:
+        running = int(m.running_requests)
+        if role is Role.DECODE:
+            s = perf.decode_step(topo, running, isl=isl, osl=osl)
+            parts = (s.memory_ms, s.compute_ms, s.comm_ms, s.overhead_ms, s.draft_ms, s.step_ms)
+        elif role is Role.PREFILL:
+            p = perf.prefill_step(topo, running, isl=isl)
+            parts = (p.memory_ms, p.compute_ms, p.comm_ms, p.overhead_ms, 0.0, p.step_ms)
+        else:
+            point = perf.aggregated_point(topo, m.concurrency, isl=isl, osl=osl)
+            out.append({"step_ms": point.mean_step_ms, "chunk_step_ms": point.chunk_step_ms,
+                        "chunk_share": point.chunk_share, "chunk_tokens": point.chunk_tokens,
+                        "decode_requests_per_rank": point.decode_requests, **dict.fromkeys(
+                            ("memory_ms", "compute_ms", "comm_ms", "overhead_ms", "draft_ms"), 0.0)})
+            continue
+        out.append(dict(zip(("memory_ms", "compute_ms", "comm_ms", "overhead_ms", "draft_ms", "step_ms"), parts,
+                            strict=True)))
+    return out
 
 
 def _metrics_row(m: ServingMetrics) -> dict[str, float | int]:
@@ -95,7 +134,8 @@ def simulate(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
     topology: Annotated[str, typer.Option(help="TP8, TEP8, DEP8, TP4DP4+EP, ...")] = "TEP8",
-    role: Annotated[str, typer.Option(help="prefill or decode.")] = "decode",
+    role: Annotated[str, typer.Option(help="prefill, decode (PD roles) or aggregated (both on one instance, "
+                                             "chunked prefill).")] = "decode",
     mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
     isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
     osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
@@ -118,33 +158,30 @@ def simulate(
     topo.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
     curve = perf.predict_curve(topo, the_role, isl=isl, osl=osl, concurrencies=levels)
-    if the_role is Role.DECODE:
-        steps = [perf.decode_step(topo, int(m.running_requests), isl=isl, osl=osl) for m in curve]
-        breakdown = [{"memory_ms": s.memory_ms, "compute_ms": s.compute_ms, "comm_ms": s.comm_ms,
-                      "overhead_ms": s.overhead_ms, "draft_ms": s.draft_ms, "step_ms": s.step_ms} for s in steps]
-    else:
-        psteps = [perf.prefill_step(topo, int(m.running_requests), isl=isl) for m in curve]
-        breakdown = [{"memory_ms": s.memory_ms, "compute_ms": s.compute_ms, "comm_ms": s.comm_ms,
-                      "overhead_ms": s.overhead_ms, "draft_ms": 0.0, "step_ms": s.step_ms} for s in psteps]
+    breakdown = _breakdown(perf, topo, the_role, curve, isl=isl, osl=osl)
+    role_name = "aggregated" if the_role is Role.BOTH else the_role.value
     if json_out:
-        print_json({"model": spec.name, "gpu": gpu.name, "topology": topo.label(), "role": the_role.value,
+        print_json({"model": spec.name, "gpu": gpu.name, "topology": topo.label(), "role": role_name,
                     "isl": isl, "osl": osl, "calibration": perf.calibration.model_dump(),
                     "points": [{**m.model_dump(), "step": b} for m, b in zip(curve, breakdown, strict=True)]})
         return
     table = Table(title=f"{spec.name} on {topo.num_gpus} x {gpu.name}, {topo.name}"
-                        f"{f' MTP{mtp}' if mtp else ''} {the_role.value}, {isl}/{osl}", title_justify="left")
+                        f"{f' MTP{mtp}' if mtp else ''} {role_name}, {isl}/{osl}", title_justify="left")
+    last = "chunk share / chunk tokens" if the_role is Role.BOTH else "mem/compute/comm/ovh ms"
     for col in ("conc", "running", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "req/s",
-                "step ms", "mem/compute/comm/ovh ms"):
+                "step ms", last):
         table.add_column(col, justify="right")
     for m, b in zip(curve, breakdown, strict=True):
         queued = m.running_requests < m.concurrency
+        fixed = b["overhead_ms"] + b["draft_ms"]
+        detail = (f"{b['chunk_share']:.2f} / {b['chunk_tokens']:,.0f}" if the_role is Role.BOTH else
+                  f"{b['memory_ms']:.1f}/{b['compute_ms']:.1f}/{b['comm_ms']:.1f}/{fixed:.1f}")
         table.add_row(str(m.concurrency), f"{m.running_requests:.0f}" + (" [yellow](queue)[/]" if queued else ""),
                       f"{m.total_tok_s_per_gpu:,.0f}", f"{m.output_tok_s_per_gpu:,.0f}", f"{m.tok_s_per_user:.1f}",
                       f"{m.ttft_ms_mean:,.0f}", f"{m.itl_ms_mean:.2f}", f"{m.request_throughput_rps:.2f}",
-                      f"{b['step_ms']:.1f}", f"{b['memory_ms']:.1f}/{b['compute_ms']:.1f}/{b['comm_ms']:.1f}/"
-                                             f"{b['overhead_ms'] + b['draft_ms']:.1f}")
+                      f"{b['step_ms']:.1f}", detail)
     console.print(table)
-    tokens = isl + (osl if the_role is Role.DECODE else 1)
+    tokens = isl + (1 if the_role is Role.PREFILL else osl)
     console.print(f"KV cache holds {curve[0].max_concurrency:,.1f} requests of {tokens:,} tokens per instance; "
                   "past that, requests queue (TTFT grows, throughput stays).", highlight=False)
 
@@ -181,11 +218,16 @@ def frontier(
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
+    serving: Annotated[str, typer.Option(
+        "--mode", help="both (PD-disaggregated and aggregated fronts side by side), disagg or agg.")] = "both",
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Sweep prefill and decode topologies, compose xPyD deployments and print the combined Pareto front."""
+    """Sweep topologies as PD prefill/decode and as aggregated instances; print both Pareto fronts and which
+    mode wins where."""
     _positive(gpus=gpus, isl=isl, osl=osl)
+    if serving not in ("both", "disagg", "agg"):
+        raise ConfigError(f"unknown mode {serving!r}", field="--mode", fix="use both, disagg or agg")
     if not 0 <= max_mtp <= 8:
         raise ConfigError(f"must be 0..8, got {max_mtp}", field="--max-mtp", fix="give 0 (off) to 8")
     if percentile not in ("p50", "p99"):
@@ -213,28 +255,82 @@ def frontier(
             progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
 
         curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
-                              prefill_mtp_depths=depths if pair_rules else (0,), on_topology=advance)
-    points = compose_disaggregated(curves.prefill, curves.decode, constraints)
-    front = combined_front(points)
+                              prefill_mtp_depths=(depths if pair_rules else (0,)) if serving != "agg" else (),
+                              aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance)
+    fronts = _fronts(curves, constraints, serving)
     elapsed = time.perf_counter() - started
     title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
-             f"({len(topologies)} topologies, {curves.num_points} instance points, {len(points)} deployments)")
+             f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
     if html is not None:
-        _write_html(html, title, points, front)
+        _write_html(html, title, fronts.points, fronts.front)
     if json_out:
-        print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl,
+        print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
                                     "same_tp_and_mtp": pair_rules},
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
-                    "num_instance_points": curves.num_points, "num_deployments": len(points),
-                    "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(front)]})
+                    "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
+                    "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(fronts.front)],
+                    "aggregated_front": [_agg_dict(p) for p in reversed(fronts.aggregated)],
+                    "winners": [asdict(w) for w in fronts.winners]})
         return
+    if fronts.front:
+        table = Table(title=title, title_justify="left")
+        for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "P conc", "D conc"):
+            table.add_column(col, justify="left" if col.startswith("deployment") else "right")
+        for p in reversed(fronts.front):  # throughput end first
+            table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.tok_s_per_user:.1f}",
+                          f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.prefill.concurrency), str(p.decode.concurrency))
+        console.print(table)
+    if fronts.aggregated:
+        _print_aggregated(fronts.aggregated, f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: aggregated "
+                                             f"front (prefill + decode on every instance, chunked prefill)")
+    for w in fronts.winners:
+        console.print(f"{w.mode} wins from {w.from_tok_s_per_user:.1f} to {w.to_tok_s_per_user:.1f} tok/s/user "
+                      f"(up to {w.best_tok_s_per_gpu:,.0f} tok/s/GPU)", highlight=False)
+    console.print(f"{len(fronts.front)} PD and {len(fronts.aggregated)} aggregated deployments on the fronts; "
+                  f"computed in {elapsed:.2f} s" + (f"; chart: {html}" if html else ""), highlight=False)
+
+
+@dataclass(frozen=True)
+class _Fronts:
+    points: list[ComposedPoint]
+    front: list[ComposedPoint]
+    aggregated: list[AggregatedPoint]
+    winners: list[Winner]
+
+
+def _fronts(curves: Curves, constraints: Constraints, serving: str) -> _Fronts:
+    """Both modes' fronts; a mode that nothing satisfies is left empty when the other one has points."""
+    points: list[ComposedPoint] = []
+    aggregated: list[AggregatedPoint] = []
+    failure: InfeasibleError | None = None
+    if serving in ("both", "disagg"):
+        try:
+            points = compose_disaggregated(curves.prefill, curves.decode, constraints)
+        except InfeasibleError as exc:
+            failure = exc
+    if serving in ("both", "agg"):
+        aggregated = compose_aggregated(curves.aggregated, constraints)
+    if not points and not aggregated:
+        raise failure or InfeasibleError("no aggregated deployment meets the limits", field="--max-itl-ms",
+                                         fix="raise the TTFT/ITL limits or allow more GPUs")
+    front = combined_front(points)
+    agg_front = pareto_front(aggregated, x="total_tok_s_per_gpu", y="tok_s_per_user")
+    return _Fronts(points, front, agg_front, which_wins(front, agg_front))
+
+
+def _agg_dict(p: AggregatedPoint) -> dict[str, object]:
+    return {"deployment": p.name, "num_gpus": p.num_gpus, "topology": p.topology.name, "mtp": p.topology.mtp,
+            "num_instances": p.num_instances, "concurrency_per_instance": p.concurrency_per_instance,
+            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
+            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
+
+
+def _print_aggregated(front: list[AggregatedPoint], title: str) -> None:
     table = Table(title=title, title_justify="left")
-    for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "P conc", "D conc"):
+    for col in ("deployment (replicas)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "conc/inst"):
         table.add_column(col, justify="left" if col.startswith("deployment") else "right")
-    for p in reversed(front):  # throughput end first
+    for p in reversed(front):
         table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.tok_s_per_user:.1f}",
-                      f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.prefill.concurrency), str(p.decode.concurrency))
+                      f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.concurrency_per_instance))
     console.print(table)
-    console.print(f"{len(front)} deployments on the front; computed in {elapsed:.2f} s"
-                  + (f"; chart: {html}" if html else ""), highlight=False)

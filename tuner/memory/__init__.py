@@ -3,7 +3,7 @@
 from tuner.memory._breakdown import GIB, Line, MemoryBreakdown, MemoryInputs, compute_memory
 from tuner.memory._layout import KVLayout, kv_layout
 from tuner.memory._sweep import SweepRow, sweep_topologies
-from tuner.memory._weights import WeightsPerGpu, shard_fraction, weights_per_gpu
+from tuner.memory._weights import WeightsPerGpu, local_experts, shard_fraction, weights_per_gpu
 
 __all__ = [
     "GIB",
@@ -15,6 +15,7 @@ __all__ = [
     "WeightsPerGpu",
     "compute_memory",
     "kv_layout",
+    "local_experts",
     "shard_fraction",
     "sweep_topologies",
     "weights_per_gpu",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
-from tuner.memory._estimates import activation_peak_bytes, cuda_graph_bytes
+from tuner.memory._estimates import activation_peak_bytes, cuda_graph_bytes, cudagraph_capture_sizes
 from tuner.memory._layout import KVLayout, kv_layout
 from tuner.memory._weights import WeightsPerGpu, weights_per_gpu
 from tuner.models import ModelSpec
@@ -30,7 +30,7 @@ class MemoryInputs:
     activation_gib: float | None = None  # measured peak activations; default: estimate
     cuda_graph_gib: float | None = None  # measured CUDA-graph reserve; default: estimate
     block_size: int | None = None  # --block-size; default: the attention backend's
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str | None = None  # default: the topology's --kv-cache-dtype
 
     def __post_init__(self) -> None:
         for name in ("isl", "max_model_len", "block_size"):
@@ -164,6 +164,7 @@ class MemoryBreakdown:
             "block_size": lay.block_size,
             "page_size_bytes": lay.page_size_bytes,
             "attn_bytes_per_token_per_layer": lay.attn_bytes_per_token,
+            "kv_cache_dtype": lay.kv_cache_dtype,
             "state_bytes_per_request_per_layer": lay.state_bytes,
             "state_padding_pct": round(lay.state_padding_pct, 2),
             "kv_cache_groups": lay.num_groups,
@@ -192,7 +193,8 @@ def compute_memory(
     non_torch = inputs.non_torch_gib if inputs.non_torch_gib is not None else gpu.non_torch_memory_gib
     activation = (inputs.activation_gib if inputs.activation_gib is not None
                   else activation_peak_bytes(model, topo) / GIB)
-    graphs = inputs.cuda_graph_gib if inputs.cuda_graph_gib is not None else cuda_graph_bytes(model, topo) / GIB
+    graphs = (inputs.cuda_graph_gib if inputs.cuda_graph_gib is not None
+              else cuda_graph_bytes(model, topo, gpu.architecture) / GIB)
     reserved = weights.total_bytes + round((non_torch + activation + graphs) * GIB)
     overridden = inputs.kv_cache_memory_bytes is not None
     budget = int(inputs.kv_cache_memory_bytes) if overridden else requested - reserved  # type: ignore[arg-type]
@@ -221,7 +223,8 @@ def compute_memory(
         Line("peak activations", activation, "measured input" if inputs.activation_gib is not None
              else f"estimate: profile run of {topo.max_num_batched_tokens} tokens + sampler"),
         Line("CUDA-graph reserve", graphs, "measured input" if inputs.cuda_graph_gib is not None
-             else "estimate: captured sizes x layers"),
+             else f"estimate: largest of {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes' "
+             "activations + per-graph cost x layers (FULL_AND_PIECEWISE)"),
         Line("KV budget", budget / GIB, "--kv-cache-memory-bytes" if overridden
              else "requested - weights - non-torch - activations - CUDA graphs"),
         Line("block size (tokens)", None,
@@ -229,7 +232,9 @@ def compute_memory(
                                        if layout.block_size_was_raised else "")),
         Line("page size", None,
              f"{layout.block_size} tokens x {layout.attn_bytes_per_token} B = {layout.page_size_bytes:,} B "
-             f"({layout.page_size_bytes / MIB:.3f} MiB)"),
+             f"({layout.page_size_bytes / MIB:.3f} MiB); KV cache dtype {layout.kv_cache_dtype}"
+             + (f", incl. {layout.indexer_bytes_per_token} B/token of sparse-attention indexer"
+                if layout.indexer_bytes_per_token else "")),
         Line("KV cache groups", None,
              ", ".join(f"{n} x {k.value}" for k, n in layout.num_groups_by_kind.items())
              + f" of {layout.group_size} layers"),

@@ -10,22 +10,61 @@ from tuner.models import ModelSpec
 from tuner.topology import Topology
 
 ACT_BYTES = 2  # bf16 activations
-# Bytes of CUDA-graph pool per captured batch size and decoder layer. vLLM reserves it before sizing the KV
-# cache (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) and the campaign kept the reserve conservative; with the
-# reference model (92 layers, 51 sizes) this gives ~14 GiB, so non-weight memory totals ~20 GiB as measured.
-CUDA_GRAPH_BYTES_PER_SIZE_AND_LAYER = 3 * 1024**2
+MIB = 1024**2
+# vLLM's profile_cudagraph_memory (vllm/v1/worker/gpu_model_runner.py) captures the two largest sizes of each
+# cudagraph mode and reserves `first capture + max(second capture, 1 MiB) x (graphs - 1)`. The first capture
+# holds the pool's activation buffers for the largest size; every further graph costs its kernel nodes, which
+# grow with the layers a graph spans. Per-layer bytes of one further graph: an estimate chosen so the two public
+# anchors hold (GB300 reference campaign: ~20 GiB of non-weight memory; Qwen3-235B-A22B BF16 TP8 served by vLLM
+# at 0.90 with 32k context on H100). Replace it with the measured figure (--cuda-graph-gib) when you have one.
+CUDA_GRAPH_BYTES_PER_GRAPH_LAYER = 0.75 * MIB
+MIN_BYTES_PER_GRAPH = MIB  # "Use at least 1 MiB per graph for driver overhead"
 
 
-def cudagraph_capture_sizes(topo: Topology) -> list[int]:
-    """vLLM's default capture sizes: 1, 2, 4, then every 8 up to 256, then every 16, up to the cap."""
-    cap = min(topo.max_num_seqs * (1 + topo.mtp), 512)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
-    return [s for s in sizes if s <= cap]
+def _default_max_capture_size(topo: Topology, architecture: str) -> int:
+    """min(max_num_seqs x decode_query_len x 2, 1024 on data-centre Blackwell (SM10x) else 512)."""
+    platform_max = 1024 if architecture == "blackwell" else 512
+    return min(topo.max_num_seqs * (1 + topo.mtp) * 2, platform_max)
 
 
-def activation_peak_bytes(model: ModelSpec, topo: Topology) -> int:
-    """Peak torch memory of the profile run: one batch of max-num-batched-tokens, plus the sampler's logits."""
-    tokens = topo.max_num_batched_tokens
+def _request_counts(max_reqs: int) -> list[int]:
+    counts = [n for n in (1, 2, 4) if n <= max_reqs]
+    counts += list(range(8, min(max_reqs + 1, 256), 8)) + list(range(256, max_reqs + 1, 16))
+    return sorted({*counts, max_reqs})
+
+
+def cudagraph_capture_sizes(topo: Topology, architecture: str = "hopper") -> list[int]:
+    """vllm/config/vllm.py VllmConfig._set_cudagraph_sizes, default compilation config.
+
+    1, 2, 4, every 8 below 256, every 16 from 256, up to max_cudagraph_capture_size (default above, then capped
+    by max-num-batched-tokens, which is itself added when it fits); with MTP the uniform-decode sizes
+    n x (1 + mtp) for n up to max-num-seqs are added too. An explicit --max-cudagraph-capture-size replaces the
+    default cap: launch plans set Topology.cudagraph_capture_tokens (the searched knob, or by default the decode
+    batch x (1 + MTP) on decoding instances; None on prefill, where vLLM's default applies).
+    """
+    if architecture == "cpu":
+        return []  # the CPU backend runs eagerly
+    explicit = topo.cudagraph_capture_tokens
+    cap = explicit if explicit is not None else _default_max_capture_size(topo, architecture)
+    qlen = 1 + topo.mtp
+    uniform_decode: list[int] = []
+    if explicit is None and qlen > 1:
+        platform_max = 1024 if architecture == "blackwell" else 512
+        uniform_decode = [n * qlen for n in _request_counts(min(topo.max_num_seqs, platform_max)) if n * qlen <= cap]
+    max_tokens = topo.max_num_batched_tokens
+    cap = min(cap, max_tokens)
+    if cap < 1:
+        return []
+    sizes = [s for s in (1, 2, 4) if s <= cap]
+    sizes += list(range(8, min(cap + 1, 256), 8)) + list(range(256, cap + 1, 16))
+    if max_tokens <= cap:
+        sizes.append(max_tokens)
+    sizes += [s for s in uniform_decode if s <= max_tokens]
+    return sorted(set(sizes))
+
+
+def activation_bytes_per_token(model: ModelSpec, topo: Topology) -> int:
+    """Live activation bytes per token of one forward pass on one GPU (the largest layer's intermediates)."""
     hidden = model.hidden_size
     per_token = 4 * hidden  # residual, normed input, attention output, MLP output
     if model.attention:
@@ -46,10 +85,29 @@ def activation_peak_bytes(model: ModelSpec, topo: Topology) -> int:
         dense_layers_exist = model.num_moe_layers != model.num_layers
         dense = max(dense if dense_layers_exist else 0, moe.shared_intermediate_size)
     per_token += 2 * dense // topo.tp
+    return per_token * ACT_BYTES
+
+
+def activation_peak_bytes(model: ModelSpec, topo: Topology) -> int:
+    """Peak torch memory of the profile run: one batch of max-num-batched-tokens, plus the sampler's logits."""
+    tokens = topo.max_num_batched_tokens
     sampler = min(topo.max_num_seqs, tokens) * model.vocab_size * 4 * 2  # fp32 logits + probabilities
-    return tokens * per_token * ACT_BYTES + sampler
+    return tokens * activation_bytes_per_token(model, topo) + sampler
 
 
-def cuda_graph_bytes(model: ModelSpec, topo: Topology) -> int:
+def cuda_graph_bytes(model: ModelSpec, topo: Topology, architecture: str = "hopper") -> int:
+    """vLLM's CUDA-graph reserve under the default FULL_AND_PIECEWISE mode.
+
+    PIECEWISE graphs for every capture size, FULL graphs for the uniform-decode sizes (at most max-num-seqs x
+    (1 + mtp) tokens). Reserve = the largest size's activation buffers (shared pool, captured first) + one
+    per-graph cost for every further graph, as profile_cudagraph_memory extrapolates.
+    """
+    sizes = cudagraph_capture_sizes(topo, architecture)
+    if not sizes:
+        return 0
+    qlen = 1 + topo.mtp
+    full = [s for s in sizes if s % qlen == 0 and s <= topo.max_num_seqs * qlen]
     layers = model.num_layers + (model.num_mtp_layers if topo.mtp else 0)
-    return len(cudagraph_capture_sizes(topo)) * layers * CUDA_GRAPH_BYTES_PER_SIZE_AND_LAYER
+    per_graph = max(MIN_BYTES_PER_GRAPH, round(layers * CUDA_GRAPH_BYTES_PER_GRAPH_LAYER))
+    first_capture = max(sizes) * activation_bytes_per_token(model, topo)
+    return first_capture + per_graph * (len(sizes) - 1 + max(0, len(full) - 1))

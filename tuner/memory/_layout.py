@@ -25,6 +25,8 @@ def kernel_block_size(model: ModelSpec, architecture: str) -> int:
     """The attention backend's preferred block size (get_preferred_block_size)."""
     if architecture == "cpu":
         return 128  # vLLM's CPU attention backend
+    if model.mla is not None and model.mla.index_head_dim:
+        return 64  # FlashMLASparseBackend.get_supported_kernel_block_sizes() == [64] (DeepSeek-V3.2)
     if model.mla is not None:
         return 128 if architecture == "blackwell" else 64  # CUTLASS MLA on SM100, FlashMLA on SM90
     return DEFAULT_BLOCK_SIZE
@@ -46,6 +48,8 @@ class KVLayout:
     sliding_window: int | None
     num_spec_tokens: int
     block_size_was_raised: bool
+    kv_cache_dtype: str = "auto"  # as vLLM resolved it (fp8 on sparse MLA becomes fp8_ds_mla)
+    indexer_bytes_per_token: int = 0  # DeepSeek-V3.2 indexer K cache, included in attn_bytes_per_token
 
     @property
     def num_groups(self) -> int:
@@ -99,13 +103,51 @@ def mamba2_state_bytes(model: ModelSpec, tp: int, num_spec: int) -> tuple[int, i
     return conv * DTYPE_BYTES[m.conv_state_dtype], ssm * DTYPE_BYTES[m.ssm_state_dtype]
 
 
-def attention_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int) -> int:
+INDEXER_QUANT_BLOCK = 128  # DeepSeek-V3.2 Indexer.quant_block_size: one fp32 scale per 128 fp8 values
+DS_MLA_FP8_BYTES = 656  # fp8_ds_mla: 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE (flashmla_sparse.py)
+
+
+def resolve_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> str:
+    """The cache dtype vLLM ends up with: sparse MLA turns any fp8 into fp8_ds_mla (FlashMLASparseBackend)."""
+    if model.mla is not None and model.mla.index_head_dim and kv_cache_dtype.startswith("fp8"):
+        return "fp8_ds_mla"
+    return kv_cache_dtype
+
+
+def kv_element_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
+    """Bytes of one cached K/V element (get_kv_cache_torch_dtype: "auto" is the model dtype)."""
+    if kv_cache_dtype == "auto":
+        return DTYPE_BYTES[model.dtype]
+    if kv_cache_dtype.startswith(("fp8", "int8")):
+        return 1
+    return DTYPE_BYTES[kv_cache_dtype]
+
+
+def indexer_bytes_per_token(model: ModelSpec) -> int:
+    """DeepSeek-V3.2's indexer K cache: head_dim fp8 values + one fp32 scale per 128, stored as uint8 whatever
+    --kv-cache-dtype says (deepseek_v2.py Indexer: DeepseekV32IndexerCache(head_dim + head_dim // 128 * 4))."""
+    if model.mla is None or not model.mla.index_head_dim:
+        return 0
+    head = model.mla.index_head_dim
+    return head + head // INDEXER_QUANT_BLOCK * 4
+
+
+def attention_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto") -> int:
+    """One token, one attention layer, one GPU: vllm/v1/kv_cache_interface.py page sizes divided by block_size."""
+    dtype = resolve_kv_cache_dtype(model, kv_cache_dtype)
     if model.mla is not None:
-        return model.mla.cache_dim * kv_dtype_bytes  # one latent, replicated on every TP rank, no K/V pair
+        # MLAAttentionSpec: one latent (kv_lora_rank + rope), replicated on every TP rank, no K/V pair
+        latent = DS_MLA_FP8_BYTES if dtype == "fp8_ds_mla" else model.mla.cache_dim * kv_element_bytes(model, dtype)
+        return latent + indexer_bytes_per_token(model)
     attn = model.attention
     assert attn is not None
     kv_heads = max(1, attn.num_kv_heads // tp)
-    return 2 * kv_heads * attn.head_dim * kv_dtype_bytes
+    if dtype == "nvfp4":  # FullAttentionSpec: packed fp4 data + fp8 block scales per head, K and V
+        return kv_heads * 2 * (attn.head_dim // 2 + attn.head_dim // 16)
+    per_token = 2 * kv_heads * attn.head_dim * kv_element_bytes(model, dtype)
+    if dtype.endswith("_per_token_head"):  # AttentionSpec.page_size_bytes: fp32 K and V scale per token and head
+        per_token += 2 * kv_heads * 4
+    return per_token
 
 
 def group_layers(layers_by_kind: dict[LayerKind, int]) -> tuple[int, dict[LayerKind, int]]:
@@ -121,11 +163,12 @@ def group_layers(layers_by_kind: dict[LayerKind, int]) -> tuple[int, dict[LayerK
 
 
 def kv_layout(model: ModelSpec, topo: Topology, *, architecture: str, block_size: int | None = None,
-              kv_cache_dtype: str = "auto") -> KVLayout:
+              kv_cache_dtype: str | None = None) -> KVLayout:
+    """kv_cache_dtype defaults to the topology's (--kv-cache-dtype)."""
     tp = topo.tp
     num_spec = topo.mtp
-    dtype_bytes = DTYPE_BYTES[model.dtype] if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-    attn_1tok = attention_bytes_per_token(model, tp, dtype_bytes)
+    dtype = resolve_kv_cache_dtype(model, kv_cache_dtype or topo.kv_cache_dtype)
+    attn_1tok = attention_bytes_per_token(model, tp, dtype)
 
     layers: dict[LayerKind, int] = {}
     for kind in model.layer_kinds:
@@ -152,4 +195,5 @@ def kv_layout(model: ModelSpec, topo: Topology, *, architecture: str, block_size
     return KVLayout(block_size=size, attn_bytes_per_token=attn_1tok, state_bytes=state, conv_state_bytes=conv,
                     ssm_state_bytes=ssm, page_size_bytes=page, layers_by_kind=layers, group_size=group_size,
                     num_groups_by_kind=groups, sliding_window=window, num_spec_tokens=num_spec,
-                    block_size_was_raised=raised)
+                    block_size_was_raised=raised, kv_cache_dtype=dtype,
+                    indexer_bytes_per_token=indexer_bytes_per_token(model))

@@ -21,6 +21,17 @@ class WeightsPerGpu:
         return self.non_expert_bytes + self.expert_bytes + self.mtp_bytes
 
 
+def local_experts(num_experts: int, topo: Topology) -> int:
+    """Physical experts on the fullest EP rank.
+
+    vllm/model_executor/layers/fused_moe/layer.py determine_expert_map: base = E // EP and the first E % EP ranks
+    hold one more. With EPLB the E + R physical experts (R redundant copies of hot experts) are split the same way
+    (EPLB requires E + R to be a multiple of EP, so every rank holds (E + R) / EP).
+    """
+    physical = num_experts + topo.num_redundant_experts
+    return -(-physical // topo.ep_size)
+
+
 def shard_fraction(sharding: Sharding, model: ModelSpec, topo: Topology) -> float:
     """Fraction of a tensor's bytes that lands on the fullest GPU."""
     tp = topo.tp
@@ -37,8 +48,7 @@ def shard_fraction(sharding: Sharding, model: ModelSpec, topo: Topology) -> floa
             return -(-padded // tp) / model.vocab_size
         case Sharding.EXPERTS:
             if topo.ep and model.moe:
-                local = -(-model.moe.num_experts // topo.ep_size)  # the first E % EP ranks hold one more
-                return local / model.moe.num_experts
+                return local_experts(model.moe.num_experts, topo) / model.moe.num_experts
             return 1 / topo.ep_size  # MoE tensor parallel over TP x DP
     raise AssertionError(sharding)
 

@@ -120,6 +120,8 @@ class MLASpec:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    index_head_dim: int | None = None  # DeepSeek-V3.2 sparse-attention indexer (its own K cache per layer)
+    index_n_heads: int | None = None
 
     @property
     def cache_dim(self) -> int:

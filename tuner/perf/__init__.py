@@ -1,10 +1,11 @@
 """Performance models of vLLM instances: one base class, a roofline implementation, calibration and fitting."""
 
+from tuner.perf._aggregated import AggregatedPoint
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import FITTABLE_FACTORS, Calibration, default_calibration, known_calibrations
 from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
 from tuner.perf._roofline import InstanceState, Occupancy, RooflineModel
-from tuner.perf._steps import DecodeStep, PrefillStep, accepted_tokens
+from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
 from tuner.perf._sweep import DECODE_LADDER, PREFILL_LADDER, Curves, candidate_topologies, sweep_curves
 
 __all__ = [
@@ -12,12 +13,14 @@ __all__ = [
     "DEFAULT_FIT_FACTORS",
     "FITTABLE_FACTORS",
     "PREFILL_LADDER",
+    "AggregatedPoint",
     "Calibration",
     "Curves",
     "DecodeStep",
     "FitResult",
     "InstanceState",
     "MeasuredPoint",
+    "MixedStep",
     "Occupancy",
     "PerformanceModel",
     "PrefillStep",

@@ -36,9 +36,11 @@ class Calibration(BaseModel):
         15.0, ge=0, description="Fixed cost of one EP all-to-all (dispatch or combine), microseconds.")
     alltoall_bw_efficiency: float = Field(
         0.5, gt=0, le=1, description="Fraction of per-direction link bandwidth an EP dispatch/combine reaches.")
-    layer_overhead_us: float = Field(
-        60.0, ge=0,
-        description="Kernel-latency floor per decoder layer and forward pass (15-20 small kernels), microseconds.")
+    kernel_latency_us: float = Field(
+        3.3, ge=0, le=20,
+        description="Latency of one small kernel under CUDA graphs (launch + tail), microseconds. A layer costs "
+                    "its kernel count (tuner/perf/_kernels.py) times this, so one value per GPU class transfers "
+                    "across models (2-6 us).")
     step_overhead_ms: float = Field(
         1.5, ge=0, description="Fixed cost per engine step: scheduling, input preparation, sampling, milliseconds.")
     draft_overhead_ms: float = Field(
@@ -48,13 +50,34 @@ class Calibration(BaseModel):
         description="Probability that MTP draft position i is accepted given position i-1 was (per position).")
     kv_transfer_efficiency: float = Field(
         0.5, gt=0, le=1, description="Fraction of link bandwidth the prefill->decode KV transfer (NIXL) reaches.")
+    request_overhead_ms: float = Field(
+        12.0, ge=0, le=200,
+        description="Time to first token outside the GPU: HTTP/API server, detokenizer round trip and scheduler "
+                    "admission, milliseconds (vLLM's API server at concurrency 1: 5-30 ms).")
+    tokenize_us_per_token: float = Field(
+        0.5, ge=0, le=20,
+        description="Tokenizer and input processing time per prompt token before scheduling, microseconds.")
+    expert_popularity_cv: float = Field(
+        0.4, ge=0, le=3,
+        description="Coefficient of variation of expert popularity under real traffic (0 = uniform routing). "
+                    "Sets how far the busiest EP rank is above the mean; DeepSeek's EPLB note reports strong "
+                    "skew, 0.3-0.6.")
+    eplb_residual_skew: float = Field(
+        0.3, ge=0, le=1,
+        description="Share of the popularity skew left once EPLB places one redundant expert per EP rank "
+                    "(0 = perfectly balanced, 1 = no effect).")
+    dbo_overlap: float = Field(
+        0.7, ge=0, le=1,
+        description="Share of the EP all-to-all that dual-batch overlap hides behind the other micro-batch's "
+                    "compute (vLLM --enable-dbo, DeepEP backends).")
 
 
 #: Factors least_squares may change; everything a measurement can pin down.
 FITTABLE_FACTORS: tuple[str, ...] = (
     "hbm_efficiency", "flop_efficiency", "prefill_flop_efficiency", "allreduce_latency_us",
-    "allreduce_bw_efficiency", "alltoall_latency_us", "alltoall_bw_efficiency", "layer_overhead_us",
-    "step_overhead_ms", "draft_overhead_ms", "mtp_acceptance", "kv_transfer_efficiency",
+    "allreduce_bw_efficiency", "alltoall_latency_us", "alltoall_bw_efficiency", "kernel_latency_us",
+    "step_overhead_ms", "draft_overhead_ms", "mtp_acceptance", "kv_transfer_efficiency", "request_overhead_ms",
+    "tokenize_us_per_token", "expert_popularity_cv", "eplb_residual_skew", "dbo_overlap",
 )
 
 _GENERIC = Calibration()
@@ -64,7 +87,7 @@ _GENERIC = Calibration()
 _DEFAULTS: dict[str, Calibration] = {
     "gb300": Calibration(
         hbm_efficiency=0.8, flop_efficiency=0.5, prefill_flop_efficiency=0.42, allreduce_latency_us=3.0,
-        allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, layer_overhead_us=60.0,
+        allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, kernel_latency_us=3.3,
         step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5),
     "gb200": Calibration(),
     "b200": Calibration(),

@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tuner.perf._calibration import Calibration
 from tuner.perf._costs import ACT_BYTES, DISPATCH_BYTES, InstanceCosts
+
+
+@dataclass(frozen=True, slots=True)
+class PassComm:
+    """Communication of one forward pass, seconds: all-reduces (never overlapped) and EP all-to-alls."""
+
+    allreduce_s: float
+    alltoall_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.allreduce_s + self.alltoall_s
+
+    def visible_s(self, costs: InstanceCosts, cal: Calibration, compute_s: float, tokens_per_rank: float,
+                  threshold_tokens: int) -> float:
+        """What the step waits for: with dual-batch overlap (and enough tokens to split into two micro-batches,
+        vLLM's dbo_*_token_threshold) up to `dbo_overlap` of the all-to-all hides behind the compute."""
+        if not costs.dbo or tokens_per_rank <= threshold_tokens:
+            return self.total_s
+        hidden = min(self.alltoall_s * cal.dbo_overlap, compute_s)
+        return self.total_s - hidden
 
 
 def allreduce_s(message_bytes: float, group: int, link_bytes_s: float, cal: Calibration) -> float:
@@ -17,25 +39,37 @@ def allreduce_s(message_bytes: float, group: int, link_bytes_s: float, cal: Cali
     return cal.allreduce_latency_us * 1e-6 * stages + wire / (link_bytes_s * cal.allreduce_bw_efficiency)
 
 
-def alltoall_pair_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibration) -> float:
-    """EP dispatch (FP8) + combine (BF16) of one MoE layer: tokens go to the ranks holding their experts."""
-    wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (DISPATCH_BYTES + ACT_BYTES)
+def alltoall_pair_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibration, load_factor: float = 1.0) -> float:
+    """EP dispatch (FP8) + combine (BF16) of one MoE layer: tokens go to the ranks holding their experts.
+
+    The busiest rank receives `load_factor` times the mean share (expert load imbalance), and every rank waits
+    for it.
+    """
+    wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (DISPATCH_BYTES + ACT_BYTES) * load_factor
     return 2 * cal.alltoall_latency_us * 1e-6 + wire / (costs.ep_link_bytes_s * cal.alltoall_bw_efficiency)
+
+
+def pass_comm(tokens_per_rank: float, num_layers: int, num_moe_layers: int, costs: InstanceCosts,
+              cal: Calibration, load_factor: float = 1.0) -> PassComm:
+    """Communication of one forward pass over `num_layers` layers for `tokens_per_rank` tokens per DP rank.
+
+    TP: two all-reduces per layer (after attention and after the MLP/MoE); TEP (EP with DP 1) keeps exactly
+    this path. Experts over DP ranks with EP: an all-to-all dispatch + combine per MoE layer, each TP rank
+    sending its 1/TP of the tokens. Experts tensor-parallel over TP x DP (no EP): the DP ranks' tokens are
+    gathered and reduced like an all-reduce.
+    """
+    message = tokens_per_rank * costs.hidden_size * ACT_BYTES
+    reduce = 2 * num_layers * allreduce_s(message, costs.tp, costs.tp_link_bytes_s, cal)
+    a2a = 0.0
+    if num_moe_layers and costs.dp > 1:
+        if costs.all2all:
+            a2a = num_moe_layers * alltoall_pair_s(tokens_per_rank / costs.tp, costs, cal, load_factor)
+        else:
+            reduce += num_moe_layers * allreduce_s(message * costs.dp, costs.ep_size, costs.ep_link_bytes_s, cal)
+    return PassComm(allreduce_s=reduce, alltoall_s=a2a)
 
 
 def layer_comm_s(tokens_per_rank: float, num_layers: int, num_moe_layers: int, costs: InstanceCosts,
                  cal: Calibration) -> float:
-    """Communication of one forward pass over `num_layers` layers for `tokens_per_rank` tokens per DP rank.
-
-    TP: two all-reduces per layer (after attention and after the MLP/MoE). Experts over DP ranks with EP:
-    an all-to-all dispatch + combine per MoE layer, each TP rank sending its 1/TP of the tokens. Experts
-    tensor-parallel over TP x DP (no EP): the DP ranks' tokens are gathered and reduced like an all-reduce.
-    """
-    message = tokens_per_rank * costs.hidden_size * ACT_BYTES
-    total = 2 * num_layers * allreduce_s(message, costs.tp, costs.tp_link_bytes_s, cal)
-    if num_moe_layers and costs.dp > 1:
-        if costs.expert_parallel:
-            total += num_moe_layers * alltoall_pair_s(tokens_per_rank / costs.tp, costs, cal)
-        else:
-            total += num_moe_layers * allreduce_s(message * costs.dp, costs.ep_size, costs.ep_link_bytes_s, cal)
-    return total
+    """Total communication of one pass without overlap (uniform expert load)."""
+    return pass_comm(tokens_per_rank, num_layers, num_moe_layers, costs, cal).total_s

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from tuner.hardware import GpuSpec
 from tuner.memory import kv_layout, shard_fraction
-from tuner.models import LayerKind, ModelSpec, TensorGroup, WeightTensor
+from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightTensor
+from tuner.perf._kernels import pass_kernels
 from tuner.topology import Topology
 
 GB = 1e9
@@ -33,14 +34,26 @@ class FlopsByDtype:
     fp4: float = 0.0
 
     def add(self, dtype: str, flops: float) -> FlopsByDtype:
-        return FlopsByDtype(**{d: getattr(self, d) + (flops if d == dtype else 0.0) for d in COMPUTE_DTYPES})
+        if dtype == "bf16":
+            return FlopsByDtype(self.bf16 + flops, self.fp8, self.fp4)
+        if dtype == "fp8":
+            return FlopsByDtype(self.bf16, self.fp8 + flops, self.fp4)
+        if dtype == "fp4":
+            return FlopsByDtype(self.bf16, self.fp8, self.fp4 + flops)
+        raise ValueError(f"unknown compute dtype {dtype!r}")
 
     def scaled(self, factor: float) -> FlopsByDtype:
         return FlopsByDtype(self.bf16 * factor, self.fp8 * factor, self.fp4 * factor)
 
     def seconds(self, gpu: GpuSpec, efficiency: float) -> float:
-        return sum(getattr(self, d) / (gpu.tflops(d) * 1e12 * efficiency)  # type: ignore[arg-type]
-                   for d in COMPUTE_DTYPES if getattr(self, d))
+        total = 0.0
+        if self.bf16:
+            total += self.bf16 / (gpu.tflops("bf16") * 1e12 * efficiency)
+        if self.fp8:
+            total += self.fp8 / (gpu.tflops("fp8") * 1e12 * efficiency)
+        if self.fp4:
+            total += self.fp4 / (gpu.tflops("fp4") * 1e12 * efficiency)
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +72,7 @@ class PassCosts:
     kv_bytes_per_token: float  # KV bytes per context token over the full-attention layers (this GPU)
     window_kv_bytes_per_token: float  # same, sliding-window layers (read up to the window)
     state_bytes: float  # GDN / mamba state per request over these layers (this GPU)
+    num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +94,16 @@ class InstanceCosts:
     ep_link_bytes_s: float  # per-direction bandwidth of the EP group's link
     kv_link_bytes_s: float  # prefill -> decode transfer link
     a2a_remote_ranks: float  # expected EP ranks (other than its own) one token is sent to
+    num_experts: int = 0  # routed experts (0 for a dense model)
+    experts_per_token: int = 0
+    redundant_experts: int = 0  # EPLB replicas spread over the EP ranks
+    dbo: bool = False  # dual-batch overlap of the EP all-to-all with compute (vLLM --enable-dbo)
+
+    @property
+    def all2all(self) -> bool:
+        """vLLM dispatches tokens with all-to-all kernels only with EP over DP ranks (use_all2all_kernels);
+        TEP (EP with DP 1) keeps the all-reduce path and only moves where the experts live."""
+        return self.expert_parallel and self.dp > 1
 
     @property
     def experts_activated_all(self) -> bool:
@@ -92,23 +116,69 @@ class InstanceCosts:
         return 1.0 - (1.0 - self.topk_fraction) ** tokens
 
 
+@dataclass(frozen=True, slots=True)
+class _TensorClass:
+    """Tensors that shard, compute and count alike, summed (hundreds of per-layer tensors become a dozen)."""
+
+    is_mtp: bool
+    is_expert: bool
+    gemm: bool  # multiplies every token (not a gather or an elementwise norm)
+    sharding: Sharding
+    compute_dtype: str
+    nbytes: float
+    num_params: float
+
+
+_CLASSES: dict[int, tuple[ModelSpec, tuple[_TensorClass, ...]]] = {}
+
+
+def _tensor_classes(model: ModelSpec) -> tuple[_TensorClass, ...]:
+    """The model's layer tensors (embedding and lm_head excluded) grouped once per model."""
+    hit = _CLASSES.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    sums: dict[tuple[bool, bool, bool, Sharding, str], list[float]] = {}
+    for t in model.tensors:
+        if t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD):
+            continue
+        gemm = t.group not in _NO_COMPUTE and len(t.shape) == 2
+        acc = sums.setdefault((t.is_mtp, t.is_expert, gemm, t.sharding, t.fmt.compute_dtype), [0.0, 0.0])
+        acc[0] += t.nbytes
+        acc[1] += t.num_params
+    classes = tuple(_TensorClass(*key, nbytes=b, num_params=n) for key, (b, n) in sums.items())
+    _CLASSES[id(model)] = (model, classes)
+    return classes
+
+
+_HEADS: dict[int, tuple[ModelSpec, tuple[WeightTensor, ...]]] = {}
+
+
+def _heads(model: ModelSpec) -> tuple[WeightTensor, ...]:
+    """The embedding and lm_head tensors (found once per model: the tensor list holds every layer's)."""
+    hit = _HEADS.get(id(model))
+    if hit is None or hit[0] is not model:
+        heads = tuple(t for t in model.tensors if t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD))
+        hit = _HEADS[id(model)] = (model, heads)
+    return hit[1]
+
+
 def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
-                moe_layers: int, kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
+                moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
     dense_bytes = expert_bytes = 0.0
     dense_flops = FlopsByDtype()
     expert_flops = FlopsByDtype()
     share = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
-    for t in model.tensors:
-        if t.is_mtp != mtp or t.group in (TensorGroup.EMBEDDING, TensorGroup.LM_HEAD):
+    for c in _tensor_classes(model):
+        if c.is_mtp != mtp:
             continue
-        frac = local_fraction(t, model, topo)
-        if t.is_expert:
-            expert_bytes += t.nbytes * frac
-            expert_flops = expert_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * share)
+        frac = shard_fraction(c.sharding, model, topo)
+        if c.is_expert:
+            expert_bytes += c.nbytes * frac
+            expert_flops = expert_flops.add(c.compute_dtype, 2.0 * c.num_params * share)
             continue
-        dense_bytes += t.nbytes * frac
-        if t.group not in _NO_COMPUTE and len(t.shape) == 2:
-            dense_flops = dense_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * frac)
+        dense_bytes += c.nbytes * frac
+        if c.gemm:
+            dense_flops = dense_flops.add(c.compute_dtype, 2.0 * c.num_params * frac)
     full = sum(1 for k in kinds if k in (LayerKind.FULL_ATTENTION, LayerKind.MLA))
     window = sum(1 for k in kinds if k is LayerKind.SLIDING_WINDOW)
     recurrent = sum(1 for k in kinds if k in (LayerKind.LINEAR_ATTENTION, LayerKind.MAMBA))
@@ -123,13 +193,14 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
         la = model.linear_attention
         # decay, k^T v outer-product update and S q read-out: ~8 FLOPs per state element per token
         gdn = 8.0 * la.num_value_heads / topo.tp * la.key_head_dim * la.value_head_dim * recurrent
-    return PassCosts(num_layers=len(kinds), num_moe_layers=moe_layers, dense_bytes=dense_bytes,
+    return PassCosts(num_layers=len(kinds), num_moe_layers=sum(moe_flags), dense_bytes=dense_bytes,
                      expert_bytes=expert_bytes, dense_flops_per_token=dense_flops,
                      expert_flops_per_token=expert_flops, attn_flops_per_token_ctx=per_layer * full,
                      window_attn_flops_per_token_ctx=per_layer * window,
                      gdn_flops_per_token=gdn, kv_bytes_per_token=kv_bytes_per_layer * full,
                      window_kv_bytes_per_token=kv_bytes_per_layer * window,
-                     state_bytes=state_bytes_per_layer * recurrent)
+                     state_bytes=state_bytes_per_layer * recurrent,
+                     num_kernels=pass_kernels(model, kinds, moe_flags))
 
 
 def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
@@ -144,23 +215,22 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
     layout = kv_layout(model, topo, architecture=gpu.architecture)
     state_per_layer = layout.conv_state_bytes + layout.ssm_state_bytes
     attn_per_token = layout.attn_bytes_per_token if (model.attention or model.mla) else 0
-    target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_layers=model.num_moe_layers,
+    target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_flags=model.moe_layers,
                          kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
     draft = None
     if topo.mtp and model.num_mtp_layers and model.mtp_layer_kind is not None:
         kinds = (model.mtp_layer_kind,) * model.num_mtp_layers
-        draft = _pass_costs(model, topo, mtp=True, kinds=kinds,
-                            moe_layers=model.num_mtp_layers if model.moe else 0,
+        draft = _pass_costs(model, topo, mtp=True, kinds=kinds, moe_flags=(model.moe is not None,) * len(kinds),
                             kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
     lm_bytes = 0.0
     lm_flops = FlopsByDtype()
-    for t in model.tensors:
+    for t in _heads(model):
         if t.group is TensorGroup.LM_HEAD and not t.is_mtp:
             frac = local_fraction(t, model, topo)
             lm_bytes += t.nbytes * frac
             lm_flops = lm_flops.add(t.fmt.compute_dtype, 2.0 * t.num_params * frac)
     if model.tie_word_embeddings and not lm_bytes:
-        emb = next(t for t in model.tensors if t.group is TensorGroup.EMBEDDING)
+        emb = next(t for t in _heads(model) if t.group is TensorGroup.EMBEDDING)
         lm_bytes = emb.nbytes / topo.tp
         lm_flops = lm_flops.add(emb.fmt.compute_dtype, 2.0 * emb.num_params / topo.tp)
     ep = topo.ep_size
@@ -173,4 +243,11 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
         lm_head_flops_per_token=lm_flops, sliding_window=layout.sliding_window,
         tp_link_bytes_s=_link_bytes_s(gpu, topo.tp), ep_link_bytes_s=_link_bytes_s(gpu, topo.num_gpus),
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
-        a2a_remote_ranks=remote)
+        a2a_remote_ranks=remote, num_experts=model.moe.num_experts if model.moe else 0,
+        experts_per_token=model.moe.experts_per_token if model.moe else 0,
+        redundant_experts=redundant_experts(topo), dbo=topo.dbo)
+
+
+def redundant_experts(topo: Topology) -> int:
+    """EPLB redundant experts of a topology (they only exist with expert parallelism)."""
+    return topo.num_redundant_experts if topo.ep else 0

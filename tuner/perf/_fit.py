@@ -17,7 +17,7 @@ from tuner.topology import Role, Topology
 
 #: Factors fitted by default: each moves a different part of the curves (decode bandwidth, prefill compute,
 #: the latency floor at low concurrency, the MTP gain), so a handful of sweep points pins them down.
-DEFAULT_FIT_FACTORS: tuple[str, ...] = ("hbm_efficiency", "prefill_flop_efficiency", "layer_overhead_us",
+DEFAULT_FIT_FACTORS: tuple[str, ...] = ("hbm_efficiency", "prefill_flop_efficiency", "kernel_latency_us",
                                         "mtp_acceptance")
 _FRACTION_BOUNDS = (0.02, 1.0)
 _ACCEPTANCE_BOUNDS = (0.01, 0.99)

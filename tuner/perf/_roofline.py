@@ -9,10 +9,19 @@ from tuner.hardware import GpuSpec
 from tuner.memory import MemoryBreakdown, MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
+from tuner.perf._aggregated import AggregatedPoint, solve_aggregated
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import Calibration
-from tuner.perf._costs import InstanceCosts, instance_costs
-from tuner.perf._steps import DecodeStep, PrefillStep, decode_step, prefill_step
+from tuner.perf._costs import InstanceCosts, instance_costs, redundant_experts
+from tuner.perf._steps import (
+    DecodeStep,
+    MixedStep,
+    PrefillStep,
+    accepted_tokens,
+    decode_step,
+    mixed_step,
+    prefill_step,
+)
 from tuner.topology import Role, Topology
 
 
@@ -38,8 +47,8 @@ class Occupancy:
 
 
 def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
-    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.gpu_memory_utilization, topo.max_num_seqs,
-            topo.max_num_batched_tokens, isl, osl)
+    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, redundant_experts(topo), topo.kv_cache_dtype,
+            topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens, isl, osl)
 
 
 class RooflineModel(PerformanceModel):
@@ -69,7 +78,7 @@ class RooflineModel(PerformanceModel):
         if found is not None:
             return found
         topo.check(self.model)
-        cost_key = key[:4]
+        cost_key = key[:7]  # what instance_costs reads from the topology
         costs = self._costs.get(cost_key)
         if costs is None:
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
@@ -78,7 +87,7 @@ class RooflineModel(PerformanceModel):
             raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
                                   fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
         cap = memory.running_requests_cap
-        if role is Role.DECODE:  # verified tokens of every running request must fit one step's token budget
+        if role is not Role.PREFILL:  # verified tokens of every running request must fit one step's token budget
             cap = min(cap, topo.max_num_batched_tokens // (1 + topo.mtp))
         state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, cap))
         self._states[key] = state
@@ -118,8 +127,42 @@ class RooflineModel(PerformanceModel):
             return self._decode(topology, isl, osl, concurrency)
         if role is Role.PREFILL:
             return self._prefill(topology, isl, concurrency)
-        raise ConfigError("aggregated (role 'both') serving is not modelled yet", field="role",
-                          fix="predict the prefill and decode roles and compose them with tuner.frontier")
+        return self._aggregated(topology, isl, osl, concurrency)
+
+    def front_end_ms(self, isl: int) -> float:
+        """Time to first token spent outside the GPU: API server, tokenizer, scheduler admission."""
+        cal = self.calibration
+        return cal.request_overhead_ms + cal.tokenize_us_per_token * 1e-3 * isl
+
+    def aggregated_point(self, topo: Topology, concurrency: int, *, isl: int, osl: int) -> AggregatedPoint:
+        """The chunked-prefill steady state of an aggregated instance with `concurrency` clients."""
+        state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
+        occ = self.occupancy(state, topo, concurrency)
+        costs, cal, busy = state.costs, self.calibration, occ.busy_ranks
+
+        def step(decode_requests: float, chunk_tokens: float) -> MixedStep:
+            return mixed_step(costs, self.gpu, cal, decode_requests_per_rank=decode_requests,
+                              total_decode_requests=decode_requests * busy, context_tokens=isl + osl / 2,
+                              mtp_depth=topo.mtp, chunk_tokens_per_rank=chunk_tokens, busy_ranks=busy,
+                              prompt_tokens=isl)
+
+        return solve_aggregated(step, requests_per_rank=occ.per_rank, isl=isl, osl=osl,
+                                accepted=accepted_tokens(topo.mtp, cal.mtp_acceptance),
+                                tokens_per_request=1 + topo.mtp, token_budget=topo.max_num_batched_tokens)
+
+    def _aggregated(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
+        state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
+        occ = self.occupancy(state, topo, concurrency)
+        point = self.aggregated_point(topo, concurrency, isl=isl, osl=osl)
+        gpu_rps = point.requests_per_s * occ.busy_ranks
+        in_system_ms = max(concurrency / gpu_rps * 1e3, point.service_ms)  # Little's law, queue included
+        front_ms = self.front_end_ms(isl)
+        rps = concurrency / (in_system_ms + front_ms) * 1e3  # closed loop: clients also wait on the front end
+        ttft_ms = in_system_ms - point.service_ms + front_ms + point.prefill_steps * point.chunk_step_ms
+        itl_ms = point.mean_step_ms / accepted_tokens(topo.mtp, self.calibration.mtp_acceptance)
+        return ServingMetrics.from_rates(
+            concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=osl, request_rps=rps, ttft_ms=ttft_ms,
+            itl_ms=itl_ms, max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
 
     def _decode(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
         state = self.state(topo, Role.DECODE, isl=isl, osl=osl)
@@ -146,7 +189,7 @@ class RooflineModel(PerformanceModel):
         step = prefill_step(state.costs, self.gpu, self.calibration, tokens_per_rank=tokens,
                             busy_ranks=occ.busy_ranks, prompt_tokens=isl)
         rps = occ.busy_ranks * tokens / isl / (step.step_ms / 1e3)
-        ttft_ms = concurrency / rps * 1e3  # Little's law over every client, queued or running
+        ttft_ms = concurrency / rps * 1e3 + self.front_end_ms(isl)  # Little's law: queued or running
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=1, request_rps=rps, ttft_ms=ttft_ms,
             itl_ms=0.0, max_concurrency=state.memory.max_concurrency_instance, running=occ.running)

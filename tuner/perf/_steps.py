@@ -1,6 +1,11 @@
-"""One engine step on one GPU: a decode step (with MTP drafting) or a prefill chunk, as a roofline.
+"""One engine step on one GPU: a decode step (with MTP drafting), a prefill chunk, or both at once (aggregated).
 
-step = max(bytes read / (HBM x eff), FLOPs / (peak x eff)) + communication + kernel-latency floor + step overhead.
+step = max(bytes read / (HBM x eff), FLOPs / (peak x eff)) + visible communication + kernel-latency floor
+       + step overhead (+ MTP draft passes).
+
+With expert parallelism every term that depends on routed tokens is taken at the busiest EP rank
+(`tuner/perf/_experts.py`). A mixed step (vLLM's chunked prefill in an aggregated instance) reads the weights
+once for its decode tokens and its prefill chunk together.
 """
 
 from __future__ import annotations
@@ -9,8 +14,12 @@ from dataclasses import dataclass
 
 from tuner.hardware import GpuSpec
 from tuner.perf._calibration import Calibration
-from tuner.perf._comm import layer_comm_s
+from tuner.perf._comm import pass_comm
 from tuner.perf._costs import FlopsByDtype, InstanceCosts, PassCosts
+from tuner.perf._experts import busiest_rank_factor
+
+DBO_DECODE_THRESHOLD = 32  # vLLM ParallelConfig.dbo_decode_token_threshold (default)
+DBO_PREFILL_THRESHOLD = 512  # vLLM ParallelConfig.dbo_prefill_token_threshold (default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,14 +30,15 @@ class DecodeStep:
     tokens_per_request: int  # verified per step: 1 + MTP depth
     accepted_tokens: float  # expected tokens a request gains per step: 1 + sum a^i
     weight_bytes: float  # non-expert shard + lm_head
-    expert_bytes: float  # local experts the batch activates
+    expert_bytes: float  # local experts the batch activates (busiest EP rank)
     kv_bytes: float
     state_bytes: float  # GDN state read + written
     memory_ms: float
     compute_ms: float
-    comm_ms: float
+    comm_ms: float  # what the step waits for (after dual-batch overlap)
     overhead_ms: float
     draft_ms: float  # MTP draft passes (their own roofline, comm and overhead)
+    ep_load_factor: float = 1.0  # busiest EP rank's routed tokens over the mean
 
     @property
     def bytes_read(self) -> float:
@@ -54,10 +64,29 @@ class PrefillStep:
     compute_ms: float
     comm_ms: float
     overhead_ms: float
+    ep_load_factor: float = 1.0
 
     @property
     def step_ms(self) -> float:
         return max(self.memory_ms, self.compute_ms) + self.comm_ms + self.overhead_ms
+
+
+@dataclass(frozen=True, slots=True)
+class MixedStep:
+    """One aggregated step: `decode_requests` decoding requests plus a prefill chunk of `chunk_tokens`."""
+
+    decode_requests: float
+    chunk_tokens: float
+    memory_ms: float
+    compute_ms: float
+    comm_ms: float
+    overhead_ms: float
+    draft_ms: float
+    ep_load_factor: float = 1.0
+
+    @property
+    def step_ms(self) -> float:
+        return max(self.memory_ms, self.compute_ms) + self.comm_ms + self.overhead_ms + self.draft_ms
 
 
 def accepted_tokens(depth: int, acceptance: float) -> float:
@@ -65,10 +94,18 @@ def accepted_tokens(depth: int, acceptance: float) -> float:
     return 1.0 + sum(acceptance**i for i in range(1, depth + 1))
 
 
+def ep_load_factor(costs: InstanceCosts, cal: Calibration, tokens_ep: float) -> float:
+    """Busiest EP rank over the mean for `tokens_ep` tokens in the EP group; 1 when experts are TP-sharded."""
+    if not costs.expert_parallel:
+        return 1.0
+    return busiest_rank_factor(tokens_ep, num_experts=costs.num_experts, experts_per_token=costs.experts_per_token,
+                               ep_size=costs.ep_size, redundant_experts=costs.redundant_experts, cal=cal)
+
+
 def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_ep: float, context: float,
-                logits_tokens: float) -> FlopsByDtype:
+                logits_tokens: float, load: float = 1.0) -> FlopsByDtype:
     dense = p.dense_flops_per_token.scaled(tokens_rank)
-    experts = p.expert_flops_per_token.scaled(tokens_ep / costs.ep_size)
+    experts = p.expert_flops_per_token.scaled(tokens_ep * load / costs.ep_size)
     head = costs.lm_head_flops_per_token.scaled(logits_tokens)
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
     mixer = tokens_rank * (p.attn_flops_per_token_ctx * context + p.window_attn_flops_per_token_ctx * window
@@ -77,9 +114,40 @@ def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_e
                         dense.fp4 + experts.fp4 + head.fp4)
 
 
+def _sum(a: FlopsByDtype, b: FlopsByDtype) -> FlopsByDtype:
+    return FlopsByDtype(a.bf16 + b.bf16, a.fp8 + b.fp8, a.fp4 + b.fp4)
+
+
 def _kv_read(p: PassCosts, costs: InstanceCosts, context: float) -> float:
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
     return p.kv_bytes_per_token * context + p.window_kv_bytes_per_token * window
+
+
+def _tokens_ep(costs: InstanceCosts, rank_tokens: float, group_tokens: float) -> float:
+    """Tokens the experts of one GPU see: the whole EP/DP group's with EP or DP, else the rank's own."""
+    return group_tokens if costs.expert_parallel or costs.dp > 1 else rank_tokens
+
+
+def _fixed_ms(cal: Calibration, p: PassCosts) -> float:
+    return cal.kernel_latency_us * 1e-3 * p.num_kernels
+
+
+def _draft_pass_ms(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, requests_rank: float,
+                   requests_group: float, context: float) -> float:
+    """One MTP draft pass over the running requests: its own roofline, comm, kernels and sampling."""
+    d = costs.draft
+    assert d is not None
+    hbm = gpu.hbm_bandwidth_tb_s * 1e12 * cal.hbm_efficiency
+    requests_ep = _tokens_ep(costs, requests_rank, requests_group)
+    load = ep_load_factor(costs, cal, requests_ep)
+    d_bytes = (d.dense_bytes + costs.lm_head_bytes + d.expert_bytes * costs.expert_active_fraction(requests_ep * load)
+               + requests_rank * (_kv_read(d, costs, context) + 2 * d.state_bytes))
+    d_flops = _pass_flops(d, costs, requests_rank, requests_ep, context, requests_rank, load)
+    compute_s = d_flops.seconds(gpu, cal.flop_efficiency)
+    comm = pass_comm(requests_rank, d.num_layers, d.num_moe_layers, costs, cal, load)
+    return (max(d_bytes / hbm, compute_s) * 1e3
+            + comm.visible_s(costs, cal, compute_s, requests_rank, DBO_DECODE_THRESHOLD) * 1e3
+            + _fixed_ms(cal, d) + cal.draft_overhead_ms)
 
 
 def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, requests_per_rank: float,
@@ -89,32 +157,53 @@ def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, request
     q = 1 + mtp_depth
     t = costs.target
     tokens_rank = requests_per_rank * q
-    tokens_ep = total_requests * q if costs.expert_parallel or costs.dp > 1 else tokens_rank
+    tokens_ep = _tokens_ep(costs, tokens_rank, total_requests * q)
+    load = ep_load_factor(costs, cal, tokens_ep)
     weights = t.dense_bytes + costs.lm_head_bytes
-    experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep)
+    experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep * load)
     kv = requests_per_rank * _kv_read(t, costs, context_tokens)
     state = requests_per_rank * t.state_bytes * (1 + q)  # read once, one state written per verified token
-    flops = _pass_flops(t, costs, tokens_rank, tokens_ep, context_tokens, tokens_rank)
-    comm = layer_comm_s(tokens_rank, t.num_layers, t.num_moe_layers, costs, cal)
-    overhead = cal.step_overhead_ms + cal.layer_overhead_us * 1e-3 * t.num_layers
+    compute_s = _pass_flops(t, costs, tokens_rank, tokens_ep, context_tokens, tokens_rank, load).seconds(
+        gpu, cal.flop_efficiency)
+    comm = pass_comm(tokens_rank, t.num_layers, t.num_moe_layers, costs, cal, load)
     draft_ms = 0.0
-    if mtp_depth and costs.draft is not None:
-        d = costs.draft
-        requests_ep = total_requests if costs.expert_parallel or costs.dp > 1 else requests_per_rank
-        d_bytes = (d.dense_bytes + costs.lm_head_bytes + d.expert_bytes * costs.expert_active_fraction(requests_ep)
-                   + requests_per_rank * (_kv_read(d, costs, context_tokens) + 2 * d.state_bytes))
-        d_flops = _pass_flops(d, costs, requests_per_rank, requests_ep, context_tokens, requests_per_rank)
-        one = (max(d_bytes / hbm, d_flops.seconds(gpu, cal.flop_efficiency)) * 1e3
-               + layer_comm_s(requests_per_rank, d.num_layers, d.num_moe_layers, costs, cal) * 1e3
-               + cal.layer_overhead_us * 1e-3 * d.num_layers + cal.draft_overhead_ms)
-        draft_ms = mtp_depth * one
+    if mtp_depth and costs.draft is not None and requests_per_rank > 0:
+        draft_ms = mtp_depth * _draft_pass_ms(costs, gpu, cal, requests_per_rank, total_requests, context_tokens)
     return DecodeStep(
         requests_per_rank=requests_per_rank, tokens_per_request=q,
         accepted_tokens=accepted_tokens(mtp_depth, cal.mtp_acceptance), weight_bytes=weights,
         expert_bytes=experts, kv_bytes=kv, state_bytes=state,
-        memory_ms=(weights + experts + kv + state) / hbm * 1e3,
-        compute_ms=flops.seconds(gpu, cal.flop_efficiency) * 1e3, comm_ms=comm * 1e3, overhead_ms=overhead,
-        draft_ms=draft_ms)
+        memory_ms=(weights + experts + kv + state) / hbm * 1e3, compute_ms=compute_s * 1e3,
+        comm_ms=comm.visible_s(costs, cal, compute_s, tokens_rank, DBO_DECODE_THRESHOLD) * 1e3,
+        overhead_ms=cal.step_overhead_ms + _fixed_ms(cal, t), draft_ms=draft_ms, ep_load_factor=load)
+
+
+@dataclass(frozen=True, slots=True)
+class _ChunkWork:
+    """Bytes and FLOPs a prefill chunk adds to a step (beyond the weights every step reads)."""
+
+    expert_tokens_ep: float
+    bytes_read: float  # KV written, KV and state read for the prompts, drafter weights and KV
+    flops: FlopsByDtype
+    extra_layers_kernels: int  # the MTP drafter also runs over the prompt
+
+
+def _chunk_work(costs: InstanceCosts, tokens_rank: float, busy_ranks: int, prompt_tokens: int,
+                load: float) -> _ChunkWork:
+    t = costs.target
+    tokens_ep = _tokens_ep(costs, tokens_rank, tokens_rank * busy_ranks)
+    prompts = tokens_rank / prompt_tokens  # requests whose prefill this chunk advances (fractional)
+    mean_context = prompt_tokens / 2  # causal attention: a prompt token sees half the prompt on average
+    bytes_read = (tokens_rank * (t.kv_bytes_per_token + t.window_kv_bytes_per_token)
+                  + prompts * _kv_read(t, costs, mean_context) + 2 * prompts * t.state_bytes)
+    flops = _pass_flops(t, costs, tokens_rank, tokens_ep, mean_context, prompts, load)
+    kernels = 0
+    if costs.draft is not None:  # with MTP on, the drafter also runs over the prompt (its KV is needed too)
+        d = costs.draft
+        bytes_read += d.dense_bytes + tokens_rank * d.kv_bytes_per_token
+        flops = _sum(flops, _pass_flops(d, costs, tokens_rank, tokens_ep, mean_context, prompts, load))
+        kernels = d.num_kernels
+    return _ChunkWork(expert_tokens_ep=tokens_ep, bytes_read=bytes_read, flops=flops, extra_layers_kernels=kernels)
 
 
 def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens_per_rank: float,
@@ -122,25 +211,57 @@ def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens
     """One chunk of `tokens_per_rank` prompt tokens (from prompts of `prompt_tokens`) on each busy DP rank."""
     hbm = gpu.hbm_bandwidth_tb_s * 1e12 * cal.hbm_efficiency
     t = costs.target
-    tokens_ep = tokens_per_rank * busy_ranks if costs.expert_parallel or costs.dp > 1 else tokens_per_rank
-    prompts = tokens_per_rank / prompt_tokens  # requests whose prefill this chunk advances (fractional)
-    mean_context = prompt_tokens / 2  # causal attention: a prompt token sees half the prompt on average
-    kv_written = tokens_per_rank * (t.kv_bytes_per_token + t.window_kv_bytes_per_token)
-    bytes_read = (t.dense_bytes + costs.lm_head_bytes + t.expert_bytes * costs.expert_active_fraction(tokens_ep)
-                  + kv_written + prompts * _kv_read(t, costs, mean_context) + 2 * prompts * t.state_bytes)
-    flops = _pass_flops(t, costs, tokens_per_rank, tokens_ep, mean_context, prompts)
-    comm = layer_comm_s(tokens_per_rank, t.num_layers, t.num_moe_layers, costs, cal)
-    layers = t.num_layers
-    if costs.draft is not None:  # with MTP on, the drafter also runs over the prompt (its KV is needed too)
+    tokens_ep = _tokens_ep(costs, tokens_per_rank, tokens_per_rank * busy_ranks)
+    load = ep_load_factor(costs, cal, tokens_ep)
+    work = _chunk_work(costs, tokens_per_rank, busy_ranks, prompt_tokens, load)
+    active = costs.expert_active_fraction(tokens_ep * load)
+    expert_bytes = t.expert_bytes * active + (costs.draft.expert_bytes * active if costs.draft else 0.0)
+    bytes_read = t.dense_bytes + costs.lm_head_bytes + expert_bytes + work.bytes_read
+    compute_s = work.flops.seconds(gpu, cal.prefill_flop_efficiency)
+    comm = pass_comm(tokens_per_rank, t.num_layers, t.num_moe_layers, costs, cal, load)
+    comm_s = comm.visible_s(costs, cal, compute_s, tokens_per_rank, DBO_PREFILL_THRESHOLD)
+    if costs.draft is not None:
         d = costs.draft
-        bytes_read += (d.dense_bytes + d.expert_bytes * costs.expert_active_fraction(tokens_ep)
-                       + tokens_per_rank * d.kv_bytes_per_token)
-        d_flops = _pass_flops(d, costs, tokens_per_rank, tokens_ep, mean_context, prompts)
-        flops = FlopsByDtype(flops.bf16 + d_flops.bf16, flops.fp8 + d_flops.fp8, flops.fp4 + d_flops.fp4)
-        comm += layer_comm_s(tokens_per_rank, d.num_layers, d.num_moe_layers, costs, cal)
-        layers += d.num_layers
+        comm_s += pass_comm(tokens_per_rank, d.num_layers, d.num_moe_layers, costs, cal, load).total_s
     return PrefillStep(
-        tokens=tokens_per_rank, bytes_read=bytes_read,
-        flops=flops.bf16 + flops.fp8 + flops.fp4, memory_ms=bytes_read / hbm * 1e3,
-        compute_ms=flops.seconds(gpu, cal.prefill_flop_efficiency) * 1e3, comm_ms=comm * 1e3,
-        overhead_ms=cal.step_overhead_ms + cal.layer_overhead_us * 1e-3 * layers)
+        tokens=tokens_per_rank, bytes_read=bytes_read, flops=work.flops.bf16 + work.flops.fp8 + work.flops.fp4,
+        memory_ms=bytes_read / hbm * 1e3, compute_ms=compute_s * 1e3, comm_ms=comm_s * 1e3,
+        overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * (t.num_kernels + work.extra_layers_kernels),
+        ep_load_factor=load)
+
+
+def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_requests_per_rank: float,
+               total_decode_requests: float, context_tokens: float, mtp_depth: int, chunk_tokens_per_rank: float,
+               busy_ranks: int, prompt_tokens: int) -> MixedStep:
+    """Decode tokens and a prefill chunk in one forward pass (vLLM chunked prefill, aggregated serving).
+
+    Weights and activated experts are read once for both; the decode part's FLOPs run at `flop_efficiency`, the
+    chunk's at `prefill_flop_efficiency`; collectives carry every token of the step.
+    """
+    hbm = gpu.hbm_bandwidth_tb_s * 1e12 * cal.hbm_efficiency
+    q = 1 + mtp_depth
+    t = costs.target
+    d_rank = decode_requests_per_rank * q
+    c = chunk_tokens_per_rank
+    tokens_ep = _tokens_ep(costs, d_rank + c, total_decode_requests * q + c * busy_ranks)
+    load = ep_load_factor(costs, cal, tokens_ep)
+    work = _chunk_work(costs, c, busy_ranks, prompt_tokens, load) if c > 0 else None
+    experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep * load)
+    decode_bytes = decode_requests_per_rank * (_kv_read(t, costs, context_tokens) + t.state_bytes * (1 + q))
+    bytes_read = t.dense_bytes + costs.lm_head_bytes + experts + decode_bytes + (work.bytes_read if work else 0.0)
+    dec_ep = _tokens_ep(costs, d_rank, total_decode_requests * q)
+    compute_s = _pass_flops(t, costs, d_rank, dec_ep, context_tokens, d_rank, load).seconds(gpu, cal.flop_efficiency)
+    if work is not None:
+        compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency)
+    comm = pass_comm(d_rank + c, t.num_layers, t.num_moe_layers, costs, cal, load)
+    threshold = DBO_PREFILL_THRESHOLD if c > 0 else DBO_DECODE_THRESHOLD
+    draft_ms = 0.0
+    if mtp_depth and costs.draft is not None and decode_requests_per_rank > 0:
+        draft_ms = mtp_depth * _draft_pass_ms(costs, gpu, cal, decode_requests_per_rank, total_decode_requests,
+                                              context_tokens)
+    kernels = t.num_kernels + (work.extra_layers_kernels if work else 0)
+    return MixedStep(
+        decode_requests=decode_requests_per_rank, chunk_tokens=c, memory_ms=bytes_read / hbm * 1e3,
+        compute_ms=compute_s * 1e3, comm_ms=comm.visible_s(costs, cal, compute_s, d_rank + c, threshold) * 1e3,
+        overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
+        ep_load_factor=load)

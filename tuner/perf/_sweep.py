@@ -20,11 +20,12 @@ class Curves:
 
     prefill: list[tuple[Topology, ServingMetrics]] = field(default_factory=list)
     decode: list[tuple[Topology, ServingMetrics]] = field(default_factory=list)
+    aggregated: list[tuple[Topology, ServingMetrics]] = field(default_factory=list)  # role both
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def num_points(self) -> int:
-        return len(self.prefill) + len(self.decode)
+        return len(self.prefill) + len(self.decode) + len(self.aggregated)
 
 
 def candidate_topologies(perf: PerformanceModel, num_gpus: int, *, max_gpus_per_instance: int | None = None,
@@ -45,8 +46,10 @@ def candidate_topologies(perf: PerformanceModel, num_gpus: int, *, max_gpus_per_
 def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl: int, osl: int,
                  prefill_mtp_depths: Sequence[int] = (0,), decode_ladder: Sequence[int] = DECODE_LADDER,
                  prefill_ladder: Sequence[int] = PREFILL_LADDER,
+                 aggregated_mtp_depths: Sequence[int] = (),
                  on_topology: Callable[[Topology], None] | None = None) -> Curves:
-    """Predict every topology in both roles (prefill only at `prefill_mtp_depths`); skip those that do not fit.
+    """Predict every topology as PD prefill (only at `prefill_mtp_depths`) and decode, and as an aggregated
+    instance at `aggregated_mtp_depths` (none by default); skip those that do not fit.
 
     Levels past the instance's capacity only add queueing (same rate and ITL, longer TTFT), so the ladder stops
     at the capacity itself.
@@ -55,10 +58,11 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
     for topo in topologies:
         if on_topology is not None:
             on_topology(topo)
-        roles = [Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
+        roles = ([Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
+                 + ([Role.BOTH] if topo.mtp in aggregated_mtp_depths else []))
         for role in roles:
-            target = curves.decode if role is Role.DECODE else curves.prefill
-            ladder = decode_ladder if role is Role.DECODE else prefill_ladder
+            target = {Role.DECODE: curves.decode, Role.PREFILL: curves.prefill, Role.BOTH: curves.aggregated}[role]
+            ladder = prefill_ladder if role is Role.PREFILL else decode_ladder
             try:
                 cap = perf.capacity(topo, role, isl=isl, osl=osl)
             except DoesNotFitError as exc:

@@ -102,7 +102,10 @@ def _parent(trials: list[optuna.trial.FrozenTrial], number: int) -> int | None:
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
     if "prefill" not in phases or "decode" not in phases:
-        return [], [], "the space has one phase only: no PD composition"
+        if len(space.phases) < 2:
+            return [], [], "the space has one phase only: no PD composition"
+        missing = next(p for p in PHASES if p not in phases)
+        return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
     prefill = _per_topology_fronts(phases["prefill"].points)
     decode = _per_topology_fronts(phases["decode"].points)
     # NIXL's handshake compares both sides' speculative config (vLLM PR #49230), and a hybrid model's block

@@ -1,0 +1,115 @@
+"""Aggregated serving, expert-parallel layouts (imbalance, EPLB, DBO) and per-kernel fixed costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.errors import TopologyError
+from tuner.hardware import GpuSpec
+from tuner.models import ModelSpec
+from tuner.perf import Calibration, RooflineModel, default_calibration
+from tuner.perf._experts import busiest_rank_factor, effective_skew
+from tuner.perf._kernels import layer_kernels
+from tuner.topology import Role, Topology
+
+
+def test_tp8_and_tep8_differ_only_by_expert_placement(reference: ModelSpec, gb300: GpuSpec) -> None:
+    perf = RooflineModel(reference, gb300)
+    tp, tep = Topology.parse("TP8"), Topology.parse("TEP8")
+    for batch in (1, 8, 64):
+        a = perf.decode_step(tp, batch, isl=8192, osl=1024)
+        b = perf.decode_step(tep, batch, isl=8192, osl=1024)
+        assert a.comm_ms == pytest.approx(b.comm_ms)  # TEP keeps vLLM's all-reduce path (no all-to-all kernels)
+        assert b.ep_load_factor > 1.0 and a.ep_load_factor == 1.0
+        assert b.step_ms > a.step_ms  # the busiest EP rank reads and multiplies more experts
+    small = perf.decode_step(tep, 1, isl=8192, osl=1024).step_ms / perf.decode_step(tp, 1, isl=8192, osl=1024).step_ms
+    large = (perf.decode_step(tep, 256, isl=8192, osl=1024).step_ms
+             / perf.decode_step(tp, 256, isl=8192, osl=1024).step_ms)
+    assert small > large >= 1.0  # every local expert is active at large batches: imbalance only adds compute
+
+
+def test_all_to_all_only_with_ep_over_dp(reference: ModelSpec, gb300: GpuSpec) -> None:
+    cal = default_calibration("gb300").model_copy(update={"allreduce_latency_us": 0.0})
+    perf = RooflineModel(reference, gb300, cal)
+    dep = perf.decode_step(Topology.parse("TP2DP8+EP"), 256, isl=8192, osl=1024)
+    assert dep.comm_ms >= 2 * cal.alltoall_latency_us * 1e-3 * reference.num_moe_layers  # dispatch + combine
+    tep = perf.decode_step(Topology.parse("TEP8"), 256, isl=8192, osl=1024)
+    assert tep.comm_ms < 2 * cal.alltoall_latency_us * 1e-3 * reference.num_moe_layers  # all-reduce only
+
+
+def test_imbalance_falls_with_tokens_and_rises_with_ep() -> None:
+    cal = Calibration()
+    kw = {"num_experts": 256, "experts_per_token": 8, "redundant_experts": 0, "cal": cal}
+    by_tokens = [busiest_rank_factor(t, ep_size=8, **kw) for t in (1, 16, 256, 4096, 65536)]
+    assert by_tokens == sorted(by_tokens, reverse=True) and by_tokens[-1] > 1.0  # popularity skew stays
+    by_ep = [busiest_rank_factor(4096, ep_size=ep, **kw) for ep in (2, 8, 32, 64)]
+    assert by_ep == sorted(by_ep)
+    assert busiest_rank_factor(1, ep_size=8, **kw) <= 8  # one rank cannot take more than everything
+    uniform = Calibration(expert_popularity_cv=0.0)
+    assert busiest_rank_factor(10**7, ep_size=8, num_experts=256, experts_per_token=8, redundant_experts=0,
+                               cal=uniform) == pytest.approx(1.0, abs=0.01)
+
+
+def test_eplb_redundant_experts_cut_the_skew() -> None:
+    cal = Calibration(expert_popularity_cv=0.5, eplb_residual_skew=0.2)
+    assert effective_skew(cal, 32, 0) == 0.5
+    assert effective_skew(cal, 32, 16) == pytest.approx(0.5 * (1 - 0.8 * 0.5))
+    assert effective_skew(cal, 32, 32) == pytest.approx(0.1) == effective_skew(cal, 32, 64)
+    kw = {"num_experts": 256, "experts_per_token": 8, "ep_size": 32, "cal": cal}
+    assert busiest_rank_factor(8192, redundant_experts=32, **kw) < busiest_rank_factor(8192, redundant_experts=0, **kw)
+
+
+def test_dbo_hides_all_to_all_above_the_token_threshold(reference: ModelSpec, gb300: GpuSpec) -> None:
+    perf = RooflineModel(reference, gb300)
+    plain, dbo = Topology.parse("TP2DP8+EP"), Topology.parse("TP2DP8+EP", dbo=True)
+    small = perf.decode_step(plain, 16, isl=8192, osl=1024), perf.decode_step(dbo, 16, isl=8192, osl=1024)
+    assert small[1].comm_ms == pytest.approx(small[0].comm_ms)  # 1 token per rank: below vLLM's threshold of 32
+    big = perf.decode_step(plain, 1024, isl=8192, osl=1024), perf.decode_step(dbo, 1024, isl=8192, osl=1024)
+    assert big[1].comm_ms < big[0].comm_ms
+    assert big[0].comm_ms - big[1].comm_ms <= big[0].compute_ms + 1e-9  # overlap never hides more than compute
+    with pytest.raises(TopologyError):
+        Topology.parse("TEP8", dbo=True).check(reference)
+    assert "--enable-dbo" in dbo.vllm_flags()
+
+
+def test_fixed_costs_scale_with_kernels_per_layer(reference: ModelSpec, dense: ModelSpec, gb300: GpuSpec) -> None:
+    kinds = set(reference.layer_kinds)
+    hybrid = {layer_kernels(reference, k, True) for k in kinds}
+    assert min(hybrid) > layer_kernels(dense, dense.layer_kinds[0], False) == 10
+    cal = Calibration(step_overhead_ms=0.0, kernel_latency_us=4.0)
+    step = RooflineModel(dense, gb300, cal).decode_step(Topology.parse("TP4"), 1, isl=128, osl=2)
+    assert step.overhead_ms == pytest.approx(dense.num_layers * 10 * 4.0e-3)
+
+
+def test_aggregated_closed_loop_is_consistent(dense: ModelSpec, gb300: GpuSpec) -> None:
+    perf = RooflineModel(dense, gb300)
+    topo = Topology.parse("TP4")
+    for conc in (1, 16, 128):
+        m = perf.predict(topo, Role.BOTH, isl=2048, osl=256, concurrency=conc)
+        # Little's law: each client's cycle is TTFT + (osl - 1) inter-token gaps
+        cycle_s = (m.ttft_ms_mean + 255 * m.itl_ms_mean) / 1e3
+        assert conc / cycle_s == pytest.approx(m.request_throughput_rps, rel=0.05)
+
+
+def test_aggregated_pays_for_prefill_that_pd_decode_does_not(reference: ModelSpec, gb300: GpuSpec) -> None:
+    perf = RooflineModel(reference, gb300)
+    topo = Topology.parse("TEP8")
+    previous = 0.0
+    for conc in (1, 16, 64, 128):
+        agg = perf.predict(topo, Role.BOTH, isl=8192, osl=1024, concurrency=conc)
+        dec = perf.predict(topo, Role.DECODE, isl=8192, osl=1024, concurrency=conc)
+        ratio = agg.itl_ms_mean / dec.itl_ms_mean
+        assert ratio >= 1.0 and ratio >= previous - 1e-9  # the stall grows with concurrency
+        previous = ratio
+    assert previous > 1.3
+    one = perf.aggregated_point(topo, 1, isl=8192, osl=1024)
+    assert one.prefill_steps == pytest.approx(1.0, rel=1e-3) and one.chunk_tokens == pytest.approx(8192, rel=1e-3)
+    assert one.decode_steps == pytest.approx(1023)
+
+
+def test_aggregated_respects_the_token_budget(dense: ModelSpec, gb300: GpuSpec) -> None:
+    perf = RooflineModel(dense, gb300)
+    topo = Topology.parse("TP8", max_num_batched_tokens=2048)
+    point = perf.aggregated_point(topo, 512, isl=4096, osl=64)
+    assert point.decode_requests + point.starts_per_step * 4096 <= 2048 + 1e-6
+    assert point.prefill_steps >= 2  # a 4k prompt needs at least two 2k chunks
