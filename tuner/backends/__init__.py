@@ -1,8 +1,8 @@
 """Trial backends: one base class, one result schema, implementations in their own modules."""
 
-from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._base import AccuracyGate, Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
 
-__all__ = ["Backend", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus", "make_backend"]
+__all__ = ["AccuracyGate", "Backend", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus", "make_backend"]
 
 
 def make_backend(name: str, **options: object) -> Backend:

@@ -57,6 +57,24 @@ class TrialRequest(BaseModel):
     vllm_version: str | None = None  # the space's cluster.vllm_version (None: detected by the backend)
 
 
+class AccuracyGate(BaseModel):
+    """The GSM8K gate's outcome: the score on a sample, its confidence interval, and the verdict.
+
+    `passed` is False only when the interval's upper bound is below the bar (see tuner/backends/vllm/_accuracy)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    score: float = Field(ge=0, le=1)
+    correct: int = Field(ge=0)
+    sample_size: int = Field(ge=0, description="questions asked (the first N of GSM8K's 1,319 test questions)")
+    ci_low: float = Field(ge=0, le=1)
+    ci_high: float = Field(ge=0, le=1)
+    confidence: float = Field(gt=0, lt=1)
+    min_accuracy: float = Field(ge=0, le=1)
+    passed: bool
+    num_shots: int = Field(5, ge=0)
+
+
 class TrialResult(BaseModel):
     """What a trial measured (one point per concurrency level), or why it failed."""
 
@@ -66,6 +84,7 @@ class TrialResult(BaseModel):
     reason: str = ""
     points: tuple[ServingMetrics, ...] = ()
     accuracy: float | None = None
+    accuracy_gate: AccuracyGate | None = None  # score, interval and sample size when the gate ran
     observed_memory: dict[str, float] = Field(default_factory=dict)  # figures parsed from vLLM's log
     predicted_memory: dict[str, float] = Field(default_factory=dict)  # the memory model's, for comparison
     artifacts_dir: str | None = None

@@ -92,6 +92,24 @@ def _result_json(result, report: Path | None) -> dict:  # type: ignore[no-untype
     }
 
 
+def _preflight(the_space, model: Path, space: Path, executor: str, settings: TunerSettings,  # type: ignore[no-untyped-def]
+               json_out: bool) -> None:
+    """`topotune doctor` on the cluster the campaign will use; a failed check stops it before any trial."""
+    from tuner.cli._doctor import render_report
+    from tuner.doctor import run_doctor
+
+    report = run_doctor(the_space, model, space_name=str(space), executor=executor,
+                        ray_address=settings.ray_address, ray_port=settings.ray_port)
+    if not report.ok:
+        if json_out:
+            print_json({"doctor": {**report.model_dump(mode="json"), "ok": False}})
+        else:
+            render_report(report)
+        raise typer.Exit(report.exit_code)
+    if not json_out:
+        console.print(f"doctor: {len(report.checks)} checks passed on {len(report.nodes)} node(s)", highlight=False)
+
+
 @app.command()
 def tune(
     model: Annotated[Path, typer.Argument(help="config.json or model folder")],
@@ -108,6 +126,8 @@ def tune(
     noise: Annotated[float, typer.Option(help="simulated backend: seeded relative noise per trial")] = 0.0,
     phase: Annotated[list[str] | None, typer.Option(help="run only this phase (repeatable)")] = None,
     json_out: Annotated[bool, typer.Option("--json")] = False,
+    doctor: Annotated[bool, typer.Option(help="vllm backend: run `topotune doctor` first, stop if it fails")]
+    = True,
 ) -> None:
     """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
     from tuner.executors import make_executor
@@ -136,6 +156,8 @@ def tune(
     from tuner.study import open_storage
 
     open_storage(settings.storage_url)  # a bad URL fails here, before Ray starts
+    if backend == "vllm" and doctor:
+        _preflight(the_space, model, space, executor, settings, json_out)
     runner = make_executor(executor, settings=settings, cluster=the_space.cluster, backend_name=backend,
                            backend_options=backend_options, max_parallel=parallel)
     progress = _Progress(trials)

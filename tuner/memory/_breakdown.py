@@ -9,7 +9,7 @@ from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
 from tuner.memory._estimates import activation_peak_bytes, cuda_graph_bytes, cudagraph_capture_sizes
 from tuner.memory._layout import KVLayout, kv_layout
-from tuner.memory._weights import WeightsPerGpu, weights_per_gpu
+from tuner.memory._weights import WeightsPerGpu, local_experts, weights_per_gpu
 from tuner.models import ModelSpec
 from tuner.topology import Topology
 from tuner.workload import served_context_tokens
@@ -182,6 +182,17 @@ class MemoryBreakdown:
         }
 
 
+def _expert_how(model: ModelSpec, topo: Topology) -> str:
+    if model.moe is None:
+        return "dense model"
+    if not topo.ep:
+        return f"{model.expert_bytes / GIB:.2f} GiB over MoE-TP{topo.ep_size}"
+    physical = model.moe.num_experts + topo.num_redundant_experts
+    extra = f" ({topo.num_redundant_experts} redundant, EPLB)" if topo.num_redundant_experts else ""
+    return (f"{model.expert_bytes / GIB:.2f} GiB over EP{topo.ep_size}: {physical} physical experts{extra}, "
+            f"{local_experts(model.moe.num_experts, topo)} on the fullest rank")
+
+
 def compute_memory(
     model: ModelSpec, gpu: GpuSpec, topo: Topology, inputs: MemoryInputs | None = None
 ) -> MemoryBreakdown:
@@ -213,9 +224,7 @@ def compute_memory(
         Line("non-expert weights", weights.non_expert_bytes / GIB,
              f"{model.non_expert_bytes / GIB:.2f} GiB split by TP{topo.tp} (norms, router replicated; "
              f"KV heads max(1, kv/TP))"),
-        Line("expert weights", weights.expert_bytes / GIB,
-             f"{model.expert_bytes / GIB:.2f} GiB over {'EP' if topo.ep else 'MoE-TP'}{topo.ep_size}"
-             if model.moe else "dense model"),
+        Line("expert weights", weights.expert_bytes / GIB, _expert_how(model, topo)),
         Line("MTP weights", weights.mtp_bytes / GIB,
              f"{model.num_mtp_layers} MTP layer(s), loaded with MTP{topo.mtp}" if topo.mtp else "MTP off"),
         Line("non-torch memory", non_torch, "measured input" if inputs.non_torch_gib is not None
@@ -223,8 +232,8 @@ def compute_memory(
         Line("peak activations", activation, "measured input" if inputs.activation_gib is not None
              else f"estimate: profile run of {topo.max_num_batched_tokens} tokens + sampler"),
         Line("CUDA-graph reserve", graphs, "measured input" if inputs.cuda_graph_gib is not None
-             else f"estimate: largest of {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes' "
-             "activations + per-graph cost x layers (FULL_AND_PIECEWISE)"),
+             else f"estimate: {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes, "
+             "first capture + per-graph cost"),
         Line("KV budget", budget / GIB, "--kv-cache-memory-bytes" if overridden
              else "requested - weights - non-torch - activations - CUDA graphs"),
         Line("block size (tokens)", None,

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 # Importing the family modules registers them.
-from tuner.models import _deepseek, _qwen3_next, _transformer  # noqa: F401
+from tuner.models import _deepseek, _glm4_moe, _gpt_oss, _minimax_m2, _qwen3_next, _transformer  # noqa: F401
 from tuner.models._config import read_config
 from tuner.models._registry import build_spec, supported_model_types
 from tuner.models._safetensors import tensors_from_safetensors

@@ -35,7 +35,7 @@ def classify(name: str) -> tuple[TensorGroup, Sharding]:
     leaf = module.rsplit(".", 1)[-1]
     if ".experts." in module or module.endswith(".experts"):
         return TensorGroup.EXPERT, Sharding.EXPERTS
-    if leaf in ("shared_expert_gate", "gate") or name.endswith("e_score_correction_bias"):
+    if leaf in ("shared_expert_gate", "gate", "router") or name.endswith("e_score_correction_bias"):
         return TensorGroup.ROUTER, Sharding.REPLICATED
     if ".shared_expert." in module or ".shared_experts." in module:
         return TensorGroup.SHARED_EXPERT, Sharding.SPLIT
@@ -45,6 +45,8 @@ def classify(name: str) -> tuple[TensorGroup, Sharding]:
         return TensorGroup.LM_HEAD, Sharding.VOCAB
     if "norm" in leaf and "linear_attn" not in module:
         return TensorGroup.NORM, Sharding.REPLICATED
+    if ".indexer." in module:
+        return TensorGroup.ATTENTION, Sharding.REPLICATED  # DeepSeek-V3.2 Indexer: ReplicatedLinear layers
     if ".self_attn." in module:
         if leaf in ("k_proj", "v_proj"):
             return TensorGroup.ATTENTION, Sharding.KV_HEADS

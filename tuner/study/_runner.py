@@ -328,6 +328,8 @@ class PhaseRun:
             trial.set_user_attr("predicted_memory", result.predicted_memory)
         if result.accuracy is not None:
             trial.set_user_attr("accuracy", result.accuracy)
+        if result.accuracy_gate is not None:
+            trial.set_user_attr("accuracy_gate", result.accuracy_gate.model_dump())
         if not result.status.ok or not result.points:
             key = "accuracy" if result.status.value == "accuracy" else "failed"
             trial.set_user_attr("kind", "sampled")
@@ -335,7 +337,10 @@ class PhaseRun:
                                status=result.status.value)
             return
         c = self.space.constraints
-        points = [(m, point_constraints(m, c, result.accuracy)) for m in result.points]
+        # the gate's verdict: feasible unless the interval's upper bound is below the bar (sampling noise)
+        gate = result.accuracy_gate
+        accuracy = gate.ci_high if gate is not None else result.accuracy
+        points = [(m, point_constraints(m, c, accuracy)) for m in result.points]
         best = self._representative(study, points)
         m, constraints = points[best]
         trial.set_user_attr("constraints", constraints)

@@ -16,8 +16,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
-from tuner.backends.vllm._accuracy import run_gsm8k
+from tuner.backends._base import AccuracyGate, Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
+from tuner.backends.vllm._accuracy import AccuracyResult, run_gsm8k
 from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
 from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
 from tuner.backends.vllm._process import (
@@ -103,12 +103,15 @@ class VllmBackendSettings(BaseModel):
     teardown_grace_s: float = Field(20.0, ge=0)
     warmup_requests: int = Field(-1, ge=-1, description="-1: one per concurrency slot; never 0 (see _measure)")
     max_error_rate: float = Field(0.01, ge=0, le=1, description="a level above this fails the trial")
-    accuracy_questions: int = Field(50, ge=1)
+    # GSM8K as vLLM's eval asks it (5 train shots, 256 tokens); a sample of the 1,319 test questions, the verdict
+    # on its Wilson interval (fails only when the upper bound is below the bar).
+    accuracy_questions: int = Field(250, ge=1, le=1319, description="the first N GSM8K test questions")
     accuracy_max_tokens: int = Field(256, ge=1)
-    accuracy_concurrency: int = Field(8, ge=1)
-    # The gate's few-shot prompt plus its answer must fit the served context (2-shot GSM8K + 128 tokens is
-    # ~650 tokens with the tiny model's tokenizer): a gated trial serves at least this max-model-len.
-    accuracy_min_model_len: int = Field(1024, ge=1)
+    accuracy_concurrency: int = Field(64, ge=1)
+    accuracy_confidence: float = Field(0.95, gt=0, lt=1, description="of the interval the verdict reads")
+    # The gate's 5-shot prompt plus its answer must fit the served context (~1,100 prompt tokens with the
+    # tiny model's tokenizer, ~500 with Llama-class ones, + max tokens): a gated trial serves at least this.
+    accuracy_min_model_len: int = Field(2048, ge=1)
     max_accuracy_errors: float = Field(0.5, ge=0, le=1, description="failed gate requests above this: no score")
 
     @classmethod
@@ -124,7 +127,7 @@ class VllmBackendSettings(BaseModel):
             "vllm_env": {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
             "cpu_kv_cache_gib": 1.0, "startup_timeout_s": 400.0, "teardown_grace_s": 15.0,
             # the gate's mechanics at laptop cost (a real small model needs more questions for a real bar)
-            "accuracy_questions": 10, "accuracy_max_tokens": 128,
+            "accuracy_questions": 10, "accuracy_max_tokens": 128, "accuracy_concurrency": 8,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
@@ -276,6 +279,7 @@ class VllmBackend(Backend):
         observed: dict[str, float] = {}
         predicted: dict[str, float] = {}
         accuracy: float | None = None
+        accuracy_gate: AccuracyGate | None = None
         try:
             t0 = time.monotonic()
             port_base = self.settings.port_base or free_port_block(_PORT_BLOCK)
@@ -319,20 +323,14 @@ class VllmBackend(Backend):
 
             if request.min_accuracy is not None:
                 t0 = time.monotonic()
-                result = run_gsm8k(plan.endpoint, self.settings.served_model_name,
-                                   num_questions=self.settings.accuracy_questions,
-                                   max_tokens=self.settings.accuracy_max_tokens,
-                                   concurrency=self.settings.accuracy_concurrency)
-                (artifacts / "accuracy.json").write_text(json.dumps(asdict(result), indent=2))
+                gate = self._accuracy_gate(plan, request.min_accuracy, artifacts)
                 timings.accuracy_s = time.monotonic() - t0
-                if result.total and result.errors / result.total > self.settings.max_accuracy_errors:
-                    raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
-                        f"accuracy gate: {result.errors}/{result.total} GSM8K requests failed, no score: "
-                        f"{result.first_error}")))
-                accuracy = result.score
-                if result.score < request.min_accuracy:
-                    raise _TrialFailed(Failure(TrialStatus.ACCURACY, f"GSM8K {result.correct}/{result.total} = "
-                                               f"{result.score:.3f} < {request.min_accuracy:g}"))
+                accuracy_gate, accuracy = gate, gate.score
+                if not gate.passed:
+                    raise _TrialFailed(Failure(TrialStatus.ACCURACY, (
+                        f"GSM8K {gate.correct}/{gate.sample_size} = {gate.score:.3f}, "
+                        f"{gate.confidence:.0%} interval [{gate.ci_low:.3f}, {gate.ci_high:.3f}] lies below "
+                        f"the bar {gate.min_accuracy:g}")))
             status, reason = TrialStatus.OK, "" if check.ok else check.summary()
         except _TrialFailed as exc:
             status, reason = exc.failure.status, exc.failure.reason
@@ -353,8 +351,25 @@ class VllmBackend(Backend):
                 (artifacts / "timings.json").write_text(json.dumps({**asdict(timings), "total_s": timings.total_s},
                                                                    indent=2))
         return TrialResult(status=status, reason=reason, points=tuple(points), accuracy=accuracy,
+                           accuracy_gate=accuracy_gate,
                            observed_memory=observed, predicted_memory=predicted, artifacts_dir=str(artifacts),
                            duration_s=time.monotonic() - started)
+
+    def _accuracy_gate(self, plan: LaunchPlan, min_accuracy: float, artifacts: Path) -> AccuracyGate:
+        """Run GSM8K against the deployment; a gate whose requests mostly failed has no score (not a 0)."""
+        s = self.settings
+        result: AccuracyResult = run_gsm8k(plan.endpoint, s.served_model_name, num_questions=s.accuracy_questions,
+                                           max_tokens=s.accuracy_max_tokens, concurrency=s.accuracy_concurrency,
+                                           confidence=s.accuracy_confidence)
+        (artifacts / "accuracy.json").write_text(json.dumps(asdict(result), indent=2))
+        if result.total and result.errors / result.total > s.max_accuracy_errors:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
+                f"accuracy gate: {result.errors}/{result.total} GSM8K requests failed, no score: "
+                f"{result.first_error}")))
+        return AccuracyGate(score=result.score, correct=result.correct, sample_size=result.total,
+                            ci_low=result.ci_low, ci_high=result.ci_high, confidence=result.confidence,
+                            min_accuracy=min_accuracy, passed=result.passes(min_accuracy),
+                            num_shots=result.num_shots)
 
     def _wait(self, processes: list[ProcessHandle], deadline: float, timeout_s: float) -> None:
         budget = max(1.0, min(timeout_s, deadline - time.monotonic()))
