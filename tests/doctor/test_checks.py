@@ -35,6 +35,8 @@ def facts(**changes: object) -> NodeFacts:
 
 def test_gpu_count_per_node_names_node_and_counts() -> None:
     assert check_gpus(facts(), GB300, 4).status is CheckStatus.PASS
+    other = check_gpus(facts(gpus=tuple(f"GPU {i}: NVIDIA H100 80GB HBM3" for i in range(4))), GB300, 4)
+    assert other.status is CheckStatus.WARN and "H100" in other.detail and "cluster.gpu" in other.fix
     bad = check_gpus(facts(gpus=("GPU 0: NVIDIA GB300",) * 2), GB300, 4)
     assert bad.status is CheckStatus.FAIL and bad.node == "gpu-07"
     assert "needs 4 gb300 GPUs per host" in bad.detail and "has 2" in bad.detail and bad.fix

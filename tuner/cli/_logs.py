@@ -9,17 +9,7 @@ import typer
 
 from tuner.cli._app import app, console
 from tuner.errors import ConfigError
-
-# What a trial folder holds: the runner's output first, the executor's record, then the backend's logs.
-_FIRST = ("trial.log", "executor.json")
-_LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
-
-
-def trial_log_files(folder: Path) -> list[Path]:
-    """The trial's log files in reading order: runner output, executor record, then backend logs by name."""
-    first = [folder / name for name in _FIRST if (folder / name).is_file()]
-    rest = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in _LOG_SUFFIXES and p not in first)
-    return first + rest
+from tuner.trial_logs import trial_log_files
 
 
 def trial_artifacts_dir(storage_url: str, study: str, trial: int) -> Path:

@@ -57,7 +57,12 @@ def check_gpus(facts: NodeFacts, gpu: GpuSpec | None, gpus_per_host: int) -> Che
                      f"lower cluster.gpus_per_host to {facts.cpu_count} or use a bigger node")
     found = len(facts.gpus)
     if found == gpus_per_host:
-        return _ok(facts.node, "gpus", f"{found} GPUs ({facts.gpu_source}): {facts.gpus[0] if facts.gpus else ''}")
+        model = facts.gpus[0] if facts.gpus else ""
+        if facts.gpu_source == "nvidia-smi" and gpu.name not in model.lower().replace(" ", ""):
+            return _fail(facts.node, "gpus", f"{found} GPUs, but {model!r} is not the space's {gpu.name}: the "
+                                             f"memory and performance models would be wrong",
+                         "set cluster.gpu to this GPU's name in tuner/hardware/gpus.yaml", warn=True)
+        return _ok(facts.node, "gpus", f"{found} GPUs ({facts.gpu_source}): {model}")
     seen = f"seen by {facts.gpu_source}" if found else "no nvidia-smi, no /dev/nvidia*"
     return _fail(facts.node, "gpus", f"the space needs {gpus_per_host} {gpu.name} GPUs per host, node {facts.node} "
                                      f"has {found} ({seen})",
@@ -111,7 +116,7 @@ _INSTALL = {
 def check_tool(facts: NodeFacts, name: str) -> CheckResult:
     tool = facts.tools[name]
     if tool.ran:
-        return _ok(facts.node, name, f"{tool.version or 'version unknown'} ({tool.path})")
+        return _ok(facts.node, name, f"{tool.version or 'version unknown'} ({' '.join((tool.path, *tool.argv[1:]))})")
     return _fail(facts.node, name, tool.error, _INSTALL.get(name, f"install {name}"))
 
 
