@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cpu_vllm_helpers import CPU_SETTINGS, needs_envs, processes_mentioning
+from _support.cpu_vllm import CPU_SETTINGS, needs_envs
+from _support.paths import REPO
+from _support.processes import processes_mentioning
 
 from tuner.executors._factory import make_executor
 from tuner.settings import TunerSettings
@@ -28,7 +30,6 @@ from tuner.study import Campaign, TuneOptions
 
 pytestmark = [pytest.mark.slow, needs_envs]
 
-REPO = Path(__file__).resolve().parents[2]
 KV_BUDGET_BYTES = 1152 * 1024
 EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "ray")  # "local" runs the same study in threads
 
@@ -70,7 +71,7 @@ def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -
     assert {p.deployment.groups[0].topology.tp for p in prefill.points} == {1, 2}
     assert decode.counts.get("ok") == 1 and decode.counts.get("kv_too_small") == 1, decode.failures
     [failure] = decode.failures
-    assert failure["params"]["tp"] == 1 and "max seq len" in failure["reason"]
+    assert failure.params["tp"] == 1 and "max seq len" in failure.reason
     for phase, tps in ((prefill, {1, 2}), (decode, {2})):
         by_config: dict[int, list[int]] = {}  # each level is stored as its own trial; group by topology
         for p in phase.points:

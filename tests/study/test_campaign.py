@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE, REPO
 from optuna.trial import TrialState
 
 from tuner.backends import Backend, TrialRequest, TrialResult
@@ -23,9 +24,8 @@ from tuner.models import load_model
 from tuner.space import load_space, parse_space
 from tuner.study import Campaign, TuneOptions, list_campaigns, load_campaign, open_storage
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 
 
 class RecordingBackend(Backend):
@@ -163,7 +163,7 @@ def _study_name() -> str:
 def test_results_survive_reload(storage_url: str, tmp_path: Path) -> None:
     _campaign(storage_url, tmp_path, SimulatedBackend(), trials=4, sampler="random").run()
     result, space, meta = load_campaign(storage_url, "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024")
-    assert meta["model_path"] == str(MODEL) and space.name == "gb300-nvl72-8k1k"
+    assert meta.model_path == str(MODEL) and space.name == "gb300-nvl72-8k1k"
     assert result.phases["decode"].front
     listed = list_campaigns(storage_url)
     assert [c.name for c in listed] == ["qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024"]
