@@ -38,7 +38,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tuner.backends import Backend, TrialRequest, TrialResult
+from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
 from tuner.backends._simulated import SimulatedBackend
 from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
 from tuner.deployment import Deployment
@@ -50,6 +50,7 @@ from tuner.models import ModelSpec, load_model
 from tuner.space import SearchSpace, load_space
 from tuner.study import PhaseRun, TuneOptions, predicted_front_params
 from tuner.study._objectives import phase_values
+from tuner.study._trial_record import read_trials
 from tuner.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,15 +154,14 @@ class RunScore:
 
 def score(study: optuna.Study, space: SearchSpace, phase: str, ground: Ground, cpu_s: float,
           wall_s: float) -> RunScore:
-    launched = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.user_attrs.get("kind") == "sampled"]
+    launched = [r for r in read_trials(study, (TrialState.COMPLETE,)) if r.is_launch]
     seen: list[Point] = []
     found: set[Topology] = set()
     strict: set[Topology] = set()
     ratios, fronts, stricts = [], [], []
     for t in launched:
         topo = space.topology(phase, t.params)
-        if t.user_attrs.get("status") == "ok":
+        if t.attrs.outcome is TrialStatus.OK:
             seen += ground.curves.get(topo, [])
             if topo in ground.front:
                 found.add(topo)

@@ -23,9 +23,10 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.backends import TrialStatus
 from tuner.study._prior import SimulatorPrior, params_key
-from tuner.study._records import is_feasible
 from tuner.study._residual import Hyper, ResidualFit, fit_residual, prior_sd
+from tuner.study._trial_record import TrialKind, TrialRecord
 
 MC_SAMPLES = 16
 # hyper-parameters are re-picked on the grid at every ask up to 20 measured configs, then each time the data
@@ -101,21 +102,21 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         taken: set[int] = set()
         running: list[int] = []
         for t in study.get_trials(deepcopy=False):
-            params = t.params or t.system_attrs.get("fixed_params", {})
+            record = TrialRecord.read(t)
+            params = record.params or t.system_attrs.get("fixed_params", {})
             idx = self._index.get(params_key(params)) if params else None
             if idx is None:
                 continue
-            kind = t.user_attrs.get("kind")
-            if t.state in (TrialState.RUNNING, TrialState.WAITING):
+            if record.state in (TrialState.RUNNING, TrialState.WAITING):
                 taken.add(idx)
                 running.append(idx)
-            elif t.state == TrialState.COMPLETE and kind in ("sampled", "extra"):
+            elif record.state == TrialState.COMPLETE and record.kind in (TrialKind.SAMPLED, TrialKind.EXTRA):
                 taken.add(idx)
-                level = t.user_attrs.get("concurrency")
-                if t.user_attrs.get("status") == "ok" and level in prior.levels and t.values:
-                    points.setdefault(idx, []).append((prior.levels.index(level), t.values[0], t.values[1],
-                                                       is_feasible(t.constraints)))
-            elif t.state == TrialState.FAIL and kind == "sampled":
+                level = record.attrs.concurrency
+                if record.attrs.outcome is TrialStatus.OK and level in prior.levels and record.values:
+                    points.setdefault(idx, []).append((prior.levels.index(level), record.values[0],
+                                                       record.values[1], record.feasible))
+            elif record.state == TrialState.FAIL and record.kind is TrialKind.SAMPLED:
                 taken.add(idx)
         return _Observed(points=points, taken=taken, running=[i for i in running if i not in points])
 
