@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import optuna
 from optuna.trial import TrialState
@@ -219,11 +220,11 @@ def summarise(row: Row, n5: int, n10: int, budget: int) -> dict[str, object]:
     }
 
 
-def print_header(n5: int, n10: int) -> None:
+def print_header(n5: int, n10: int, file: TextIO) -> None:
     header = ["sampler", f"HV@{n5} (5%)", f"HV@{n10} (10%)", "worst truth @10%", "trials to 95%",
               "trials / front config (1%)", "tuner CPU s/trial (wall)"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header), flush=True)
+    print("| " + " | ".join(header) + " |", file=file)
+    print("|" + "---|" * len(header), file=file, flush=True)
 
 
 def truths(kind: str, count: int, first: int) -> list[tuple[int, Backend, float]]:
@@ -247,7 +248,7 @@ def main() -> None:
     ap.add_argument("--samplers", nargs="+", default=["auto", "gp", "tpe", "nsga2", "random"])
     ap.add_argument("--budget-pct", type=float, default=10.0, help="trials per run, %% of the exhaustive count")
     ap.add_argument("--parallel", type=int, default=1, help="trials in flight (batched proposals)")
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON (no tables)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON (the tables go to stderr)")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     space, model, gpu = load_space(SPACE), load_model(MODEL), get_gpu("gb300")
@@ -264,8 +265,7 @@ def main() -> None:
         print(f"\n## {phase}: {args.truth} truth x{len(chosen)}, {args.seeds} seeds; {count} fitting configs, "
               f"true-front configs per truth, within noise (1%): {fronts}; budget {budget} trials; ground truth in "
               f"{time.perf_counter() - t0:.1f} s", file=log, flush=True)
-        if not args.json:
-            print_header(n5, n10)
+        print_header(n5, n10, log)
         summaries = {}
         for sampler in args.samplers:
             row = Row(sampler)
@@ -275,8 +275,7 @@ def main() -> None:
                     row.scores.append(s)
                     row.per_truth_10pct.setdefault(i, []).append(s.ratio_at(n10))
             summaries[sampler] = summarise(row, n5, n10, budget)
-            if not args.json:
-                print("| " + " | ".join(_cells(sampler, summaries[sampler])) + " |", flush=True)
+            print("| " + " | ".join(_cells(sampler, summaries[sampler])) + " |", file=log, flush=True)
         out[phase] = summaries
     if args.json:
         print(json.dumps(out, indent=2))
