@@ -118,7 +118,8 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
     first = next(iter(space.phases.values()))
     ctx = RecipeContext(model_path=record.model_path, model_name=record.model_name, gpu=gpu.name,
                         gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
-                        osl=space.workload.osl, concurrency=tuple(first.concurrency))
+                        osl=space.workload.osl, concurrency=tuple(first.concurrency),
+                        vllm_version=space.cluster.vllm_version)
     text = export_deployment(deployments[point], fmt, ctx)
     suffix = {"vllm": "sh", "compose": "yaml", "srt-slurm": "yaml"}[fmt]
     return PlainTextResponse(text, headers={

@@ -54,6 +54,7 @@ class TrialRequest(BaseModel):
     min_accuracy: float | None = Field(None, ge=0, le=1)
     hosts: tuple[HostAssignment, ...] = ()
     seed: int = 0
+    vllm_version: str | None = None  # the space's cluster.vllm_version (None: detected by the backend)
 
 
 class AccuracyGate(BaseModel):

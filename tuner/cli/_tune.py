@@ -255,7 +255,8 @@ def export(study: Annotated[str, typer.Argument()],
     gpu = get_gpu(space.cluster.gpu)
     ctx = RecipeContext(model_path=meta["model_path"], model_name=meta["model"], gpu=gpu.name,
                         gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
-                        osl=space.workload.osl, concurrency=tuple(space.phases[next(iter(space.phases))].concurrency))
+                        osl=space.workload.osl, concurrency=tuple(space.phases[next(iter(space.phases))].concurrency),
+                        vllm_version=space.cluster.vllm_version)
     text = export_deployment(deployments[point], fmt, ctx)
     if output is None:
         print(text, end="")

@@ -39,11 +39,12 @@ def cudagraph_capture_sizes(topo: Topology, architecture: str = "hopper") -> lis
     1, 2, 4, every 8 below 256, every 16 from 256, up to max_cudagraph_capture_size (default above, then capped
     by max-num-batched-tokens, which is itself added when it fits); with MTP the uniform-decode sizes
     n x (1 + mtp) for n up to max-num-seqs are added too. An explicit --max-cudagraph-capture-size replaces the
-    default cap (topology field `max_cudagraph_capture_size` when the plan sets one).
+    default cap: launch plans set Topology.cudagraph_capture_tokens (the searched knob, or by default the decode
+    batch x (1 + MTP) on decoding instances; None on prefill, where vLLM's default applies).
     """
     if architecture == "cpu":
         return []  # the CPU backend runs eagerly
-    explicit = getattr(topo, "max_cudagraph_capture_size", None)
+    explicit = topo.cudagraph_capture_tokens
     cap = explicit if explicit is not None else _default_max_capture_size(topo, architecture)
     qlen = 1 + topo.mtp
     uniform_decode: list[int] = []

@@ -108,19 +108,34 @@ def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: Mod
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
     prefill = _per_topology_fronts(phases["prefill"].points)
     decode = _per_topology_fronts(phases["decode"].points)
-    if model.is_hybrid:
-        # vLLM sizes a hybrid model's block from its speculative depth, and NIXL needs equal blocks: the prefill
-        # instance of a pair is launched with the decode side's MTP depth (its prompt speed barely changes).
-        depths = sorted({t.mtp for t, _ in decode})
-        prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
+    # NIXL's handshake compares both sides' speculative config (vLLM PR #49230), and a hybrid model's block
+    # size follows it: the prefill instance of a pair runs the decode side's MTP depth (its prompt speed
+    # barely changes), so each prefill point pairs with every decode depth.
+    depths = sorted({t.mtp for t, _ in decode})
+    prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
     c = space.constraints
+    refusal = hybrid_tp_refusal(space, model)
     try:
         composed = compose_disaggregated(prefill, decode, Constraints(
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
-            percentile=c.percentile, same_tp=model.is_hybrid, same_mtp=model.is_hybrid))
+            percentile=c.percentile, same_tp=refusal is not None, same_mtp=True,
+            pairing_reason=refusal or "prefill runs its decode side's MTP depth"))
     except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
         return [], [], exc.user_message()
     return composed, combined_front(composed), None
+
+
+def hybrid_tp_refusal(space: SearchSpace, model: ModelSpec) -> str | None:
+    """Why prefill and decode must share TP for this model on the targeted vLLM (None: any TP pairs).
+
+    The space's cluster.vllm_version decides (the version table in tuner.backends.vllm); without one, the
+    newest version the table was checked against, and the launch plan refuses a pair the hosts' vLLM cannot run.
+    """
+    if not model.is_hybrid:
+        return None
+    from tuner.backends.vllm import launch_rules
+
+    return launch_rules(space.cluster.vllm_version).hetero_tp_refusal()
 
 
 def _per_topology_fronts(points: list[StoredPoint]) -> list[tuple[Topology, ServingMetrics]]:
@@ -211,7 +226,7 @@ class Campaign:
                            artifacts_dir=self.artifacts_dir, on_event=self.on_event, cancel=self.cancel,
                            warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps))
             study = run.run()
-            if self.model.is_hybrid:
+            if hybrid_tp_refusal(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp
                                       for p in _phase_result(study, phase).front)
         result, _, _ = load_campaign(self.storage_url, self.name)

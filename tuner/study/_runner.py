@@ -303,7 +303,8 @@ class PhaseRun:
             trial_id=f"{self.study_name}#{trial.number}", model_path=self.model_path, gpu=self.gpu.name,
             deployment=Deployment.single(topo), workload=self.space.phase_workload(self.phase),
             artifacts_dir=str(folder), timeout_s=self.options.trial_timeout_s,
-            min_accuracy=self.space.constraints.min_accuracy, seed=self.options.seed * 1_000_003 + trial.number)
+            min_accuracy=self.space.constraints.min_accuracy, seed=self.options.seed * 1_000_003 + trial.number,
+            vllm_version=self.space.cluster.vllm_version)
 
     # -- telling ---------------------------------------------------------------------------------------
     def _tell_failure(self, study: optuna.Study, trial: optuna.Trial, kind: str, key: str, amount: float,

@@ -33,11 +33,14 @@ from tuner.backends.vllm._process import (
     wait_healthy,
 )
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
+from tuner.backends.vllm._versions import detect_version
 from tuner.metrics import ServingMetrics
+from tuner.workload import served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
-_PORT_BLOCK = 200  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance)
+_PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
+# VLLM_PORT ranges +200.. (10 per server process)
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> str:
@@ -87,7 +90,8 @@ class VllmBackendSettings(BaseModel):
     served_model_name: str = "topotune"
     bind_host: str = "0.0.0.0"
     port_base: int | None = Field(None, gt=1024, lt=65000, description="None: a free block found per trial")
-    max_model_len: int | None = Field(None, ge=1, description="None: isl + osl of the workload")
+    max_model_len: int | None = Field(None, ge=1, description="None: isl + osl of the workload plus headroom")
+    vllm_version: str | None = Field(None, description="the targeted vLLM; None: the space's, else detected")
     extra_vllm_flags: tuple[str, ...] = ()
     vllm_env: dict[str, str] = Field(default_factory=dict)
     cpu_threads_bind: str | None = None  # "auto" | "ids" | None (auto for one worker, ids otherwise)
@@ -97,7 +101,7 @@ class VllmBackendSettings(BaseModel):
     startup_timeout_s: float = Field(900.0, gt=0)
     level_timeout_s: float = Field(1800.0, gt=0)
     teardown_grace_s: float = Field(20.0, ge=0)
-    warmup_requests: int = Field(-1, ge=-1, description="-1: one per concurrency slot")
+    warmup_requests: int = Field(-1, ge=-1, description="-1: one per concurrency slot; never 0 (see _measure)")
     max_error_rate: float = Field(0.01, ge=0, le=1, description="a level above this fails the trial")
     # GSM8K as vLLM's eval asks it (5 train shots, 256 tokens); a sample of the 1,319 test questions, the verdict
     # on its Wilson interval (fails only when the upper bound is below the bar).
@@ -151,6 +155,30 @@ class TrialTimings:
         return self.plan_s + self.startup_s + self.measure_s + self.accuracy_s + self.teardown_s
 
 
+def model_is_hybrid(model_path: str) -> bool:
+    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read
+    (a hub id on a machine without the weights: the trial's own start-up then says what is wrong)."""
+    try:
+        from tuner.models import load_model
+
+        return load_model(model_path).is_hybrid
+    except Exception:  # any unreadable config: plan as for a plain transformer
+        return False
+
+
+def has_multi_node_nvlink(device: Device, gpu: str) -> bool:
+    """GB200/GB300 NVL72: the NVLink domain spans hosts, so NIXL's UCX runs over multi-node NVLink."""
+    if device != "cuda":
+        return False
+    try:
+        from tuner.hardware import get_gpu
+
+        spec = get_gpu(gpu)
+    except Exception:  # an unknown GPU name: no multi-node NVLink settings
+        return False
+    return spec.nvlink_domain_gpus > spec.gpus_per_host
+
+
 class _TrialFailed(Exception):
     def __init__(self, failure: Failure) -> None:
         super().__init__(failure.reason)
@@ -180,14 +208,27 @@ class VllmBackend(Backend):
         self._live: dict[str, tuple[ProcessStarter, list[ProcessHandle]]] = {}
         self.last_timings: TrialTimings | None = None
         self.last_plan: LaunchPlan | None = None
+        self._detected_version: str | None = None
 
     # -- planning -------------------------------------------------------------------------------------
     def max_model_len(self, request: TrialRequest) -> int:
-        """The served context: the setting, else isl + osl, raised so a gated trial's GSM8K prompts fit."""
+        """The served context: the setting, else isl + osl with headroom (AIPerf's prompts can re-tokenize
+        longer), raised so a gated trial's GSM8K prompts fit."""
         if self.settings.max_model_len:
             return self.settings.max_model_len
-        tokens = request.workload.isl + request.workload.osl
+        tokens = served_context_tokens(request.workload.isl, request.workload.osl)
         return tokens if request.min_accuracy is None else max(tokens, self.settings.accuracy_min_model_len)
+
+    def target_version(self, request: TrialRequest) -> str | None:
+        """The vLLM version plans target: the request's (the space's cluster section), the setting, else the one
+        `vllm --version` reports here (once per backend); None: the newest the version table was checked on."""
+        chosen = request.vllm_version or self.settings.vllm_version
+        if chosen:
+            return chosen
+        if self._detected_version is None:
+            found = detect_version(self.settings.vllm_argv)
+            self._detected_version = str(found) if found else ""
+        return self._detected_version or None
 
     def plan(self, request: TrialRequest, *, port_base: int | None = None) -> LaunchPlan:
         s = self.settings
@@ -201,8 +242,11 @@ class VllmBackend(Backend):
             vllm_argv=s.vllm_argv, router_argv=s.router_argv, model_path=request.model_path,
             served_model_name=s.served_model_name, device=s.device, bind_host=s.bind_host,
             api_port_base=base, router_port=base + 60, dp_rpc_port_base=base + 80, master_port_base=base + 100,
-            nixl_side_channel_port_base=base + 120,
-            max_model_len=self.max_model_len(request),
+            nixl_side_channel_port_base=base + 120, vllm_port_base=base + 200, vllm_port_stride=10,
+            max_model_len=self.max_model_len(request), vllm_version=self.target_version(request),
+            model_is_hybrid=model_is_hybrid(request.model_path),
+            multi_node_nvlink=has_multi_node_nvlink(s.device, request.gpu),
+            pd_block_size=s.cpu_block_size if s.device == "cpu" else None,
             extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind)  # type: ignore[arg-type]
         return build_plan(request.deployment, hosts, plan_settings)
 
@@ -381,7 +425,9 @@ class VllmBackend(Backend):
     def _measure(self, request: TrialRequest, plan: LaunchPlan, level: int, artifacts: Path,
                  processes: list[ProcessHandle], deadline: float, max_concurrency: float) -> ServingMetrics:
         w = request.workload
-        warmup = level if self.settings.warmup_requests < 0 else self.settings.warmup_requests
+        # Never 0: the first requests of a fresh server pay for lazy initialisation (CUDA graphs, NIXL
+        # handshakes between prefill and decode) and would be measured.
+        warmup = level if self.settings.warmup_requests < 0 else max(1, self.settings.warmup_requests)
         run = AiperfRun(aiperf_argv=self.settings.aiperf_argv, model=self.settings.served_model_name,
                         tokenizer=request.model_path, url=plan.endpoint, isl=w.isl, osl=w.osl, concurrency=level,
                         request_count=w.request_count(level), warmup_request_count=warmup, seed=request.seed)
