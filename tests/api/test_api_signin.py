@@ -177,14 +177,14 @@ def test_form_constraints_go_through_the_api_schema(app_client):
 
 
 def test_live_view_shows_trials_in_flight_with_their_log(app_client):
-    r = app_client.post("/v1/studies", json={**FAST_STUDY, "trials": 2, "trial_delay_s": 4.0, "phases": ["decode"]},
+    r = app_client.post("/v1/studies", json={**FAST_STUDY, "trials": 3, "trial_delay_s": 5.0, "phases": ["decode"]},
                         headers=AUTH)
     sid = r.json()["id"]
     deadline = time.monotonic() + 120
     while True:
         live = app_client.get(f"/ui/studies/{sid}/live").json()
-        if live["in_flight"] and live["in_flight"][0]["logs"]:
-            break
+        if live["in_flight"] and live["in_flight"][0]["logs"] and live["in_flight"][0]["logs"][0]["tail"]:
+            break  # (the file may exist a moment before its first line is written)
         assert time.monotonic() < deadline, live
         time.sleep(0.2)
     trial = live["in_flight"][0]
