@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cpu_vllm_helpers import CPU_SETTINGS, needs_envs
+from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 
 from tuner.backends.vllm import (
     PlanSettings,

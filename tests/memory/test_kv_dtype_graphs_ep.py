@@ -173,3 +173,23 @@ def test_uneven_ep_and_eplb_weights(reference_model_path: Path, models_dir: Path
     assert more.weights.expert_bytes == pytest.approx(ds.expert_bytes * 9 / 256, rel=1e-9)  # 288 / 32
     with pytest.raises(TopologyError, match="expert parallelism"):
         Topology(tp=8, num_redundant_experts=8).check(ds)
+
+
+def test_space_searches_eplb_over_ep48(models_dir: Path) -> None:
+    ds = load_model(models_dir / "deepseek-v3")
+    space = parse_space("""
+name: eplb
+cluster: {gpu: gb200, num_gpus: 72}
+workload: {isl: 8192, osl: 1024}
+phases:
+  decode: {tp: [8], dp: [6, 9], ep: [true], concurrency: [64], num_redundant_experts: [0, 32]}
+""")
+    topos = space.expand("decode", ds)
+    names = {(t.name, t.num_redundant_experts) for t in topos}
+    # EP48: 256 and 288 physical experts both fine (288 = 6 x 48); EP72: 256 uneven is fine, 288 = 4 x 72 too
+    assert names == {("TP8DP6+EP", 0), ("TP8DP6+EP", 32), ("TP8DP9+EP", 0), ("TP8DP9+EP", 32)}
+    assert all(t.vllm_flags().count("--enable-eplb") == (t.num_redundant_experts > 0) for t in topos)
+    odd = parse_space("name: e\ncluster: {gpu: gb200, num_gpus: 72}\nworkload: {isl: 1, osl: 1}\nphases: {decode: "
+                      "{tp: [8], dp: [6], ep: [true], concurrency: [1], num_redundant_experts: [8]}}\n")
+    with pytest.raises(ConfigError, match="redundant"):
+        odd.expand("decode", ds)

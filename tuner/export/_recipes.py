@@ -18,6 +18,8 @@ from tuner.backends.vllm import (
     pack_hosts,
 )
 from tuner.deployment import Deployment
+from tuner.hardware import get_gpu
+from tuner.space import SearchSpace
 from tuner.topology import Role
 from tuner.workload import served_context_tokens
 
@@ -36,6 +38,16 @@ class RecipeContext:
     precision: str = "bf16"
     image: str = VLLM_IMAGE
     vllm_version: str | None = None  # the space's cluster.vllm_version: the version table's choices follow it
+
+    @classmethod
+    def for_space(cls, space: SearchSpace, *, model_path: str, model_name: str) -> RecipeContext:
+        """The context of a campaign's exports (the CLI's `export` and the API's /export build it here)."""
+        gpu = get_gpu(space.cluster.gpu)
+        first = next(iter(space.phases.values()))
+        return cls(model_path=model_path, model_name=model_name, gpu=gpu.name,
+                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
+                   osl=space.workload.osl, concurrency=tuple(first.concurrency),
+                   vllm_version=space.cluster.vllm_version)
 
     def plan_settings(self) -> PlanSettings:
         """The same settings a trial's plan uses (version table, hybrid PD settings, context headroom)."""
