@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.models import EventRecord, StudyRecord
-from tuner.study import open_storage
+from tuner.study import TrialRecord, open_storage
 from tuner.trial_logs import tail_text, trial_log_files
 
 MAX_IN_FLIGHT = 32
@@ -89,11 +89,12 @@ def in_flight(record: StudyRecord, storage_url: str, artifacts_root: Path) -> li
         except KeyError:  # the phase has not started yet
             continue
         for t in storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            if "artifacts_dir" not in t.user_attrs:  # asked but not launched yet (waiting for a slot)
+            r = TrialRecord.read(t)
+            if r.attrs.artifacts_dir is None:  # asked but not launched yet (waiting for a slot)
                 continue
-            start = t.datetime_start.timestamp() if t.datetime_start else None  # Optuna stores local time
-            beat = t.user_attrs.get("heartbeat_at")
-            logs, note = _logs(t.user_attrs.get("artifacts_dir"), artifacts_root)
+            start = r.started_at  # Optuna stores local time
+            beat = r.attrs.heartbeat_at
+            logs, note = _logs(r.attrs.artifacts_dir, artifacts_root)
             out.append(InFlightTrial(phase=phase, trial_number=t.number, config=_label(t.params), params=t.params,
                                      running_s=round(now - start, 1) if start else None,
                                      heartbeat_age_s=round(now - float(beat), 1) if beat else None,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 from sqlalchemy import Engine, bindparam, text
@@ -27,12 +26,7 @@ from api.schemas import (
 )
 from tuner.errors import TopotuneError
 from tuner.space import ALL_PHASES, SearchSpace
-from tuner.study import CampaignResult, load_campaign, open_storage
-
-PHASE_OBJECTIVES: dict[str, tuple[str, str]] = {
-    "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
-    "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
-}
+from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, TrialRecord, load_campaign, open_storage
 
 _STATE_COUNTS = text(
     "SELECT s.study_id, s.study_name, t.state, COUNT(t.trial_id) FROM studies s "
@@ -48,7 +42,7 @@ class Snapshot:
     trials_stored: int
     result: CampaignResult | None = None
     space: SearchSpace | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: CampaignMeta | None = None
     error: str | None = None
     trial_rows: dict[str, list[TrialPublic]] | None = None
     pareto_json: dict[StudyStatus, bytes] = field(default_factory=dict)
@@ -111,14 +105,13 @@ class ResultCache:
         study = optuna.load_study(study_name=f"{campaign}/{phase}", storage=open_storage(self.storage_url))
         out = []
         for t in study.get_trials(deepcopy=False):
-            attrs = t.user_attrs
-            constraints = {k: float(v) for k, v in (t.constraints or {}).items()}
+            r = TrialRecord.read(t)
             out.append(TrialPublic(
-                phase=phase, trial_number=t.number, state=t.state.name, status=attrs.get("status"),  # type: ignore[arg-type]
-                kind=attrs.get("kind"), params=dict(t.params), values=list(t.values) if t.values else None,
-                constraints=constraints, feasible=t.state.name == "COMPLETE" and all(v <= 0 for v in
-                                                                                      constraints.values()),
-                reason=attrs.get("reason"), duration_s=attrs.get("duration_s"), concurrency=attrs.get("concurrency")))
+                phase=phase, trial_number=r.number, state=r.state.name,  # type: ignore[arg-type]
+                status=str(r.attrs.outcome) if r.attrs.outcome is not None else None,
+                kind=str(r.kind) if r.kind is not None else None, params=r.params,
+                values=list(r.values) if r.values else None, constraints=r.constraints, feasible=r.feasible,
+                reason=r.attrs.reason, duration_s=r.attrs.duration_s, concurrency=r.attrs.concurrency))
         return out
 
 
@@ -136,16 +129,14 @@ def phase_progress(record: StudyRecord, snap: Snapshot) -> dict[str, PhaseProgre
             study_name=f"{record.campaign}/{phase}", dashboard_url=dashboard_url(snap.study_ids.get(phase)),
             launched=pr.launched if pr else 0, budget=record.trials_per_phase,
             counts=dict(pr.counts) if pr else {},
-            failures=[Failure(trial_number=f["trial"], status=f["status"], reason=str(f["reason"])[:2000],
-                              params=f["params"]) for f in (pr.failures[:50] if pr else [])])
+            failures=[Failure(trial_number=f.trial_number, status=f.status, reason=f.reason[:2000],
+                              params=f.params) for f in (pr.failures[:50] if pr else [])])
     return out
 
 
 def exportable(result: CampaignResult) -> list:
     """The deployments /export indexes: the composed front, else the phase fronts (single-phase campaigns)."""
-    if result.composed_front:
-        return [p.deployment for p in result.composed_front]
-    return [p.deployment for pr in result.phases.values() for p in pr.front]
+    return result.exportable_deployments()
 
 
 def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
@@ -161,7 +152,7 @@ def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
         if result is not None:
             for phase, pr in result.phases.items():
                 phases[phase] = PhaseFront(
-                    study_name=pr.study_name, objectives=list(PHASE_OBJECTIVES[phase]), points_total=len(pr.points),
+                    study_name=pr.study_name, objectives=list(PHASE_METRICS[phase]), points_total=len(pr.points),
                     points_feasible=sum(p.feasible for p in pr.points),
                     front=[FrontPoint(trial_number=p.trial_number, deployment=p.deployment.name,
                                       topology=p.deployment.groups[0].topology.label(),

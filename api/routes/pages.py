@@ -30,8 +30,6 @@ from tuner.errors import TopotuneError
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
-AXES = {"prefill": ("total tokens/s per GPU", "prompt tokens/s per user"),
-        "decode": ("total tokens/s per GPU", "generated tokens/s per user")}
 
 
 def _plotly_js() -> Path:
@@ -43,18 +41,11 @@ def _plotly_js() -> Path:
 def figures(record: StudyRecord, snap: Snapshot) -> list[dict[str, Any]]:
     """Plotly figures as JSON: the composed PD front (every xPyD deployment faint, the front bold), then each
     phase (feasible points faint, SLA-infeasible marked x, the feasible front bold)."""
-    from tuner.report import composed_front_figure, phase_figure
+    from tuner.report import campaign_figures
 
-    result = snap.result
-    if result is None:
+    if snap.result is None:
         return []
-    figs = []
-    if result.composed_front:
-        figs.append(composed_front_figure(result.composed, result.composed_front,
-                                          f"study {record.id}: composed PD front"))
-    for phase, pr in result.phases.items():
-        figs.append(phase_figure(pr, AXES[phase]))
-    return [json.loads(f.to_json()) for f in figs]
+    return [json.loads(f.to_json()) for f in campaign_figures(snap.result, f"study {record.id}: composed PD front")]
 
 
 def constraint_summary(snap: Snapshot) -> dict[str, dict[str, int]]:

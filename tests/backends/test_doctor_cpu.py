@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cpu_vllm_helpers import needs_envs
+from _support.cpu_vllm import needs_envs
+from _support.paths import REFERENCE_SPACE, REPO, SPACES
 
 from tuner.backends.vllm import default_envs_dir
 from tuner.doctor import CheckStatus, run_doctor
@@ -22,9 +23,8 @@ from tuner.space import load_space
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-CPU_SPACE = REPO / "search_spaces" / "cpu-tiny.yaml"
-GPU_SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+CPU_SPACE = SPACES / "cpu-tiny.yaml"
+GPU_SPACE = REFERENCE_SPACE
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
-from cpu_vllm_helpers import CPU_SETTINGS as SETTINGS
-from cpu_vllm_helpers import needs_envs, processes_mentioning
+from _support.cpu_vllm import CPU_SETTINGS as SETTINGS
+from _support.cpu_vllm import needs_envs
+from _support.processes import processes_mentioning
 
 from tuner.backends import TrialRequest, TrialStatus
 from tuner.backends.vllm import VllmBackend

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from _support.paths import SPACES
 
 from tuner.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
-CPU_SPACE = str(REPO / "search_spaces" / "cpu-tiny.yaml")
+CPU_SPACE = str(SPACES / "cpu-tiny.yaml")
 
 
 def test_tune_vllm_stops_on_a_failed_preflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -172,3 +172,22 @@ def test_unknown_quant_method_names_the_field(models_dir: Path, tmp_path: Path) 
     with pytest.raises(ConfigError) as err:
         load_model(_write(tmp_path / "m", {**cfg, "quantization_config": {"quant_method": "bitsandbytes"}}))
     assert err.value.field.endswith("quantization_config.quant_method") and "awq" in err.value.fix
+
+
+def test_gpt_oss_mxfp4_padding_follows_vllms_backends(models_dir: Path) -> None:
+    """Mxfp4MoEMethod.create_weights: FlashInfer on Blackwell rounds I and H to 256 (2880 -> 3072); the Triton
+    kernels on Hopper round the per-partition I to 64 (2880 stays, 1440 at TP2 becomes 1472)."""
+    big = load_model(models_dir / "gpt-oss-120b")
+
+    def per_expert(i: int, h: int) -> float:
+        return 3 * i * h * (1 / 2 + 1 / 32) + 2 * (2 * i + h)
+
+    h100 = compute_memory(big, get_gpu("h100"), Topology(tp=1))
+    assert h100.weights.expert_bytes == big.expert_bytes
+    b200 = compute_memory(big, get_gpu("b200"), Topology(tp=1))
+    assert b200.weights.expert_bytes == pytest.approx(big.expert_bytes * per_expert(3072, 3072)
+                                                      / per_expert(2880, 2880), rel=1e-9)
+    tp2 = compute_memory(big, get_gpu("h100"), Topology(tp=2))
+    assert tp2.weights.expert_bytes == pytest.approx(big.expert_bytes / 2 * per_expert(1472, 2880)
+                                                     / per_expert(1440, 2880), rel=1e-9)
+    assert "MXFP4 kernel padding" in next(line.how for line in b200.lines if line.label == "expert weights")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.backends import AccuracyGate, Backend, TrialRequest, TrialResult
 from tuner.backends._simulated import SimulatedBackend
@@ -14,9 +15,8 @@ from tuner.executors import LocalExecutor
 from tuner.space import load_space
 from tuner.study import Campaign, TuneOptions, open_storage
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 
 
 class NoisyGateBackend(Backend):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
@@ -54,6 +55,7 @@ class TrialRequest(BaseModel):
     min_accuracy: float | None = Field(None, ge=0, le=1)
     hosts: tuple[HostAssignment, ...] = ()
     seed: int = 0
+    vllm_version: str | None = None  # the space's cluster.vllm_version (None: detected by the backend)
 
 
 class AccuracyGate(BaseModel):
@@ -94,6 +96,17 @@ class TrialResult(BaseModel):
         return cls(status=status, reason=reason, **extra)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class ExecutorNeeds:
+    """What a backend needs from the executor that runs it: declared by the backend, so an executor never
+    recognises a backend by its name or the signature of its `run`."""
+
+    device_ids: bool = False  # it binds processes to GPU ids: resolve each placed bundle's device ids
+    # it starts processes on the hosts of its assignment: `run(request, starter=...)` gets a ProcessStarter
+    # (tuner.launch) that starts each one on its own host
+    process_starter: bool = False
+
+
 class Backend(abc.ABC):
     """Measures a deployment. Subclasses: SimulatedBackend (the performance model), VllmBackend (real).
 
@@ -103,6 +116,7 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str]
+    needs: ClassVar[ExecutorNeeds] = ExecutorNeeds()
 
     @abc.abstractmethod
     def run(self, request: TrialRequest) -> TrialResult: ...

@@ -16,7 +16,7 @@ def trial_artifacts_dir(storage_url: str, study: str, trial: int) -> Path:
     """The folder a trial's logs went to, from its user attr "artifacts_dir"; errors name what is missing."""
     import optuna
 
-    from tuner.study import open_storage
+    from tuner.study import TrialRecord, open_storage
 
     storage = open_storage(storage_url)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
@@ -28,7 +28,7 @@ def trial_artifacts_dir(storage_url: str, study: str, trial: int) -> Path:
     if found is None:
         raise ConfigError(f"study {study!r} has no trial {trial} (it has {len(trials)})", field="TRIAL",
                           fix="use a trial number shown by `topotune show`")
-    folder = found.user_attrs.get("artifacts_dir")
+    folder = TrialRecord.read(found).attrs.artifacts_dir
     if not folder:
         raise ConfigError(f"trial {trial} of {study!r} has no artifacts_dir (screened out, or never launched)",
                           field="artifacts_dir", fix="pick a launched trial")

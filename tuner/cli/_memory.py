@@ -59,6 +59,8 @@ def memory(
     cuda_graph_gib: Annotated[float | None, typer.Option(help="Measured CUDA-graph memory.")] = None,
     sweep: Annotated[bool, typer.Option(help="Every valid topology for --gpus, sorted by concurrency.")] = False,
     gpus: Annotated[int, typer.Option(help="GPU count for --sweep (and the cluster limit).")] = 72,
+    all_sizes: Annotated[bool, typer.Option(
+        help="--sweep also tries TP/DP sizes that are not powers of two (EP48, EP72, ...).")] = False,
     hardware_file: HardwareFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -78,7 +80,7 @@ def memory(
               "num_redundant_experts": num_redundant_experts}
     if sweep:
         Topology.create(mtp=mtp, **engine)  # validate the shared fields once, with a clear message
-        rows = sweep_topologies(spec, gpu, gpus, inputs, mtp_values=(mtp,), **engine)
+        rows = sweep_topologies(spec, gpu, gpus, inputs, mtp_values=(mtp,), powers_of_two=not all_sizes, **engine)
         if json_out:
             print_json([{**r.memory.to_dict(), "topology": r.topology.name} for r in rows])
             return

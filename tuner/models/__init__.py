@@ -51,7 +51,8 @@ def load_model(path: str | Path, *, use_safetensors: bool = True) -> ModelSpec:
     name = (folder or Path(path).expanduser().resolve().parent).name
     spec = build_spec(cfg, name)
     if use_safetensors and folder is not None and any(folder.glob("*.safetensors")):
+        quantized = next((t.fmt for t in spec.tensors if t.is_expert and t.fmt is not WeightFormat.BF16), None)
         tensors = tensors_from_safetensors(folder, num_layers=spec.num_layers,
-                                           packed_fp4=spec.quantization.startswith("nvfp4"))
+                                           packed_fp4=spec.quantization.startswith("nvfp4"), quantized=quantized)
         spec = dataclasses.replace(spec, tensors=tensors, weights_source="safetensors headers")
     return spec

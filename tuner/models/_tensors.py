@@ -19,7 +19,9 @@ from tuner.models._spec import (
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _SUFFIXES = (".weight", ".bias", ".weight_scale_inv", ".weight_scale_2", ".weight_scale", ".input_scale",
-             ".e_score_correction_bias")
+             ".e_score_correction_bias", ".weight_packed", ".weight_shape", ".weight_global_scale",
+             ".input_global_scale", ".weight_zero_point", ".qweight", ".qzeros", ".scales", ".g_idx",
+             "_blocks", "_scales", "_bias")
 
 
 def module_name(tensor_name: str) -> str:

@@ -41,3 +41,11 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                               fix="check the URL and that the database server is reachable") from exc
         _STORAGES[url] = storage
         return storage
+
+
+def close_storage(url: str) -> None:
+    """Dispose of the storage opened for `url` (its pooled connections), e.g. before its database is dropped."""
+    with _LOCK:
+        storage = _STORAGES.pop(url, None)
+    if storage is not None:
+        storage.engine.dispose()
