@@ -280,3 +280,16 @@ def test_exported_recipes_carry_the_trial_plans_settings() -> None:
     placed = place_instances(dep, pack_hosts(dep, 4))
     assert all(len(h.gpu_ids) == 4 for p in placed for h in p.hosts)
     assert json.loads(json.dumps(decode["speculative-config"]))["num_speculative_tokens"] == 3
+
+
+def test_a_plan_the_targeted_vllm_cannot_run_ends_the_trial_unsupported_with_the_reason(tmp_path: Path,
+                                                                                        reference_model_path: Path
+                                                                                        ) -> None:
+    backend = VllmBackend(VllmBackendSettings(vllm_argv=("/nonexistent/vllm",), port_base=9000))
+    request = TrialRequest(trial_id="t", model_path=str(reference_model_path), gpu="gb300",
+                           deployment=parse_deployment("1P:TP4,1D:TEP8"), vllm_version="0.24.0",
+                           workload=Workload(isl=1024, osl=128, concurrency=(1,)), artifacts_dir=str(tmp_path),
+                           hosts=tuple(HostAssignment(address=f"192.0.2.{i}", gpu_ids=(0, 1, 2, 3)) for i in range(3)))
+    result = backend.run(request)
+    assert result.status.value == "unsupported" and "vLLM 0.26.1 lifts it" in result.reason
+    assert not (tmp_path / "logs").exists()  # nothing was launched

@@ -44,6 +44,7 @@ from tuner.backends.vllm._process import (
 )
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
 from tuner.backends.vllm._versions import detect_version
+from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
 from tuner.workload import served_context_tokens
 
@@ -349,7 +350,10 @@ class VllmBackend(Backend):
     # -- the stages of a trial ------------------------------------------------------------------------
     def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:
         port_base = self.settings.port_base or free_port_block(_PORT_BLOCK)
-        plan = self.plan(trial.request, port_base=port_base)
+        try:
+            plan = self.plan(trial.request, port_base=port_base)
+        except ConfigError as exc:  # a layout or pairing the targeted vLLM cannot run: said, never launched
+            raise _TrialFailed(Failure(TrialStatus.UNSUPPORTED, exc.user_message())) from None
         self.last_plan = plan
         (trial.artifacts / "plan.json").write_text(plan.model_dump_json(indent=2))
         return plan
