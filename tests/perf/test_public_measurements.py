@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from _support.paths import REPO
 
 from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import Calibration, RooflineModel
 from tuner.topology import Role, Topology
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

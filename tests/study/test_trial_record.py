@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -62,3 +64,39 @@ def test_campaign_meta_round_trip_and_missing() -> None:
     meta.write(study)
     assert CampaignMeta.read(study.user_attrs) == meta
     assert study.user_attrs["topotune"]["model_path"] == "/m"
+
+
+def test_an_asked_trial_of_a_dead_driver_is_reclaimed_and_asked_again(tmp_path: Path) -> None:
+    """The driver claims a trial right after ask; a driver killed before it screened or launched it leaves a
+    RUNNING trial that the next driver fails as reclaimed and enqueues again (its params are not lost)."""
+    import socket
+    import subprocess
+    import sys
+
+    from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
+
+    from tuner.backends._simulated import SimulatedBackend
+    from tuner.executors import LocalExecutor
+    from tuner.space import load_space
+    from tuner.study import Campaign, PhaseRun, TrialKind, TuneOptions, open_storage
+    from tuner.study._trial_record import TrialOutcome
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    c = Campaign(model_path=str(REFERENCE_MODEL), space=load_space(REFERENCE_SPACE), backend_name="simulated",
+                 executor=LocalExecutor(SimulatedBackend()),
+                 storage_url=f"sqlite:///{tmp_path / 's.db'}", options=TuneOptions(trials=2),
+                 artifacts_dir=tmp_path / "a")
+    run = PhaseRun(phase="decode", space=c.space, model=c.model, model_path=str(REFERENCE_MODEL), gpu=c.gpu,
+                   storage=open_storage(c.storage_url), study_name=c.phase_study_name("decode"),
+                   backend_name="simulated", executor=c.executor, options=c.options, artifacts_dir=c.artifacts_dir)
+    study = run.open_study()
+    asked = study.ask(run.distributions())
+    TrialAttrs(driver=f"{socket.gethostname()}:{dead.pid}", heartbeat_at=1.0).write(asked)  # claimed, no kind yet
+    assert run.reclaim_stale(study) == 1
+    records = [TrialRecord.read(t) for t in study.get_trials()]
+    assert records[0].state == TrialState.FAIL and records[0].attrs.outcome is TrialOutcome.RECLAIMED
+    assert records[0].kind is None and records[0].kind is not TrialKind.SAMPLED
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]
+    again = study.ask(run.distributions())  # the next ask takes the enqueued config first
+    assert again.params == asked.params and study.get_trials()[-1].user_attrs == {"retry_of": asked.number}
