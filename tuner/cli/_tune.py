@@ -132,7 +132,7 @@ def tune(
     """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
     from tuner.executors import make_executor
     from tuner.report import write_campaign_report
-    from tuner.space import load_space
+    from tuner.space import ALL_PHASES, load_space
     from tuner.study import SAMPLERS, Campaign, TuneOptions
 
     if trials < 1:
@@ -144,8 +144,8 @@ def tune(
     if not 0 <= noise < 1:
         raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.05 for 5%")
     for p in phase or []:
-        if p not in ("prefill", "decode"):
-            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill or decode")
+        if p not in ALL_PHASES:
+            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill, decode or aggregated")
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     the_space = load_space(space)
     backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
@@ -167,7 +167,7 @@ def tune(
                             storage_url=settings.storage_url, options=TuneOptions(trials=trials, sampler=sampler,
                                                                                   seed=seed, warm_start=warm_start),
                             artifacts_dir=settings.artifacts_dir, on_event=progress, cancel=cancel,
-                            phases=tuple(phase) if phase else ("prefill", "decode"))
+                            phases=tuple(phase) if phase else ALL_PHASES)
         if json_out:
             result = campaign.run()
         else:
@@ -274,12 +274,12 @@ def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measure
     from tuner.hardware import get_gpu
     from tuner.models import load_model
     from tuner.perf import MeasuredPoint, fit_calibration
+    from tuner.space import phase_role
     from tuner.study import load_campaign
-    from tuner.topology import Role
 
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     result, space, meta = load_campaign(settings.storage_url, study)
-    points = [MeasuredPoint(topology=p.deployment.groups[0].topology, role=Role(phase), metrics=p.metrics)
+    points = [MeasuredPoint(topology=p.deployment.groups[0].topology, role=phase_role(phase), metrics=p.metrics)
               for phase, pr in result.phases.items() for p in pr.points if p.feasible]
     if not points:
         raise ConfigError(f"{study} has no measured point to fit", field="STUDY",

@@ -116,7 +116,7 @@ def _first_trial(space: SearchSpace, model_path: str, settings: VllmBackendSetti
     from tuner.memory import MemoryInputs, compute_memory
     from tuner.models import load_model
 
-    phase = next(p for p in ("prefill", "decode") if p in space.phases)
+    phase = next(p for p in ("prefill", "decode", "aggregated") if p in space.phases)
     model = load_model(model_path)
     w = space.phase_workload(phase)  # type: ignore[arg-type]
     fitting = [t for t in space.expand(phase, model)  # type: ignore[arg-type]
