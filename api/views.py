@@ -25,7 +25,7 @@ from api.schemas import (
     TrialPublic,
 )
 from tuner.errors import TopotuneError
-from tuner.space import PHASES, SearchSpace
+from tuner.space import ALL_PHASES, SearchSpace
 from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, TrialRecord, load_campaign, open_storage
 
 _STATE_COUNTS = text(
@@ -58,7 +58,7 @@ class ResultCache:
         self._lock = threading.Lock()
 
     def _state(self, campaign: str) -> tuple[tuple, dict[str, int], int]:
-        names = [f"{campaign}/{p}" for p in PHASES]
+        names = [f"{campaign}/{p}" for p in ALL_PHASES]
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(_STATE_COUNTS, {"names": names}).all()
@@ -99,7 +99,7 @@ class ResultCache:
         rows = snap.trial_rows
         if phase is not None:
             return rows.get(phase, [])
-        return [t for p in PHASES for t in rows.get(p, [])]
+        return [t for p in ALL_PHASES for t in rows.get(p, [])]
 
     def _trial_rows(self, campaign: str, phase: str) -> list[TrialPublic]:
         study = optuna.load_study(study_name=f"{campaign}/{phase}", storage=open_storage(self.storage_url))

@@ -26,7 +26,7 @@ from tuner.frontier import (
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
-from tuner.space import PHASES, SearchSpace
+from tuner.space import ALL_PHASES, PHASES, SearchSpace
 from tuner.study._naming import campaign_name, split_name, study_name
 from tuner.study._records import StoredPoint, stored_points
 from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
@@ -133,8 +133,8 @@ def _hypervolume_history(records: list[TrialRecord], launches: list[TrialRecord]
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
     if "prefill" not in phases or "decode" not in phases:
-        if len(space.phases) < 2:
-            return [], [], "the space has one phase only: no PD composition"
+        if not set(PHASES) <= set(space.phases):
+            return [], [], "the space has no prefill + decode pair of phases: no PD composition"
         missing = next(p for p in PHASES if p not in phases)
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
     prefill = _per_topology_fronts(phases["prefill"].points)
@@ -188,7 +188,7 @@ def open_campaign_studies(storage_url: str, name: str) -> dict[str, optuna.Study
     base, only = split_name(name)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     out = {}
-    for phase in PHASES:
+    for phase in ALL_PHASES:
         full = f"{base}/{phase}"
         if full in names and (only is None or only == phase):
             out[phase] = optuna.load_study(study_name=full, storage=storage)
@@ -224,7 +224,7 @@ class Campaign:
     artifacts_dir: Path
     on_event: ProgressCallback = lambda _e: None
     cancel: threading.Event = field(default_factory=threading.Event)
-    phases: tuple[str, ...] = PHASES
+    phases: tuple[str, ...] = ALL_PHASES  # those the space defines run, in this order
 
     def __post_init__(self) -> None:
         self.model: ModelSpec = load_model(self.model_path)
