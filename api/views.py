@@ -1,19 +1,20 @@
-"""Read models of a study (detail, trials, pareto), cached per study and keyed by its trials' state counts.
+"""Read models of a study (detail, trials, pareto), kept current incrementally and shared among requests.
 
-Loading a campaign reads every trial and composes the PD front: ~0.1 s for tens of trials, seconds for 10,000.
-A study changes only when a trial is added or changes state, so one cheap GROUP BY on Optuna's trials table says
-whether the cached snapshot (and its serialised front) is still current.
+Each study has one LiveCampaign (tuner.study): a refresh reads only the trials added or still running since the
+last one and folds them into the phase fronts, the per-topology curves and the PD composition. One refresh runs
+at a time per study and concurrent requests share it; a status request never waits for one (it is served the
+last snapshot). Snapshots are immutable once published: what is built from one (the serialised front) is cached
+on it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import optuna
-from sqlalchemy import Engine, bindparam, text
 
 from api.models import StudyRecord, StudyStatus
 from api.schemas import (
@@ -26,100 +27,114 @@ from api.schemas import (
     TrialPublic,
 )
 from tuner.errors import TopotuneError
-from tuner.space import PHASES, SearchSpace
-from tuner.study import CampaignResult, load_campaign, open_storage
+from tuner.space import SearchSpace
+from tuner.study import CampaignResult, LiveCampaign, TrialRow
 
 PHASE_OBJECTIVES: dict[str, tuple[str, str]] = {
     "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
     "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
 }
-
-_STATE_COUNTS = text(
-    "SELECT s.study_id, s.study_name, t.state, COUNT(t.trial_id) FROM studies s "
-    "LEFT JOIN trials t ON t.study_id = s.study_id WHERE s.study_name IN :names "
-    "GROUP BY s.study_id, s.study_name, t.state"
-).bindparams(bindparam("names", expanding=True))
+MIN_REFRESH_S = 0.5  # a snapshot younger than this is served as it is (the page polls every 3 s)
 
 
 @dataclass
 class Snapshot:
-    key: tuple
+    version: int
     study_ids: dict[str, int]  # phase -> Optuna study id (dashboard links)
     trials_stored: int
     result: CampaignResult | None = None
     space: SearchSpace | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
-    trial_rows: dict[str, list[TrialPublic]] | None = None
+    rows: list[TrialRow] = field(default_factory=list)
     pareto_json: dict[StudyStatus, bytes] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _memo: dict[str, Any] = field(default_factory=dict)
+
+    def memo(self, key: str, build: Callable[[], Any]) -> Any:
+        """What a reader builds from this snapshot (the page's figures), built once per snapshot."""
+        with self.lock:
+            if key not in self._memo:
+                self._memo[key] = build()
+            return self._memo[key]
+
+
+@dataclass
+class _Entry:
+    live: LiveCampaign
+    snapshot: Snapshot = field(default_factory=lambda: Snapshot(version=-1, study_ids={}, trials_stored=0))
+    refreshed_at: float = -1e9
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one refresh at a time
 
 
 class ResultCache:
-    def __init__(self, storage_url: str, engine: Engine, max_entries: int = 64) -> None:
+    def __init__(self, storage_url: str, max_entries: int = 64) -> None:
         self.storage_url = storage_url
-        self.engine = engine
         self.max_entries = max_entries
-        self._entries: OrderedDict[int, Snapshot] = OrderedDict()
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _state(self, campaign: str) -> tuple[tuple, dict[str, int], int]:
-        names = [f"{campaign}/{p}" for p in PHASES]
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(_STATE_COUNTS, {"names": names}).all()
-        except Exception:  # Optuna's tables do not exist before the first study opened the storage
-            return (), {}, 0
-        ids = {name.rsplit("/", 1)[-1]: int(sid) for sid, name, _, _ in rows}
-        key = tuple(sorted((name, str(state), int(n)) for _, name, state, n in rows))
-        return key, ids, sum(int(n) for *_, n in rows)
-
-    def snapshot(self, record: StudyRecord) -> Snapshot:
-        key, ids, stored = self._state(record.campaign)
+    def _entry(self, record: StudyRecord) -> _Entry:
         with self._lock:
-            snap = self._entries.get(record.id)
-            if snap is not None and snap.key == key:
-                self._entries.move_to_end(record.id)
-                return snap
-        snap = Snapshot(key=key, study_ids=ids, trials_stored=stored)
-        if ids:
-            try:
-                snap.result, snap.space, snap.meta = load_campaign(self.storage_url, record.campaign)
-            except TopotuneError as exc:
-                snap.error = exc.user_message()
-            except (KeyError, ValueError) as exc:  # a phase study created but its metadata not yet written
-                snap.error = f"study not initialised yet ({exc})"
-        with self._lock:
-            self._entries[record.id] = snap
+            entry = self._entries.get(record.id)
+            if entry is None or entry.live.name != record.campaign:
+                entry = self._entries[record.id] = _Entry(LiveCampaign(self.storage_url, record.campaign))
             self._entries.move_to_end(record.id)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
-        return snap
+            return entry
+
+    def snapshot(self, record: StudyRecord, *, wait: bool = True) -> Snapshot:
+        """The study's current snapshot. wait=False (status requests): never blocks on a refresh another request
+        is running, and serves the last snapshot instead."""
+        entry = self._entry(record)
+        if time.monotonic() - entry.refreshed_at < MIN_REFRESH_S:
+            return entry.snapshot
+        if not entry.lock.acquire(blocking=wait):
+            return entry.snapshot
+        try:
+            if time.monotonic() - entry.refreshed_at >= MIN_REFRESH_S:  # nobody refreshed while we waited
+                self._refresh(entry)
+        finally:
+            entry.lock.release()
+        return entry.snapshot
+
+    def _refresh(self, entry: _Entry) -> None:
+        live = entry.live
+        error = None
+        try:
+            changed = live.refresh()
+        except TopotuneError as exc:
+            changed, error = True, exc.user_message()
+        except (KeyError, ValueError) as exc:  # a phase study created but its metadata not yet written
+            changed, error = True, f"study not initialised yet ({exc})"
+        entry.refreshed_at = time.monotonic()
+        if changed or error != entry.snapshot.error:
+            entry.snapshot = Snapshot(version=live.version, study_ids=live.study_ids,
+                                      trials_stored=live.trials_stored, result=live.result, space=live.space,
+                                      meta=live.meta, error=error or live.error, rows=live.rows())
+
+    def warm(self, records: list[StudyRecord]) -> threading.Thread:
+        """Build the snapshots of these studies in the background (the service does this at start)."""
+        def run() -> None:
+            for record in records:
+                self.snapshot(record)
+
+        thread = threading.Thread(target=run, name="topotune-cache-warm", daemon=True)
+        thread.start()
+        return thread
 
     # -- trials -----------------------------------------------------------------------------------------------
-    def trials(self, record: StudyRecord, phase: str | None) -> list[TrialPublic]:
-        snap = self.snapshot(record)
-        with snap.lock:
-            if snap.trial_rows is None:
-                snap.trial_rows = {p: self._trial_rows(record.campaign, p) for p in snap.study_ids}
-        rows = snap.trial_rows
-        if phase is not None:
-            return rows.get(phase, [])
-        return [t for p in PHASES for t in rows.get(p, [])]
+    def trials(self, record: StudyRecord, phase: str | None) -> list[TrialRow]:
+        rows = self.snapshot(record).rows
+        return rows if phase is None else [r for r in rows if r.phase == phase]
 
-    def _trial_rows(self, campaign: str, phase: str) -> list[TrialPublic]:
-        study = optuna.load_study(study_name=f"{campaign}/{phase}", storage=open_storage(self.storage_url))
-        out = []
-        for t in study.get_trials(deepcopy=False):
-            attrs = t.user_attrs
-            constraints = {k: float(v) for k, v in (t.constraints or {}).items()}
-            out.append(TrialPublic(
-                phase=phase, trial_number=t.number, state=t.state.name, status=attrs.get("status"),  # type: ignore[arg-type]
-                kind=attrs.get("kind"), params=dict(t.params), values=list(t.values) if t.values else None,
-                constraints=constraints, feasible=t.state.name == "COMPLETE" and all(v <= 0 for v in
-                                                                                      constraints.values()),
-                reason=attrs.get("reason"), duration_s=attrs.get("duration_s"), concurrency=attrs.get("concurrency")))
-        return out
+
+def trial_public(row: TrialRow) -> TrialPublic:
+    return TrialPublic(phase=row.phase, trial_number=row.number, state=row.state, status=row.status,  # type: ignore[arg-type]
+                       kind=row.kind, params=row.params, values=list(row.values) if row.values else None,
+                       constraints=row.constraints, feasible=row.feasible, reason=row.reason,
+                       duration_s=row.duration_s, concurrency=row.concurrency)
 
 
 # -- builders ------------------------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def study_figures(record: StudyDep, cache: CacheDep) -> JSONResponse:
     """What the page polls while the study runs: status, stored trials, the figures."""
     snap = cache.snapshot(record)
     try:
-        figs = figures(record, snap)
+        figs = snap.memo(f"figures/{record.status.value}", lambda: figures(record, snap))
     except TopotuneError as exc:
         figs, snap.error = [], exc.user_message()
     return JSONResponse({"status": record.status.value, "trials_stored": snap.trials_stored, "figures": figs,

@@ -24,7 +24,7 @@ from api.schemas import (
     StudyPublic,
     TrialPage,
 )
-from api.views import exportable, pareto, phase_progress
+from api.views import exportable, pareto, phase_progress, trial_public
 from tuner.export import RecipeContext, export_deployment
 from tuner.hardware import get_gpu
 from tuner.space import SearchSpace
@@ -68,8 +68,9 @@ def list_studies(session: SessionDep, status_filter: Annotated[StudyStatus | Non
 
 @router.get("/{study_id}")
 def get_study(record: StudyDep, session: SessionDep, cache: CacheDep) -> StudyDetail:
-    """Status, progress, counts by outcome and failures with reasons, per phase."""
-    snap = cache.snapshot(record)
+    """Status, progress, counts by outcome and failures with reasons, per phase (never waits for a front: while
+    another request refreshes the study, the last snapshot answers)."""
+    snap = cache.snapshot(record, wait=False)
     phases = phase_progress(record, snap)
     launched = sum(p.launched for p in phases.values())
     budget = sum(p.budget for p in phases.values()) or 1
@@ -94,7 +95,8 @@ def list_trials(record: StudyDep, cache: CacheDep, phase: PhaseName | None = Non
                 offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> TrialPage:
     rows = cache.trials(record, phase)
-    return TrialPage(items=rows[offset:offset + limit], total=len(rows), offset=offset, limit=limit)
+    return TrialPage(items=[trial_public(r) for r in rows[offset:offset + limit]], total=len(rows), offset=offset,
+                     limit=limit)
 
 
 @router.get("/{study_id}/pareto", response_model=ParetoPublic)

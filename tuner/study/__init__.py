@@ -2,6 +2,7 @@
 
 from tuner.study._campaign import Campaign, CampaignResult, PhaseResult, compose_front, load_campaign
 from tuner.study._listing import CampaignSummary, list_campaigns
+from tuner.study._live import LiveCampaign, TrialRow
 from tuner.study._naming import campaign_name, study_name
 from tuner.study._records import StoredPoint
 from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
@@ -14,10 +15,12 @@ __all__ = [
     "Campaign",
     "CampaignResult",
     "CampaignSummary",
+    "LiveCampaign",
     "PhaseResult",
     "PhaseRun",
     "StoredPoint",
     "TrialEvent",
+    "TrialRow",
     "TuneOptions",
     "campaign_name",
     "compose_front",

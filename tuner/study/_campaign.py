@@ -101,13 +101,19 @@ def _parent(trials: list[optuna.trial.FrozenTrial], number: int) -> int | None:
 
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
-    if "prefill" not in phases or "decode" not in phases:
+    return compose_curves({phase: _per_topology_fronts(pr.points) for phase, pr in phases.items()}, space, model)
+
+
+def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], space: SearchSpace, model: ModelSpec
+                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+    """(every composed deployment, the composed front, why there is none) from each phase's measured curves
+    (each topology's own front is enough: its dominated levels can never be on the composed front)."""
+    if "prefill" not in curves or "decode" not in curves:
         if len(space.phases) < 2:
             return [], [], "the space has one phase only: no PD composition"
-        missing = next(p for p in PHASES if p not in phases)
+        missing = next(p for p in PHASES if p not in curves)
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
-    prefill = _per_topology_fronts(phases["prefill"].points)
-    decode = _per_topology_fronts(phases["decode"].points)
+    prefill, decode = curves["prefill"], curves["decode"]
     if model.is_hybrid:
         # vLLM sizes a hybrid model's block from its speculative depth, and NIXL needs equal blocks: the prefill
         # instance of a pair is launched with the decode side's MTP depth (its prompt speed barely changes).

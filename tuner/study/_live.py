@@ -1,0 +1,244 @@
+"""A campaign's result kept current as trials finish, for readers that poll (the service's pages and API).
+
+load_campaign reads every trial and recomposes the PD front: seconds at 10,000 trials, paid again after every
+trial. LiveCampaign.refresh() reads only the trials added since its last read (plus those that were still
+running), folds each finished one in once (counts, failures, its points, its topology's own front, the phase
+front) and recomposes the PD front from the per-topology fronts only when one of them changed. A dominated
+point stays dominated when points are added, so the front of (front + new points) is the front of all points.
+
+`version` is the change counter: it moves whenever a refresh folded something in, so callers cache whatever
+they build from `result` under it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import TopotuneError
+from tuner.frontier import pareto_front
+from tuner.models import ModelSpec, load_model
+from tuner.space import PHASES, SearchSpace
+from tuner.study._campaign import CampaignResult, PhaseResult, compose_curves
+from tuner.study._records import StoredPoint, stored_points
+from tuner.study._storage import open_storage
+from tuner.topology import Topology
+
+_FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+MAX_FAILURES_KEPT = 200
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One stored trial as readers list it (typed: the API never reads Optuna's user attributes itself)."""
+
+    phase: str
+    number: int
+    state: str  # Optuna's: COMPLETE, FAIL, RUNNING, ...
+    status: str | None  # outcome: ok, infeasible, oom, crashed, duplicate, cancelled, ...
+    kind: str | None  # sampled, extra, screened, duplicate, ...
+    params: dict[str, Any]
+    values: tuple[float, ...] | None
+    constraints: dict[str, float]
+    feasible: bool
+    reason: str | None
+    duration_s: float | None
+    concurrency: int | None
+
+    @classmethod
+    def of(cls, phase: str, t: FrozenTrial) -> TrialRow:
+        attrs = t.user_attrs
+        constraints = {k: float(v) for k, v in (t.constraints or {}).items()}
+        return cls(phase=phase, number=t.number, state=t.state.name, status=attrs.get("status"),
+                   kind=attrs.get("kind"), params=dict(t.params), values=tuple(t.values) if t.values else None,
+                   constraints=constraints, reason=attrs.get("reason"), duration_s=attrs.get("duration_s"),
+                   feasible=t.state == TrialState.COMPLETE and all(v <= 0 for v in constraints.values()),
+                   concurrency=attrs.get("concurrency"))
+
+
+def trials_since(storage: optuna.storages.BaseStorage, study_id: int, watermark: int,
+                 reread: set[int]) -> list[FrozenTrial]:
+    """Trials with an id above `watermark`, plus the ids in `reread` (still running at the last read).
+
+    Optuna's RDB storage answers this with one query (its own cache uses the same private call); other storages
+    fall back to reading every trial.
+    """
+    if isinstance(storage, optuna.storages.RDBStorage):
+        return storage._get_trials(study_id, None, set(reread), watermark)
+    return [t for t in storage.get_all_trials(study_id, deepcopy=False)
+            if t._trial_id > watermark or t._trial_id in reread]
+
+
+def _status(t: FrozenTrial) -> str:
+    return t.user_attrs.get("status") or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
+
+
+@dataclass
+class _PhaseFold:
+    phase: str
+    study: optuna.Study
+    study_id: int
+    watermark: int = -1
+    open_trials: dict[int, FrozenTrial] = field(default_factory=dict)  # trial id -> unfinished trial
+    counts: Counter[str] = field(default_factory=Counter)  # finished trials (extra levels excluded)
+    launched: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    points: list[StoredPoint] = field(default_factory=list)
+    feasible: int = 0
+    curves: dict[Topology, list[StoredPoint]] = field(default_factory=dict)  # each topology's own front
+    front: list[StoredPoint] = field(default_factory=list)
+    rows: dict[int, TrialRow] = field(default_factory=dict)  # trial number -> row
+
+    def fold(self, trials: list[FrozenTrial]) -> tuple[bool, bool]:
+        """(anything changed, a per-topology front changed)."""
+        changed = curves_changed = False
+        new_points: list[StoredPoint] = []
+        for t in sorted(trials, key=lambda t: t.number):
+            self.watermark = max(self.watermark, t._trial_id)
+            self.rows[t.number] = TrialRow.of(self.phase, t)
+            changed = True
+            if t.state not in _FINISHED:
+                self.open_trials[t._trial_id] = t
+                continue
+            self.open_trials.pop(t._trial_id, None)
+            if t.user_attrs.get("kind") != "extra":
+                status = _status(t)
+                self.counts[status] += 1
+                if status not in ("ok", "running") and t.user_attrs.get("reason") and \
+                        len(self.failures) < MAX_FAILURES_KEPT:
+                    self.failures.append({"trial": t.number, "status": status, "reason": t.user_attrs["reason"],
+                                          "params": dict(t.params)})
+            if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE:
+                self.launched += 1
+            new_points += stored_points(self.study, self.phase, [t])
+        if new_points:
+            self.points += new_points
+            feasible = [p for p in new_points if p.feasible]
+            self.feasible += len(feasible)
+            if feasible:
+                self.front = pareto_front([*self.front, *feasible], x=_x, y=_y)
+                by_topology: dict[Topology, list[StoredPoint]] = {}
+                for p in feasible:
+                    by_topology.setdefault(p.deployment.groups[0].topology, []).append(p)
+                for topo, pts in by_topology.items():
+                    old = self.curves.get(topo, [])
+                    new = pareto_front([*old, *pts], x=_x, y=_y)
+                    if new != old:
+                        self.curves[topo] = new
+                        curves_changed = True
+        return changed, curves_changed
+
+    def result(self) -> PhaseResult:
+        counts = Counter(self.counts)
+        for t in self.open_trials.values():
+            if t.user_attrs.get("kind") != "extra":
+                counts[_status(t)] += 1
+        return PhaseResult(phase=self.phase, study_name=self.study.study_name, counts=dict(counts),
+                           launched=self.launched, points=sorted(self.points, key=lambda p: p.trial_number),
+                           front=list(self.front),
+                           failures=sorted(self.failures, key=lambda f: f["trial"]))
+
+
+def _x(p: StoredPoint) -> float:
+    return p.values[0]
+
+
+def _y(p: StoredPoint) -> float:
+    return p.values[1]
+
+
+class LiveCampaign:
+    """The campaign `name` in `storage_url`, refreshed incrementally. Not thread-safe: callers serialise refresh()
+    (the service shares one refresh among concurrent requests)."""
+
+    def __init__(self, storage_url: str, name: str) -> None:
+        self.storage_url = storage_url
+        self.name = name
+        self.version = 0
+        self.result: CampaignResult | None = None
+        self.space: SearchSpace | None = None
+        self.meta: dict[str, Any] = {}
+        self.error: str | None = None
+        self._model: ModelSpec | None = None
+        self._phases: dict[str, _PhaseFold] = {}
+        self._composed: tuple[list, list, str | None] = ([], [], None)
+        self.lock = threading.Lock()
+
+    @property
+    def study_ids(self) -> dict[str, int]:
+        """Optuna's id of each phase study (the dashboard's links)."""
+        return {phase: fold.study_id for phase, fold in self._phases.items()}
+
+    @property
+    def trials_stored(self) -> int:
+        return sum(len(fold.rows) for fold in self._phases.values())
+
+    def rows(self, phase: str | None = None) -> list[TrialRow]:
+        phases = [phase] if phase is not None else list(PHASES)
+        return [row for p in phases if p in self._phases for _, row in sorted(self._phases[p].rows.items())]
+
+    def _open_new_phases(self) -> bool:
+        storage = open_storage(self.storage_url)
+        opened = False
+        for phase in PHASES:
+            if phase in self._phases:
+                continue
+            try:
+                study_id = storage.get_study_id_from_name(f"{self.name}/{phase}")
+            except KeyError:
+                continue
+            study = optuna.load_study(study_name=f"{self.name}/{phase}", storage=storage)
+            if self.space is None:
+                meta = study.user_attrs.get("topotune")
+                if not meta:
+                    continue  # created, metadata not yet written: the next refresh opens it
+                self.meta = meta
+                self.space = SearchSpace.model_validate(meta["space"])
+                self._model = load_model(meta["model_path"])
+            self._phases[phase] = _PhaseFold(phase=phase, study=study, study_id=study_id)
+            opened = True
+        return opened
+
+    def refresh(self) -> bool:
+        """Fold in what changed since the last refresh; True when `result` changed."""
+        opened = self._open_new_phases()
+        changed = curves_changed = opened
+        storage = open_storage(self.storage_url)
+        for fold in self._phases.values():
+            trials = trials_since(storage, fold.study_id, fold.watermark, set(fold.open_trials))
+            if trials:
+                c, cc = fold.fold(trials)
+                changed, curves_changed = changed or c, curves_changed or cc
+        if not changed:
+            return False
+        if curves_changed and self.space is not None and self._model is not None:
+            self._composed = self._compose()
+        self._publish()
+        self.version += 1
+        return True
+
+    def _compose(self) -> tuple[list, list, str | None]:
+        assert self.space is not None and self._model is not None
+        curves = {phase: [(topo, p.metrics) for topo, pts in fold.curves.items() for p in pts]
+                  for phase, fold in self._phases.items()}
+        try:
+            return compose_curves(curves, self.space, self._model)
+        except TopotuneError as exc:
+            return [], [], exc.user_message()
+
+    def _publish(self) -> None:
+        if self.space is None:
+            return
+        if "prefill" not in self._phases or "decode" not in self._phases:
+            self._composed = compose_curves({p: [] for p in self._phases}, self.space, self._model)  # type: ignore[arg-type]
+        composed, front, error = self._composed
+        w = self.space.workload
+        self.result = CampaignResult(name=self.name, model=self.meta.get("model", ""), gpu=self.meta.get("gpu", ""),
+                                     isl=w.isl, osl=w.osl,
+                                     phases={p: fold.result() for p, fold in self._phases.items()},
+                                     composed=composed, composed_front=front, composition_error=error)
