@@ -7,6 +7,7 @@ from tuner.study._naming import campaign_name, study_name
 from tuner.study._records import StoredPoint
 from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
 from tuner.study._samplers import SAMPLERS, make_sampler
+from tuner.study._stop import StopReason, StopSignal, request_cancel
 from tuner.study._storage import open_storage
 from tuner.study._warm_start import predicted_front_params, predicted_points, topology_params
 
@@ -18,6 +19,8 @@ __all__ = [
     "LiveCampaign",
     "PhaseResult",
     "PhaseRun",
+    "StopReason",
+    "StopSignal",
     "StoredPoint",
     "TrialEvent",
     "TrialRow",
@@ -30,6 +33,7 @@ __all__ = [
     "open_storage",
     "predicted_front_params",
     "predicted_points",
+    "request_cancel",
     "study_name",
     "topology_params",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +23,10 @@ from tuner.hardware import GpuSpec, get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
 from tuner.space import PHASES, SearchSpace
-from tuner.study._naming import campaign_name, split_name, study_name
+from tuner.study._naming import campaign_name, split_name
 from tuner.study._records import StoredPoint, stored_points
 from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
+from tuner.study._stop import StopSignal
 from tuner.study._storage import open_storage
 from tuner.study._warm_start import predicted_front_params
 from tuner.topology import Topology
@@ -183,23 +183,21 @@ class Campaign:
     options: TuneOptions
     artifacts_dir: Path
     on_event: ProgressCallback = lambda _e: None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    stop: StopSignal = field(default_factory=StopSignal)
     phases: tuple[str, ...] = PHASES
+    name: str = ""  # prefix of the phase studies; default campaign_name(model, GPU, workload)
 
     def __post_init__(self) -> None:
         self.model: ModelSpec = load_model(self.model_path)
         self.gpu: GpuSpec = get_gpu(self.space.cluster.gpu)
         for phase in self.space.phases:  # fail before any trial when a phase cannot run at all
             self.space.expand(phase, self.model)
-
-    @property
-    def name(self) -> str:
-        w = self.space.workload
-        return campaign_name(self.model.name, self.gpu.name, w.isl, w.osl)
+        if not self.name:
+            w = self.space.workload
+            self.name = campaign_name(self.model.name, self.gpu.name, w.isl, w.osl)
 
     def phase_study_name(self, phase: str) -> str:
-        w = self.space.workload
-        return study_name(self.model.name, self.gpu.name, w.isl, w.osl, phase)
+        return f"{self.name}/{phase}"
 
     def _warm_start(self, phase: str, pair_with_tps: frozenset[int]) -> list[dict[str, Any]]:
         return predicted_front_params(self.space, phase, self.model, self.gpu,  # type: ignore[arg-type]
@@ -209,12 +207,12 @@ class Campaign:
         storage = open_storage(self.storage_url)
         pair_with: frozenset[int] = frozenset()
         for phase in self.phases:
-            if phase not in self.space.phases or self.cancel.is_set():
+            if phase not in self.space.phases or self.stop.is_set():
                 continue
             run = PhaseRun(phase=phase, space=self.space, model=self.model, model_path=str(self.model_path),  # type: ignore[arg-type]
                            gpu=self.gpu, storage=storage, study_name=self.phase_study_name(phase),
                            backend_name=self.backend_name, executor=self.executor, options=self.options,
-                           artifacts_dir=self.artifacts_dir, on_event=self.on_event, cancel=self.cancel,
+                           artifacts_dir=self.artifacts_dir, on_event=self.on_event, stop=self.stop,
                            warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps))
             study = run.run()
             if self.model.is_hybrid:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from tuner.study._records import (
     sampler_constraints,
 )
 from tuner.study._samplers import RepresentativeSampler, make_sampler, resolve_sampler
+from tuner.study._stop import STOP_POLL_S, StopSignal, cancel_requested
 from tuner.study._warm_start import topology_params
 from tuner.topology import Topology
 
@@ -94,7 +94,7 @@ class PhaseRun:
     artifacts_dir: Path
     warm_start_params: Callable[[], list[dict[str, Any]]] | None = None
     on_event: ProgressCallback = lambda _event: None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    stop: StopSignal = field(default_factory=StopSignal)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -166,7 +166,7 @@ class PhaseRun:
         last_beat = 0.0
         try:
             while launched + len(running) + (pending is not None) < self.options.trials or running or pending:
-                if self.cancel.is_set() or study.user_attrs.get("cancel_requested"):
+                if self.stop.is_set() or cancel_requested(study):
                     break
                 while launched + len(running) < self.options.trials:
                     if pending is None:
@@ -214,7 +214,8 @@ class PhaseRun:
                     self.on_event(TrialEvent(self.phase, trial.number, "launched", _label(trial.params)))
                 if not running:
                     break
-                for handle in self.executor.wait(list(running), timeout_s=self.options.heartbeat_s):
+                for handle in self.executor.wait(list(running), timeout_s=min(self.options.heartbeat_s,
+                                                                               STOP_POLL_S)):
                     trial = running.pop(handle)
                     assert handle.result is not None
                     self.tell(study, trial, handle.request, handle.result)
@@ -372,7 +373,7 @@ class PhaseRun:
 
     def _cancel_all(self, study: optuna.Study, running: dict[TrialHandle, optuna.Trial],
                     pending: optuna.Trial | None) -> None:
-        cancelled = self.cancel.is_set() or bool(study.user_attrs.get("cancel_requested"))
+        cancelled = self.stop.cancelled or cancel_requested(study)
         for handle in list(running):
             self.executor.cancel(handle)
         for trial in [*running.values(), *([pending] if pending else [])]:
