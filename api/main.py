@@ -70,9 +70,9 @@ def _warm_cache(sessions: sessionmaker[Session], cache: ResultCache, recent: int
 def create_app(settings: ApiSettings) -> FastAPI:
     engine = make_engine(settings.database_url)
     sessions = make_session_factory(engine)
-    service_metrics = ServiceMetrics(sessions, engine)
+    service_metrics = ServiceMetrics(sessions, settings.database_url)
     runner = StudyRunner(settings, sessions, service_metrics)
-    cache = ResultCache(settings.database_url)
+    cache = ResultCache(settings.database_url, snapshot_dir=settings.data_dir / "snapshots")
     watcher = ModelWatcher(settings, sessions, runner.submit) if settings.watch_models else None
     dashboard = LazyDashboard()
 

@@ -5,15 +5,24 @@ last one and folds them into the phase fronts, the per-topology curves and the P
 at a time per study and concurrent requests share it; a status request never waits for one (it is served the
 last snapshot). Snapshots are immutable once published: what is built from one (the serialised front) is cached
 on it.
+
+A restart would otherwise pay the cold read (every trial through Optuna: seconds at 10,000 trials). So each
+published front and progress is also written to SNAPSHOT_DIR/<study id>.json; after a restart the first request
+is answered from that file at once (the front as of the last snapshot, `trials_stored` says how many trials it
+covers) while the study is rebuilt in the background, and the next request after the rebuild sees it current.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from api.models import StudyRecord, StudyStatus
@@ -35,6 +44,7 @@ PHASE_OBJECTIVES: dict[str, tuple[str, str]] = {
     "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
 }
 MIN_REFRESH_S = 0.5  # a snapshot younger than this is served as it is (the page polls every 3 s)
+PERSIST_EVERY_S = 2.0  # a running study's snapshot file is rewritten at most this often
 
 
 @dataclass
@@ -47,6 +57,7 @@ class Snapshot:
     meta: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     rows: list[TrialRow] = field(default_factory=list)
+    restored: dict[str, Any] | None = None  # the persisted front and progress, until the rebuild is done
     pareto_json: dict[StudyStatus, bytes] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _memo: dict[str, Any] = field(default_factory=dict)
@@ -64,12 +75,14 @@ class _Entry:
     live: LiveCampaign
     snapshot: Snapshot = field(default_factory=lambda: Snapshot(version=-1, study_ids={}, trials_stored=0))
     refreshed_at: float = -1e9
+    persisted_at: float = -1e9
     lock: threading.Lock = field(default_factory=threading.Lock)  # one refresh at a time
 
 
 class ResultCache:
-    def __init__(self, storage_url: str, max_entries: int = 64) -> None:
+    def __init__(self, storage_url: str, snapshot_dir: Path | None = None, max_entries: int = 64) -> None:
         self.storage_url = storage_url
+        self.snapshot_dir = snapshot_dir
         self.max_entries = max_entries
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._lock = threading.Lock()
@@ -84,22 +97,66 @@ class ResultCache:
                 self._entries.popitem(last=False)
             return entry
 
-    def snapshot(self, record: StudyRecord, *, wait: bool = True) -> Snapshot:
+    def snapshot(self, record: StudyRecord, *, wait: bool = True, full: bool = False) -> Snapshot:
         """The study's current snapshot. wait=False (status requests): never blocks on a refresh another request
-        is running, and serves the last snapshot instead."""
+        is running, and serves the last snapshot instead. full=True (trial lists, exports, pages): the built
+        result, never only the persisted front."""
         entry = self._entry(record)
         if time.monotonic() - entry.refreshed_at < MIN_REFRESH_S:
             return entry.snapshot
-        if not entry.lock.acquire(blocking=wait):
+        if entry.snapshot.version < 0 and not full and self._restore(record, entry):
+            return entry.snapshot  # a restart: the persisted front now, the rebuild in the background
+        if not entry.lock.acquire(blocking=full or (wait and entry.snapshot.restored is None)):
             return entry.snapshot
         try:
             if time.monotonic() - entry.refreshed_at >= MIN_REFRESH_S:  # nobody refreshed while we waited
-                self._refresh(entry)
+                self._refresh(entry, record)
         finally:
             entry.lock.release()
         return entry.snapshot
 
-    def _refresh(self, entry: _Entry) -> None:
+    # -- persisted snapshots ------------------------------------------------------------------------------------
+    def _path(self, study_id: int) -> Path | None:
+        return self.snapshot_dir / f"{study_id}.json" if self.snapshot_dir is not None else None
+
+    def _restore(self, record: StudyRecord, entry: _Entry) -> bool:
+        """Serve the persisted snapshot (if any) and rebuild in a background thread."""
+        path = self._path(record.id)
+        if path is None or entry.snapshot.restored is not None:
+            return entry.snapshot.restored is not None
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        if saved.get("campaign") != record.campaign:
+            return False
+        entry.snapshot = Snapshot(version=-1, study_ids={k: int(v) for k, v in saved["study_ids"].items()},
+                                  trials_stored=int(saved["trials_stored"]), restored=saved)
+
+        def rebuild() -> None:
+            with entry.lock:
+                if entry.snapshot.version < 0:
+                    self._refresh(entry, record)
+
+        threading.Thread(target=rebuild, name=f"topotune-rebuild-{record.id}", daemon=True).start()
+        return True
+
+    def _persist(self, record: StudyRecord, entry: _Entry) -> None:
+        path = self._path(record.id)
+        if path is None or (record.status.active and time.monotonic() - entry.persisted_at < PERSIST_EVERY_S):
+            return
+        snap = entry.snapshot
+        body = {"campaign": record.campaign, "version": snap.version, "trials_stored": snap.trials_stored,
+                "study_ids": snap.study_ids, "pareto": json.loads(pareto(record, snap)),
+                "progress": {p: v.model_dump(mode="json") for p, v in phase_progress(record, snap).items()}}
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(body))
+            tmp.replace(path)
+            entry.persisted_at = time.monotonic()
+
+    def _refresh(self, entry: _Entry, record: StudyRecord) -> None:
         live = entry.live
         error = None
         try:
@@ -113,12 +170,13 @@ class ResultCache:
             entry.snapshot = Snapshot(version=live.version, study_ids=live.study_ids,
                                       trials_stored=live.trials_stored, result=live.result, space=live.space,
                                       meta=live.meta, error=error or live.error, rows=live.rows())
+            self._persist(record, entry)
 
     def warm(self, records: list[StudyRecord]) -> threading.Thread:
         """Build the snapshots of these studies in the background (the service does this at start)."""
         def run() -> None:
             for record in records:
-                self.snapshot(record)
+                self.snapshot(record, full=True)
 
         thread = threading.Thread(target=run, name="topotune-cache-warm", daemon=True)
         thread.start()
@@ -126,7 +184,7 @@ class ResultCache:
 
     # -- trials -----------------------------------------------------------------------------------------------
     def trials(self, record: StudyRecord, phase: str | None) -> list[TrialRow]:
-        rows = self.snapshot(record).rows
+        rows = self.snapshot(record, full=True).rows
         return rows if phase is None else [r for r in rows if r.phase == phase]
 
 
@@ -143,6 +201,8 @@ def dashboard_url(study_id: int | None) -> str | None:
 
 
 def phase_progress(record: StudyRecord, snap: Snapshot) -> dict[str, PhaseProgress]:
+    if snap.result is None and snap.restored is not None:
+        return {p: PhaseProgress.model_validate(v) for p, v in snap.restored["progress"].items()}
     phases = record.backend_options.get("phases") or list(record.space.get("phases", {}))
     out = {}
     for phase in phases:
@@ -170,6 +230,10 @@ def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
         cached = snap.pareto_json.get(status)
         if cached is not None:
             return cached
+        if snap.result is None and snap.restored is not None:
+            data = json.dumps({**snap.restored["pareto"], "status": status.value}).encode()
+            snap.pareto_json[status] = data
+            return data
         result = snap.result
         phases: dict[str, PhaseFront] = {}
         composed: list[ComposedFrontPoint] = []

@@ -139,8 +139,8 @@ def _listening_outside_loopback(pids: set[int]) -> list[str]:
                 fields = line.split()
                 local, state, inode = fields[1], fields[3], fields[9]
                 addr = local.split(":")[0]
-                if state == "0A" and inode in inodes and addr not in (
-                        "0100007F", "00000000000000000000000001000000"):
+                if state == "0A" and inode in inodes and addr not in (  # 127.0.0.1, ::1, ::ffff:127.0.0.1
+                        "0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"):
                     out.append(f"pid {inodes[inode]} {local}")
     return out
 

@@ -110,7 +110,7 @@ def get_pareto(record: StudyDep, cache: CacheDep) -> Response:
 def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(ge=0, le=100_000)] = 0,
                  fmt: Annotated[ExportFormat, Query(alias="format")] = "vllm") -> PlainTextResponse:
     """A recipe for row `point` of the composed front (or of the phase fronts when there is no PD front)."""
-    snap = cache.snapshot(record)
+    snap = cache.snapshot(record, full=True)
     deployments = exportable(snap.result) if snap.result else []
     if not 0 <= point < len(deployments):
         raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "

@@ -166,10 +166,16 @@ def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
     """A head on `port` (never Redis's 6379; a random free port when taken) bound to loopback, dashboard off,
     small store, and a watchdog that stops it when this process dies."""
     import ray
+    from ray._private import ray_constants
 
     chosen = port if port != REDIS_PORT and _port_free(port) else 0
     previous = os.environ.get("RAY_GCS_SERVER_PORT")
     os.environ["RAY_GCS_SERVER_PORT"] = str(chosen)
+    # Ray resolves 127.0.0.1 to the machine's address on Linux unless "clusters" are off (its switch is named for
+    # Windows and macOS, where it is the default): off, the head, its agents and its workers all bind to loopback.
+    previous_cluster = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    enable_cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     try:
         # address="local": always a new head; without it ray.init joins whatever cluster this machine started last
         with _own_signal_handlers():
@@ -177,10 +183,13 @@ def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
                            object_store_memory=OBJECT_STORE_BYTES, _node_ip_address=LOOPBACK,
                            **_quiet_init_kwargs())
     finally:
-        if previous is None:
-            os.environ.pop("RAY_GCS_SERVER_PORT", None)
-        else:
-            os.environ["RAY_GCS_SERVER_PORT"] = previous
+        ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
+        for name, value in (("RAY_GCS_SERVER_PORT", previous),
+                            (ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, previous_cluster)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     _start_reaper()
     return RaySession(address=ctx.address_info.get("gcs_address", ""), local=True, num_gpus=num_gpus)
 

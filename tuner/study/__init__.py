@@ -8,7 +8,7 @@ from tuner.study._records import StoredPoint
 from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
 from tuner.study._samplers import SAMPLERS, make_sampler
 from tuner.study._stop import StopReason, StopSignal, request_cancel
-from tuner.study._storage import open_storage
+from tuner.study._storage import TrialCensus, open_storage, trial_census
 from tuner.study._warm_start import predicted_front_params, predicted_points, topology_params
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "StopReason",
     "StopSignal",
     "StoredPoint",
+    "TrialCensus",
     "TrialEvent",
     "TrialRow",
     "TuneOptions",
@@ -36,4 +37,5 @@ __all__ = [
     "request_cancel",
     "study_name",
     "topology_params",
+    "trial_census",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -41,3 +42,28 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                               fix="check the URL and that the database server is reachable") from exc
         _STORAGES[url] = storage
         return storage
+
+
+@dataclass(frozen=True)
+class TrialCensus:
+    """Trials of every study in a storage, by Optuna state and by topotune outcome (for metrics scrapes)."""
+
+    by_state: dict[str, int] = field(default_factory=dict)
+    by_outcome: dict[str, int] = field(default_factory=dict)
+
+
+def trial_census(url: str) -> TrialCensus:
+    """Two aggregate queries over Optuna's tables (reading every trial through Optuna would take seconds): the
+    one place outside Optuna that knows its table names. Empty before the first study created them."""
+    from sqlalchemy import text
+
+    storage = open_storage(url)
+    try:
+        with storage.engine.connect() as conn:
+            by_state = conn.execute(text("SELECT state, COUNT(*) FROM trials GROUP BY state")).all()
+            by_outcome = conn.execute(text("SELECT value_json, COUNT(*) FROM trial_user_attributes "
+                                           "WHERE key = 'status' GROUP BY value_json")).all()
+    except Exception:
+        return TrialCensus()
+    return TrialCensus(by_state={str(getattr(s, "name", s)): int(n) for s, n in by_state},
+                       by_outcome={str(v).strip('"'): int(n) for v, n in by_outcome})
