@@ -28,6 +28,9 @@ class ApiSettings(TunerSettings):
     api_token: SecretStr | None = Field(None, description="bearer token of mutating endpoints (>= 16 chars)")
     auth: bool = Field(True, description="require the token; off only for a loopback-only dev server")
     read_auth: bool = Field(False, description="require the token on read endpoints and pages too")
+    session_hours: float = Field(12.0, gt=0, le=24 * 30, description="lifetime of a browser sign-in (/ui/login)")
+    cookie_secure: bool | None = Field(None, description="Secure flag of the session cookie; default: set when "
+                                       "the request came over https")
     models_dir: Path | None = Field(None, description="watched model store; default DATA_DIR/models")
     watch_models: bool = Field(True, description="start a study when a model folder lands in models_dir")
     allowed_roots: list[Path] = Field(default_factory=list,

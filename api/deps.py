@@ -42,9 +42,10 @@ def get_metrics(request: Request) -> ServiceMetrics:
 
 def require_token(request: Request,
                   credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]) -> None:
-    """Documents the scheme in OpenAPI; the check itself is BearerAuthMiddleware (it runs before body parsing)."""
-    token = request.app.state.settings.token()
-    if token is not None and (credentials is None or credentials.credentials != token):
+    """Documents the scheme in OpenAPI; the check itself is AuthMiddleware (it runs before body parsing and also
+    accepts a signed-in browser's session cookie with its CSRF token)."""
+    auth = getattr(request.state, "auth", None)
+    if auth is None or not auth.can_mutate:
         raise FieldError(("header", "authorization"), "missing or wrong bearer token", status_code=401,
                          kind="unauthorized")
 

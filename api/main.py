@@ -20,14 +20,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.config import ApiSettings
+from api.dashboard_banner import DashboardBanner
 from api.db import make_engine, make_session_factory, upgrade
 from api.errors import FieldError, field_error_handler, validation_error_handler
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import ServiceMetrics
 from api.models import StudyRecord
-from api.routes import health, metrics, models, pages, studies
+from api.routes import health, metrics, models, pages, signin, studies
 from api.runner import StudyRunner
-from api.security import BearerAuthMiddleware
+from api.security import AuthMiddleware
+from api.sessions import SessionSigner
 from api.views import ResultCache
 from api.watcher import ModelWatcher
 
@@ -105,13 +107,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.add_exception_handler(FieldError, field_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_middleware(BodySizeLimitMiddleware)
-    app.add_middleware(BearerAuthMiddleware, token=settings.token(), read_auth=settings.read_auth)
-    for module in (health, metrics, studies, models, pages):
+    token = settings.token()
+    signer = SessionSigner(token, settings.session_hours * 3600) if token else None
+    app.state.signer = signer
+    app.add_middleware(AuthMiddleware, token=token, read_auth=settings.read_auth, signer=signer)
+    for module in (health, metrics, studies, models, pages, signin):
         app.include_router(module.router)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
         return RedirectResponse("/ui")
 
-    app.mount("/", dashboard)  # last: everything not matched above is the Optuna dashboard
+    app.mount("/", DashboardBanner(dashboard))  # last: everything not matched above is the Optuna dashboard
     return app

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from api.models import ModelStatus, StudyStatus
+from tuner.space import Constraints
 
 PhaseName = Literal["prefill", "decode"]
 SamplerName = Literal["gp", "tpe", "nsga2", "random"]
@@ -27,6 +28,12 @@ def _no_nul(value: str | None) -> str | None:
     return value
 
 
+class ConstraintsIn(Constraints):
+    """The space's Constraints, finite numbers only (JSON's 1e400 arrives as inf and would read as unbounded)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
 class StudyCreate(_In):
     """A study request. Give the space as a file (space_path) or inline (space: YAML/JSON text or an object);
     with neither, the service's default space is used."""
@@ -42,6 +49,8 @@ class StudyCreate(_In):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     warm_start: bool = True
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=2, description="default: every phase")
+    constraints: ConstraintsIn | None = Field(None, description="SLA bounds replacing the space's, field by field: "
+                                            "max_ttft_ms, max_itl_ms, percentile, min_accuracy (null: unbounded)")
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")
     trial_delay_s: float = Field(0.0, ge=0.0, le=MAX_TRIAL_DELAY_S, description="simulated backend: wall time "
                                  "per trial (trials x trial_delay_s at most a day)")

@@ -160,9 +160,17 @@ def new_study(session: Session, *, model_path: Path, model: ModelSpec, space: Se
     return record
 
 
+def with_constraints(space: SearchSpace, body: StudyCreate) -> SearchSpace:
+    """The space with the request's constraint fields (only those it gave) in place of the space's own."""
+    if body.constraints is None:
+        return space
+    given = body.constraints.model_dump(exclude_unset=True)
+    return space.model_copy(update={"constraints": space.constraints.model_copy(update=given)})
+
+
 def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:
     model_path, model = resolve_model(body.model_path, settings, ("body", "model_path"))
-    space = resolve_space(body, settings)
+    space = with_constraints(resolve_space(body, settings), body)
     options: dict[str, Any] = {}
     if body.backend == "simulated":
         options = {"noise": body.noise, "delay_s": body.trial_delay_s}

@@ -37,12 +37,8 @@ from api.schemas import (
 )
 from tuner.errors import TopotuneError
 from tuner.space import SearchSpace
-from tuner.study import CampaignResult, LiveCampaign, TrialRow
+from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, LiveCampaign, TrialRow
 
-PHASE_OBJECTIVES: dict[str, tuple[str, str]] = {
-    "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
-    "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
-}
 MIN_REFRESH_S = 0.5  # a snapshot younger than this is served as it is (the page polls every 3 s)
 PERSIST_EVERY_S = 2.0  # a running study's snapshot file is rewritten at most this often
 
@@ -54,7 +50,7 @@ class Snapshot:
     trials_stored: int
     result: CampaignResult | None = None
     space: SearchSpace | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: CampaignMeta | None = None
     error: str | None = None
     rows: list[TrialRow] = field(default_factory=list)
     restored: dict[str, Any] | None = None  # the persisted front and progress, until the rebuild is done
@@ -189,10 +185,13 @@ class ResultCache:
 
 
 def trial_public(row: TrialRow) -> TrialPublic:
-    return TrialPublic(phase=row.phase, trial_number=row.number, state=row.state, status=row.status,  # type: ignore[arg-type]
-                       kind=row.kind, params=row.params, values=list(row.values) if row.values else None,
-                       constraints=row.constraints, feasible=row.feasible, reason=row.reason,
-                       duration_s=row.duration_s, concurrency=row.concurrency)
+    r = row.record
+    return TrialPublic(
+        phase=row.phase, trial_number=r.number, state=r.state.name,  # type: ignore[arg-type]
+        status=str(r.attrs.outcome) if r.attrs.outcome is not None else None,
+        kind=str(r.kind) if r.kind is not None else None, params=r.params,
+        values=list(r.values) if r.values else None, constraints=r.constraints, feasible=r.feasible,
+        reason=r.attrs.reason, duration_s=r.attrs.duration_s, concurrency=r.attrs.concurrency)
 
 
 # -- builders ------------------------------------------------------------------------------------------------------
@@ -211,16 +210,14 @@ def phase_progress(record: StudyRecord, snap: Snapshot) -> dict[str, PhaseProgre
             study_name=f"{record.campaign}/{phase}", dashboard_url=dashboard_url(snap.study_ids.get(phase)),
             launched=pr.launched if pr else 0, budget=record.trials_per_phase,
             counts=dict(pr.counts) if pr else {},
-            failures=[Failure(trial_number=f["trial"], status=f["status"], reason=str(f["reason"])[:2000],
-                              params=f["params"]) for f in (pr.failures[:50] if pr else [])])
+            failures=[Failure(trial_number=f.trial_number, status=f.status, reason=f.reason[:2000],
+                              params=f.params) for f in (pr.failures[:50] if pr else [])])
     return out
 
 
 def exportable(result: CampaignResult) -> list:
     """The deployments /export indexes: the composed front, else the phase fronts (single-phase campaigns)."""
-    if result.composed_front:
-        return [p.deployment for p in result.composed_front]
-    return [p.deployment for pr in result.phases.values() for p in pr.front]
+    return result.exportable_deployments()
 
 
 def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
@@ -240,7 +237,7 @@ def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
         if result is not None:
             for phase, pr in result.phases.items():
                 phases[phase] = PhaseFront(
-                    study_name=pr.study_name, objectives=list(PHASE_OBJECTIVES[phase]), points_total=len(pr.points),
+                    study_name=pr.study_name, objectives=list(PHASE_METRICS[phase]), points_total=len(pr.points),
                     points_feasible=sum(p.feasible for p in pr.points),
                     front=[FrontPoint(trial_number=p.trial_number, deployment=p.deployment.name,
                                       topology=p.deployment.groups[0].topology.label(),

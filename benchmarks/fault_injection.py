@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
+SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
 HOSTS, GPUS_PER_HOST = 3, 4
 
 
@@ -39,7 +41,7 @@ def _free_port() -> int:
 
 def kill_loop(work: Path, kills: int, trials: int, grace_s: float) -> dict:
     from tuner.executors import BackendSpec, RayExecutor
-    from tuner.executors._testing import (
+    from tuner.testing import (
         ProbeBackend,
         alive_pids,
         kill_runners,
@@ -53,8 +55,9 @@ def kill_loop(work: Path, kills: int, trials: int, grace_s: float) -> dict:
         ProbeBackend, str(records), delay_s=2.0, spawn=True, inner=BackendSpec("simulated")))
     executor = RayExecutor(spec, gpus_per_host=GPUS_PER_HOST, max_parallel=3, max_retries=2)
     storage = f"sqlite:///{work / 'kill.db'}"
-    campaign = small_campaign(repo=REPO, executor=executor, storage_url=storage, artifacts_dir=work / "kill-art",
-                              trials=trials, num_gpus=HOSTS * GPUS_PER_HOST, gpus_per_host=GPUS_PER_HOST)
+    campaign = small_campaign(model_path=MODEL, space_path=SPACE, executor=executor, storage_url=storage,
+                              artifacts_dir=work / "kill-art", trials=trials, num_gpus=HOSTS * GPUS_PER_HOST,
+                              gpus_per_host=GPUS_PER_HOST)
     stop, reports = threading.Event(), []
     killer = threading.Thread(target=lambda: reports.append(
         kill_runners(executor, kills=kills, interval_s=0.7, grace_s=grace_s, stop=stop)))
@@ -78,12 +81,12 @@ def kill_loop(work: Path, kills: int, trials: int, grace_s: float) -> dict:
 
 
 def driver_restart(work: Path, address: str, trials: int) -> dict:
-    from tuner.executors._testing import alive_pids, spawned_children, study_counts
+    from tuner.testing import alive_pids, spawned_children, study_counts
 
     storage = f"sqlite:///{work / 'restart.db'}"
     records = work / "restart-records"
-    args = [sys.executable, "-m", "tuner.executors._testing", str(REPO), storage, str(work / "restart-art"),
-            str(records), str(trials), "2.0"]
+    args = [sys.executable, "-m", "tuner.testing.driver", str(MODEL), str(SPACE), storage,
+            str(work / "restart-art"), str(records), str(trials), "2.0"]
     env = {**os.environ, "RAY_ADDRESS": address}
     first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     name, before = None, {}

@@ -6,9 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-MODELS = REPO / "examples" / "models"
+from _support.paths import MODELS, REFERENCE_MODEL
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,4 +29,4 @@ def models_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def reference_model_path() -> Path:
-    return MODELS / "qwen3.8-2.4t-a95b-nvfp4"
+    return REFERENCE_MODEL

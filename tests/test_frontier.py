@@ -141,3 +141,28 @@ def test_reference_frontier_matches_the_campaign(models_dir: Path) -> None:
     latency_end = max(p.tok_s_per_user for p in front)
     assert throughput_end == pytest.approx(5000, rel=0.25)
     assert latency_end == pytest.approx(180, rel=0.25)
+
+
+def test_reference_sweeps_keep_who_wins_where(models_dir: Path) -> None:
+    """The campaign's lessons (reference-deployment.md) still hold in the model's sweeps."""
+    model = load_model(_reference_dir(models_dir))
+    perf = RooflineModel(model, get_gpu("gb300"))
+    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3))
+    curves = sweep_curves(perf, topologies, isl=ISL, osl=OSL, prefill_mtp_depths=(0, 1, 2, 3))
+    front = combined_front(compose_disaggregated(curves.prefill, curves.decode,
+                                                 Constraints(max_gpus=72, same_tp=True, same_mtp=True)))
+    by_speed = sorted(front, key=lambda p: p.tok_s_per_user)
+    # throughput end: wide decode replicas with expert parallelism over DP ranks (KV headroom)
+    assert by_speed[0].decode_topology.ep and by_speed[0].decode_topology.dp >= 8
+    # latency end: pure tensor parallelism with MTP
+    assert by_speed[-1].decode_topology.dp == 1 and by_speed[-1].decode_topology.mtp >= 1
+    # prefill and decode want different topologies somewhere on the front
+    assert any(p.prefill_topology.name != p.decode_topology.name for p in front)
+    # MTP raises decode throughput while the KV cache is not full
+    plain, mtp = Topology.parse("TEP8"), Topology.parse("TEP8", mtp=3)
+    low = [perf.predict(t, Role.DECODE, isl=ISL, osl=OSL, concurrency=8).output_tok_s_per_gpu for t in (plain, mtp)]
+    assert low[1] > low[0]
+    # more GPUs per replica leaves more KV cache per GPU
+    small = perf.capacity(Topology.parse("TP2DP4+EP"), Role.DECODE, isl=ISL, osl=OSL) / 8
+    big = perf.capacity(Topology.parse("TP4DP4+EP"), Role.DECODE, isl=ISL, osl=OSL) / 16
+    assert big > small

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.cli import main
 from tuner.errors import ConfigError
 from tuner.space import MAX_YAML_NODES, load_space, parse_space
 
-REPO = Path(__file__).resolve().parents[1]
-SPACE_FILE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+SPACE_FILE = REFERENCE_SPACE
 
 
 def billion_laughs(levels: int = 9, width: int = 9) -> str:
@@ -70,7 +70,7 @@ def test_real_space_within_bounds() -> None:
 def test_cli_space_alias_bomb_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(billion_laughs())
-    model = str(REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4")
+    model = str(REFERENCE_MODEL)
     started = time.monotonic()
     assert main(["tune", model, "--space", str(bomb), "--storage", f"sqlite:///{tmp_path / 's.db'}",
                  "--executor", "local"]) == 2

@@ -38,6 +38,13 @@ class Deployment(BaseModel):
             raise ValueError("one instance group per role")
         if len(roles) == 2 and set(roles) != {Role.PREFILL, Role.DECODE}:
             raise ValueError("two groups must be one prefill and one decode")
+        prefill, decode = self.group(Role.PREFILL), self.group(Role.DECODE)
+        if prefill and decode and prefill.topology.mtp != decode.topology.mtp:
+            # NIXL's handshake compares the speculative config of both sides (vLLM PR #49230): a PD prefill always
+            # runs its decode side's MTP depth, whoever built the deployment (plan, composition, export).
+            same = prefill.model_copy(update={"topology": prefill.topology.model_copy(
+                update={"mtp": decode.topology.mtp})})
+            object.__setattr__(self, "groups", tuple(same if g.role is Role.PREFILL else g for g in self.groups))
         return self
 
     @classmethod

@@ -62,8 +62,9 @@ class Constraints:
     max_ttft_ms: float | None = None
     max_itl_ms: float | None = None
     percentile: Percentile = "p50"
-    same_tp: bool = False  # hybrid (GDN/mamba) models under PD need equal TP on both sides (vLLM NIXL)
-    same_mtp: bool = False  # equal speculative config, so both sides get the same hybrid block size
+    same_tp: bool = False  # hybrid (GDN/mamba) models on a vLLM that cannot transfer their KV across TP
+    same_mtp: bool = False  # equal speculative config (NIXL's handshake compares it, vLLM PR #49230)
+    pairing_reason: str = "hybrid models need equal TP and MTP on both sides"  # why same_tp/same_mtp are on
 
     def __post_init__(self) -> None:
         if self.max_gpus < 1:
@@ -228,8 +229,8 @@ def _explain(reasons: dict[str, int], num_decode: int, c: Constraints) -> Infeas
         return _fail(f"no decode point meets ITL <= {c.max_itl_ms:g} ms", "--max-itl-ms", "raise the ITL limit")
     worst = max(reasons, key=lambda k: reasons[k])
     if worst == "pairing":
-        return _fail("no prefill topology pairs with a decode topology (hybrid models need equal TP and MTP on both "
-                     "sides)", "topologies", "sweep prefill topologies with the decode topologies' TP")
+        return _fail(f"no prefill topology pairs with a decode topology ({c.pairing_reason})", "topologies",
+                     "sweep prefill topologies with the decode topologies' TP")
     if worst == "ttft":
         return _fail(f"no prefill + decode pair meets TTFT <= {c.max_ttft_ms:g} ms once the decode side's queueing "
                      "and KV transfer are added", "--max-ttft-ms", "raise the TTFT limit or lower the concurrency")

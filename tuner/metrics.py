@@ -9,7 +9,8 @@ class ServingMetrics(BaseModel):
     """What one deployment did at one concurrency level, for one workload.
 
     Per-GPU figures divide by every GPU of the deployment (prefill and decode together), as the campaign did.
-    tok_s_per_user is generated tokens/s seen by one user: 1000 / mean ITL.
+    tok_s_per_user is generated tokens/s seen by one user: 1000 / mean ITL, or, when the measured stream came
+    back coalesced (no inter-token timing, `stream_coalesced`), output tokens / request latency, a lower bound.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -22,7 +23,7 @@ class ServingMetrics(BaseModel):
     output_tok_s: float = Field(ge=0)
     total_tok_s_per_gpu: float = Field(ge=0)
     output_tok_s_per_gpu: float = Field(ge=0)
-    tok_s_per_user: float = Field(ge=0, description="1000 / mean ITL in ms")
+    tok_s_per_user: float = Field(ge=0, description="1000 / mean ITL in ms (a lower bound when stream_coalesced)")
     ttft_ms_mean: float = Field(ge=0)
     ttft_ms_p50: float = Field(ge=0)
     ttft_ms_p99: float = Field(ge=0)
@@ -33,6 +34,7 @@ class ServingMetrics(BaseModel):
     max_concurrency: float = Field(ge=0, description="requests the KV cache holds at once (whole deployment)")
     running_requests: float = Field(0, ge=0, description="requests actually running (the rest queue)")
     error_rate: float = Field(0.0, ge=0, le=1)
+    stream_coalesced: bool = Field(False, description="tokens arrived in one chunk: speed and ITL are bounds")
 
     @classmethod
     def from_rates(cls, *, concurrency: int, num_gpus: int, isl: int, osl: int, request_rps: float,

@@ -97,14 +97,21 @@ def write_figures(path: Path, title: str, figures: list[go.Figure], field: str =
     return path
 
 
-def write_campaign_report(result: CampaignResult, path: Path) -> Path:
-    from tuner.study._objectives import PHASE_METRICS
+def campaign_figures(result: CampaignResult, composed_title: str, *, hypervolume: bool = False) -> list[go.Figure]:
+    """The composed PD front (when there is one), then each phase (and its hypervolume history): what the HTML
+    report and the study page show, with the same axis labels."""
+    from tuner.study import PHASE_AXES
 
     figures = []
     if result.composed_front:
-        figures.append(composed_front_figure(result.composed, result.composed_front,
-                                             f"{result.name}: composed PD front (measured curves)"))
+        figures.append(composed_front_figure(result.composed, result.composed_front, composed_title))
     for phase, pr in result.phases.items():
-        figures.append(phase_figure(pr, PHASE_METRICS[phase]))
-        figures.append(hypervolume_figure(pr))
+        figures.append(phase_figure(pr, PHASE_AXES[phase]))
+        if hypervolume:
+            figures.append(hypervolume_figure(pr))
+    return figures
+
+
+def write_campaign_report(result: CampaignResult, path: Path) -> Path:
+    figures = campaign_figures(result, f"{result.name}: composed PD front (measured curves)", hypervolume=True)
     return write_figures(path, f"topotune: {result.name}", figures, field="report")

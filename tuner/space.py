@@ -76,10 +76,13 @@ class PhaseSpace(_Strict):
     concurrency: list[int] = Field(min_length=1, max_length=64)
     kv_cache_dtype: list[KVCacheDtype] = Field(["auto"], min_length=1)
     num_redundant_experts: list[int] = Field([0], min_length=1)
+    # Largest CUDA-graph capture size in tokens; "auto" covers the decode batch x (1 + MTP). Smaller values
+    # trade speed (bigger steps run eager) for the graphs' memory: a knob only when given more than "auto".
+    max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1, max_length=64)
     workload: PhaseWorkload = PhaseWorkload()
 
     @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                     "kv_cache_dtype", "num_redundant_experts", mode="before")
+                     "kv_cache_dtype", "num_redundant_experts", "max_cudagraph_capture_size", mode="before")
     @classmethod
     def _bounded(cls, values: object) -> object:
         if isinstance(values, list) and len(values) > MAX_CHOICES_PER_KNOB:
@@ -89,7 +92,8 @@ class PhaseSpace(_Strict):
     @model_validator(mode="after")
     def _expandable(self) -> PhaseSpace:
         sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
-                 self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts)
+                 self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts,
+                 self.max_cudagraph_capture_size)
         if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
             raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
                              "narrow some lists")
@@ -108,6 +112,13 @@ class PhaseSpace(_Strict):
         if any(not 0 <= v <= MAX_KNOB_VALUE for v in values):
             raise ValueError(f"num_redundant_experts values must be in 0..{MAX_KNOB_VALUE:,} (0 = EPLB off)")
         return sorted(set(values))
+
+    @field_validator("max_cudagraph_capture_size")
+    @classmethod
+    def _capture(cls, values: list[int | str]) -> list[int | str]:
+        if any(v != "auto" and int(v) < 1 for v in values):
+            raise ValueError("capture sizes must be >= 1 tokens, or auto")
+        return sorted(set(values), key=lambda v: (v != "auto", v if v != "auto" else 0))
 
     @field_validator("mtp")
     @classmethod
@@ -133,6 +144,9 @@ class ClusterSpec(_Strict):
     gpu: str
     num_gpus: int = Field(ge=1, le=MAX_KNOB_VALUE)
     gpus_per_host: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE, description="default: the GPU catalog's")
+    # The vLLM the hosts run (e.g. 0.26.1rc1): launch plans follow its version table. None: detected on the
+    # hosts (`topotune doctor` reports it).
+    vllm_version: str | None = Field(None, max_length=64, pattern=r"^v?\d+\.\d+(\.\d+)?\S*$")
 
 
 class WorkloadSpec(_Strict):
@@ -172,13 +186,17 @@ class SearchSpace(_Strict):
             choices["kv_cache_dtype"] = list(dict.fromkeys(s.kv_cache_dtype))
         if s.num_redundant_experts != [0]:
             choices["num_redundant_experts"] = s.num_redundant_experts
+        if s.max_cudagraph_capture_size != ["auto"]:
+            choices["max_cudagraph_capture_size"] = s.max_cudagraph_capture_size
         return choices
 
     def topology(self, phase: Phase, params: dict) -> Topology:
+        capture = params.get("max_cudagraph_capture_size", "auto")
         return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
                                mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
                                max_num_seqs=params["max_num_seqs"],
                                max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase),
+                               max_cudagraph_capture_size=None if capture == "auto" else int(capture),
                                kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
                                num_redundant_experts=params.get("num_redundant_experts", 0)
                                if params["ep"] and params["tp"] * params["dp"] > 1 else 0)

@@ -58,6 +58,8 @@ class Topology(BaseModel):
     gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
     max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
     max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
+    max_cudagraph_capture_size: int | None = Field(
+        None, ge=1, description="Largest CUDA-graph batch in tokens (None: the decode batch x (1 + MTP)).")
     role: Role = Role.BOTH
     kv_cache_dtype: KVCacheDtype = Field("auto", description="KV-cache element type (--kv-cache-dtype).")
     num_redundant_experts: int = Field(0, ge=0, le=4096, description=(
@@ -110,6 +112,20 @@ class Topology(BaseModel):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def cudagraph_capture_tokens(self) -> int | None:
+        """The largest CUDA-graph capture size a plan sets (tokens per forward step), None for vLLM's default.
+
+        A decoding instance steps max_num_seqs x (1 + MTP) tokens at full batch: graphs must reach that or the
+        largest batches run eager (vLLM's default cap is 512). A smaller explicit value trades speed for the
+        graphs' memory. Prefill steps are chunked prefill: vLLM's default applies unless set. Never above
+        max_num_batched_tokens (no step is larger). The memory model's CUDA-graph reserve reads this.
+        """
+        size = self.max_cudagraph_capture_size
+        if size is None and self.role is not Role.PREFILL:
+            size = self.max_num_seqs * (1 + self.mtp)
+        return None if size is None else min(size, self.max_num_batched_tokens)
 
     def label(self) -> str:
         """Name plus the engine settings that differ between trials."""
@@ -203,6 +219,7 @@ _FIELD_FIXES = {
     "max_num_seqs": "give a positive number of sequences",
     "max_num_batched_tokens": "give a positive token count",
     "role": "use prefill, decode or both",
+    "max_cudagraph_capture_size": "give a positive token count, or leave it unset (decode batch x (1 + MTP))",
     "kv_cache_dtype": "use auto, bfloat16, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, int8_per_token_head or nvfp4",
     "num_redundant_experts": "give 0 (EPLB off) or a positive number of redundant experts",
 }

@@ -22,3 +22,15 @@ class Workload(BaseModel):
 
     def request_count(self, concurrency: int) -> int:
         return self.requests_per_level or max(2 * concurrency, 16)
+
+
+def served_context_tokens(isl: int, osl: int) -> int:
+    """--max-model-len for a workload: isl + osl plus headroom (5%, at least 256 tokens, rounded up to 256).
+
+    AIPerf's synthetic prompts are built to isl tokens with one tokenizer and re-tokenized by the server, which
+    can count a few more; a context of exactly isl + osl rejects those requests. The recipes leave headroom
+    too. The memory model reads the same figure (vLLM refuses to start when one max-model-len request does not
+    fit the KV cache).
+    """
+    tokens = isl + osl
+    return -(-(tokens + max(256, -(-tokens // 20))) // 256) * 256

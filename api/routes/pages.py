@@ -1,4 +1,9 @@
-"""/ui pages: the list of studies and one study (Plotly front, front table with export links, live refresh).
+"""/ui pages: the list of studies, the start-a-study form, one study (Plotly front, front table with export links,
+cancel, the trials in flight with their logs) and two studies' fronts on one chart.
+
+Pages only read; every mutation is the page's JavaScript calling the REST API (`POST /v1/studies`,
+`POST /v1/studies/{id}/cancel`) with the session cookie and its CSRF token, so the form and the API share one
+validation path and a 422 names the form's field.
 
 Constraints are shown from the stored constraint values (the embedded Optuna dashboard ignores Optuna 5
 constraints and would show infeasible trials as feasible).
@@ -8,22 +13,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
-from api.deps import CacheDep, SessionDep, StudyDep
+from api.choices import model_choices, space_choices
+from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
+from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
+from api.schemas import StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.errors import TopotuneError
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
-AXES = {"prefill": ("total tokens/s per GPU", "prompt tokens/s per user"),
-        "decode": ("total tokens/s per GPU", "generated tokens/s per user")}
 
 
 def _plotly_js() -> Path:
@@ -35,18 +41,11 @@ def _plotly_js() -> Path:
 def figures(record: StudyRecord, snap: Snapshot) -> list[dict[str, Any]]:
     """Plotly figures as JSON: the composed PD front (every xPyD deployment faint, the front bold), then each
     phase (feasible points faint, SLA-infeasible marked x, the feasible front bold)."""
-    from tuner.report import composed_front_figure, phase_figure
+    from tuner.report import campaign_figures
 
-    result = snap.result
-    if result is None:
+    if snap.result is None:
         return []
-    figs = []
-    if result.composed_front:
-        figs.append(composed_front_figure(result.composed, result.composed_front,
-                                          f"study {record.id}: composed PD front"))
-    for phase, pr in result.phases.items():
-        figs.append(phase_figure(pr, AXES[phase]))
-    return [json.loads(f.to_json()) for f in figs]
+    return [json.loads(f.to_json()) for f in campaign_figures(snap.result, f"study {record.id}: composed PD front")]
 
 
 def constraint_summary(snap: Snapshot) -> dict[str, dict[str, int]]:
@@ -68,6 +67,27 @@ def constraint_summary(snap: Snapshot) -> dict[str, dict[str, int]]:
 def studies_page(request: Request, session: SessionDep) -> HTMLResponse:
     rows = session.scalars(select(StudyRecord).order_by(StudyRecord.id.desc()).limit(500)).all()
     return TEMPLATES.TemplateResponse(request, "studies.html", {"studies": rows})
+
+
+@router.get("/new", response_class=HTMLResponse)
+def new_study_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    """The form posts StudyCreate's JSON to /v1/studies; its defaults and bounds come from that schema."""
+    fields = StudyCreate.model_fields
+    return TEMPLATES.TemplateResponse(request, "new.html", {
+        "models": model_choices(session, settings), "spaces": space_choices(settings),
+        "defaults": {name: f.default for name, f in fields.items()},
+        "samplers": get_args(fields["sampler"].annotation), "backends": get_args(fields["backend"].annotation),
+        "max_trials": next(m.le for m in fields["trials"].metadata if hasattr(m, "le"))})
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(request: Request, session: SessionDep, a: int | None = None, b: int | None = None) -> HTMLResponse:
+    """Two studies' fronts on one chart; the page reads each /v1/studies/{id}/pareto (the cached fronts)."""
+    rows = session.scalars(select(StudyRecord).order_by(StudyRecord.id.desc()).limit(500)).all()
+    ids = [r.id for r in rows]
+    return TEMPLATES.TemplateResponse(request, "compare.html", {
+        "studies": rows, "a": a if a in ids else (ids[1] if len(ids) > 1 else None),
+        "b": b if b in ids else (ids[0] if ids else None)})
 
 
 @router.get("/static/plotly.min.js")
@@ -92,6 +112,13 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
         "dashboard": {ph: dashboard_url(sid) for ph, sid in snap.study_ids.items()}})
 
 
+@router.get("/studies/{study_id}/live")
+def study_live(record: StudyDep, session: SessionDep, settings: SettingsDep) -> LiveView:
+    """What the page polls every 2 s while the study runs: status, trials in flight with their log tails, events.
+    Never builds a front (the page fetches /figures only when an event says a trial finished)."""
+    return live_view(session, record, settings.database_url, settings.artifacts_dir)
+
+
 @router.get("/studies/{study_id}/figures")
 def study_figures(record: StudyDep, cache: CacheDep) -> JSONResponse:
     """What the page polls while the study runs: status, stored trials, the figures."""
@@ -100,5 +127,7 @@ def study_figures(record: StudyDep, cache: CacheDep) -> JSONResponse:
         figs = snap.memo(f"figures/{record.status.value}", lambda: figures(record, snap))
     except TopotuneError as exc:
         figs, snap.error = [], exc.user_message()
+    phases = {name: {"launched": p.launched, "budget": p.budget, "counts": p.counts}
+              for name, p in phase_progress(record, snap).items()}
     return JSONResponse({"status": record.status.value, "trials_stored": snap.trials_stored, "figures": figs,
-                         "active": record.status.active})
+                         "active": record.status.active, "phases": phases})

@@ -26,7 +26,6 @@ from api.schemas import (
 )
 from api.views import exportable, pareto, phase_progress, trial_public
 from tuner.export import RecipeContext, export_deployment
-from tuner.hardware import get_gpu
 from tuner.space import SearchSpace
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
@@ -116,11 +115,7 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
         raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "
                                              "(see /pareto)" if deployments else "the study has no front yet")
     space = snap.space or SearchSpace.model_validate(record.space)
-    gpu = get_gpu(space.cluster.gpu)
-    first = next(iter(space.phases.values()))
-    ctx = RecipeContext(model_path=record.model_path, model_name=record.model_name, gpu=gpu.name,
-                        gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
-                        osl=space.workload.osl, concurrency=tuple(first.concurrency))
+    ctx = RecipeContext.for_space(space, model_path=record.model_path, model_name=record.model_name)
     text = export_deployment(deployments[point], fmt, ctx)
     suffix = {"vllm": "sh", "compose": "yaml", "srt-slurm": "yaml"}[fmt]
     return PlainTextResponse(text, headers={

@@ -1,16 +1,15 @@
-"""Constants and polling helpers shared by the service tests (imported by name, like executor_helpers)."""
+"""Constants and polling helpers shared by the service tests (imported by name from tests/api)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from _support.paths import MODELS as MODELS  # re-exported for the service tests
+from _support.paths import REPO
 from fastapi.testclient import TestClient
 
-REPO = Path(__file__).resolve().parents[2]
-MODELS = REPO / "examples" / "models"
 REFERENCE_MODEL = "qwen3.8-2.4t-a95b-nvfp4"
 TOKEN = "test-token-" + "x" * 24
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

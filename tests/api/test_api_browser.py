@@ -1,4 +1,7 @@
-"""Headless Chromium opens a finished study's page: the Plotly front renders with points; a screenshot is kept."""
+"""Headless Chromium drives the service: a finished study's page renders its Plotly front; a browser signs in,
+starts a study from the form (a field error shown next to its field first), watches the trials in flight with their
+logs, cancels it, compares two studies' fronts on one chart, and uses the Optuna dashboard's write API. Screenshots
+are kept in test-artifacts/."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REPO
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN
 
 from api.main import create_app
 
@@ -48,9 +51,24 @@ def live_server(sqlite_url, make_settings):
     thread.join(timeout=60)
 
 
-def test_study_page_renders_the_front(chromium, live_server):
+@pytest.fixture
+def driver(chromium):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = chromium
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage",
+                 "--window-size=1300,2000"):
+        options.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(driver_path), options=options)
+    yield drv
+    drv.quit()
+
+
+def test_study_page_renders_the_front(driver, live_server):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -62,31 +80,147 @@ def test_study_page_renders_the_front(chromium, live_server):
             time.sleep(0.5)
         n_front = len(http.get(f"/v1/studies/{sid}/pareto").json()["composed_front"])
 
-    binary, driver_path = chromium
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage",
-                 "--window-size=1300,2000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
-        driver.get(f"{live_server}/ui/studies/{sid}")
-        points = WebDriverWait(driver, 30).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#front-chart .scatterlayer .points path") or False)
-        assert len(points) >= n_front > 0
-        assert driver.find_elements(By.CSS_SELECTOR, "#phase-charts .scatterlayer .points path")
-        rows = driver.find_elements(By.CSS_SELECTOR, "#front-table tr")
-        assert len(rows) == n_front + 1
-        links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#front-table a")]
-        assert any("/export?point=0&format=vllm" in h for h in links)
-        assert driver.find_elements(By.CSS_SELECTOR, "a[href^='/dashboard/studies/']")
-        ARTIFACTS.mkdir(exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / "ui-study.png"))
-        driver.get(f"{live_server}/ui")
-        assert driver.find_elements(By.CSS_SELECTOR, f"a[href='/ui/studies/{sid}']")
-        driver.get(f"{live_server}/dashboard")
-        WebDriverWait(driver, 30).until(lambda d: "Optuna" in d.title or d.find_elements(By.ID, "dashboard"))
-        driver.save_screenshot(str(ARTIFACTS / "ui-dashboard.png"))
-    finally:
-        driver.quit()
+    driver.get(f"{live_server}/ui/studies/{sid}")
+    points = WebDriverWait(driver, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#front-chart .scatterlayer .points path") or False)
+    assert len(points) >= n_front > 0
+    assert driver.find_elements(By.CSS_SELECTOR, "#phase-charts .scatterlayer .points path")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#front-table tr")
+    assert len(rows) == n_front + 1
+    links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#front-table a")]
+    assert any("/export?point=0&format=vllm" in h for h in links)
+    assert driver.find_elements(By.CSS_SELECTOR, "a[href^='/dashboard/studies/']")
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "ui-study.png"))
+    driver.get(f"{live_server}/ui")
+    assert driver.find_elements(By.CSS_SELECTOR, f"a[href='/ui/studies/{sid}']")
+    driver.get(f"{live_server}/dashboard")
+    WebDriverWait(driver, 30).until(lambda d: "Optuna" in d.title or d.find_elements(By.ID, "dashboard"))
+    banner = driver.find_element(By.ID, "topotune-banner")  # signed out: says why its buttons fail
+    assert banner.is_displayed() and "Sign in" in banner.text
+    create_in_dashboard(driver, "refused-signed-out")
+    WebDriverWait(driver, 30).until(lambda d: "Failed to create a study" in d.find_element(By.TAG_NAME, "body").text)
+    driver.save_screenshot(str(ARTIFACTS / "ui-dashboard.png"))
+
+
+def create_in_dashboard(driver, name: str) -> None:
+    """The dashboard's own CREATE button and its New Study dialog (optuna-dashboard 0.21)."""
+    from selenium.webdriver.common.by import By
+
+    button = _wait(driver, lambda d: [b for b in d.find_elements(By.TAG_NAME, "button") if b.text == "CREATE"])[0]
+    button.click()
+    dialog = _wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, "[role=dialog]"))
+    dialog.find_element(By.CSS_SELECTOR, "input[type=text]").send_keys(name)
+    time.sleep(1.0)  # the name field is debounced (500 ms) before CREATE reads it
+    next(b for b in dialog.find_elements(By.TAG_NAME, "button") if b.text == "CREATE").click()
+
+
+def _wait(driver, condition, timeout_s: float = 60.0):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
+
+
+def test_a_browser_drives_the_service(driver, live_server):
+    """Sign in, start a study from the form, watch its trials in flight with logs, cancel it, compare two fronts,
+    and create + delete a study through the embedded dashboard's own buttons."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    css = driver.find_elements
+    driver.get(f"{live_server}/ui/new")
+    assert css(By.ID, "sign-in-needed") and not driver.find_element(By.ID, "start").is_enabled()
+
+    # sign in: a wrong token first
+    driver.find_element(By.ID, "sign-in").click()
+    _wait(driver, lambda d: d.find_elements(By.ID, "token"))
+    driver.find_element(By.ID, "token").send_keys("not-the-token-not-the-token")
+    driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    assert "wrong token" in _wait(driver, lambda d: d.find_element(By.ID, "login-error")).text
+    driver.save_screenshot(str(ARTIFACTS / "ui-login.png"))
+    driver.find_element(By.ID, "token").send_keys(TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "#login-form button").click()
+    _wait(driver, lambda d: d.current_url.endswith("/ui/new") and d.find_elements(By.ID, "sign-out"))
+    cookie = next(c for c in driver.get_cookies() if c["name"] == "topotune_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert "topotune_session" not in driver.execute_script("return document.cookie")  # scripts never see it
+
+    # the form: a bad budget is shown next to its field, then a study starts
+    Select(driver.find_element(By.ID, "model")).select_by_value(REFERENCE_MODEL)
+    Select(driver.find_element(By.ID, "space-file")).select_by_value("gb300-nvl72-8k1k.yaml")
+    driver.find_element(By.CSS_SELECTOR, "input.phase[value=prefill]").click()  # decode only
+    trials = driver.find_element(By.ID, "trials")
+    trials.clear()
+    trials.send_keys("0")
+    driver.find_element(By.ID, "max-itl-ms").send_keys("40")
+    delay = driver.find_element(By.ID, "trial-delay-s")
+    delay.clear()
+    delay.send_keys("4")
+    driver.find_element(By.ID, "start").click()
+    error = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-field=trials] .field-error"))[0]
+    assert error.text.startswith("trials:")
+    trials.clear()
+    trials.send_keys("3")
+    driver.save_screenshot(str(ARTIFACTS / "ui-new.png"))
+    driver.find_element(By.ID, "start").click()
+    _wait(driver, lambda d: "/ui/studies/" in d.current_url)
+    sid = int(driver.current_url.rsplit("/", 1)[-1])
+
+    # live: a trial in flight with its trial.log, then cancel from the page
+    log = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#in-flight .trial pre.log"), 120)[0]
+    assert "started in thread" in log.text
+    assert "decode #" in driver.find_element(By.CSS_SELECTOR, "#in-flight .trial h4").text
+    assert "ITL \u2264 40.0 ms" in driver.find_element(By.TAG_NAME, "body").text  # the form's constraint
+    driver.save_screenshot(str(ARTIFACTS / "ui-study-live.png"))
+    driver.find_element(By.ID, "cancel").click()
+    driver.switch_to.alert.accept()
+    _wait(driver, lambda d: "status:" in d.find_element(By.ID, "cancel-result").text)
+    _wait(driver, lambda d: d.find_element(By.ID, "status").text == "cancelled", 120)
+    with httpx.Client(base_url=live_server, timeout=30) as http:
+        assert http.get(f"/v1/studies/{sid}").json()["status"] == "cancelled"
+        # two finished studies for the compare chart (started through the REST API, as a client would)
+        pair = [http.post("/v1/studies", json={**FAST_STUDY, "seed": seed}, headers=AUTH).json()["id"]
+                for seed in (1, 2)]
+        for other in pair:
+            deadline = time.monotonic() + 120
+            while http.get(f"/v1/studies/{other}").json()["status"] != "succeeded":
+                assert time.monotonic() < deadline
+                time.sleep(0.5)
+        fronts = [len(http.get(f"/v1/studies/{i}/pareto").json()["composed_front"]) for i in pair]
+
+    driver.get(f"{live_server}/ui")
+    for other in pair:
+        driver.find_element(By.CSS_SELECTOR, f"input.pick[value='{other}']").click()
+    driver.find_element(By.ID, "compare").click()
+    selector = "#compare-composed .scatterlayer .trace"
+    traces = _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, selector)) == 2
+                   and d.find_elements(By.CSS_SELECTOR, selector))
+    counts = sorted(len(t.find_elements(By.CSS_SELECTOR, ".points path")) for t in traces)
+    assert counts == sorted(fronts) and min(counts) > 0
+    assert len(css(By.CSS_SELECTOR, "#compare-summary tr")) == 3
+    legend = driver.find_element(By.CSS_SELECTOR, "#compare-composed .legend").text
+    assert f"study {pair[0]}" in legend and f"study {pair[1]}" in legend
+    driver.save_screenshot(str(ARTIFACTS / "ui-compare.png"))
+
+    # the dashboard's own write API from the browser, signed in (the bundle sends no token: cookie + Origin)
+    driver.get(f"{live_server}/dashboard")
+    _wait(driver, lambda d: "Optuna" in d.title or d.find_elements(By.ID, "dashboard"))
+    assert not css(By.ID, "topotune-banner")
+    create_in_dashboard(driver, "made-in-the-browser")
+    _wait(driver, lambda d: "Success to create a study (study_name=made-in-the-browser)" in
+          d.find_element(By.TAG_NAME, "body").text)
+    status = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        fetch("/api/studies").then(function (r) { return r.json(); }).then(function (j) {
+          done([200, {study_summary: j.study_summaries.find(function (s) {
+            return s.study_name === "made-in-the-browser"; })}]); });
+    """)
+    new_id = status[1]["study_summary"]["study_id"]
+    status = driver.execute_async_script(f"""
+        const done = arguments[arguments.length - 1];
+        fetch("/api/studies/{new_id}", {{method: "DELETE", headers: {{"Content-Type": "application/json"}},
+                                         body: JSON.stringify({{remove_associated_artifacts: false}})}})
+          .then(function (r) {{ done(r.status); }});
+    """)
+    assert status == 204

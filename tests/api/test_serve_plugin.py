@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
+from _support.paths import REPO
 
 from tuner.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_topotune_serve_is_registered(capsys: pytest.CaptureFixture[str]) -> None:

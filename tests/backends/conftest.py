@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cpu_vllm_helpers import MISSING, make_tiny_model
+from _support.cpu_vllm import MISSING, make_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,12 @@
 the points and the GSM8K score, keeps going past a deliberately impossible trial, and `topotune show` prints the
 composed PD front made from these measurements.
 
-The impossible trial: a KV budget of 640 KiB per worker (`--kv-cache-memory-bytes`). vLLM's CPU blocks hold 128
+The impossible trial: a KV budget of 1152 KiB per worker (`--kv-cache-memory-bytes`). vLLM's CPU blocks hold 128
 tokens at 512 B/token for the tiny model (256 B per TP2 worker) and its check holds one block back: TP1 gets
-9 usable blocks (1152 tokens), TP2 19. Both phases run ISL 1136 (the composition needs one ISL): a prefill
-request (1136 + 2) fits TP1, a decode request (1136 + 32) does not, so decode TP1 must end KV_TOO_SMALL while
-decode TP2 is measured and the study goes on.
+17 usable blocks (2176 tokens), TP2 35. Both phases run ISL 2160 (the composition needs one ISL): a prefill
+request (2160 + 2) fits TP1, a decode request (2160 + 32) does not, so decode TP1 must end KV_TOO_SMALL while
+decode TP2 is measured and the study goes on. (ISL above 2048, the served context a gated trial needs at least
+for the 5-shot GSM8K prompts, so max-model-len is ISL + OSL in both phases.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cpu_vllm_helpers import CPU_SETTINGS, needs_envs, processes_mentioning
+from _support.cpu_vllm import CPU_SETTINGS, needs_envs
+from _support.paths import REPO
+from _support.processes import processes_mentioning
 
 from tuner.executors._factory import make_executor
 from tuner.settings import TunerSettings
@@ -27,19 +30,18 @@ from tuner.study import Campaign, TuneOptions
 
 pytestmark = [pytest.mark.slow, needs_envs]
 
-REPO = Path(__file__).resolve().parents[2]
-KV_BUDGET_BYTES = 640 * 1024
+KV_BUDGET_BYTES = 1152 * 1024
 EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "ray")  # "local" runs the same study in threads
 
 
 def _space(tmp_path: Path) -> Path:
     data = yaml.safe_load((REPO / "search_spaces" / "cpu-tiny.yaml").read_text())
     data["workload"]["requests_per_level"] = 8
-    data["workload"]["isl"] = 1136
+    data["workload"]["isl"] = 2160
     # decode TP1 cannot run here, so the smallest pair is 1P(TP1) 1D(TP2): let the composition use 3 devices
     # (arithmetic on the measured curves; trials still take at most 2 cores).
     data["cluster"]["num_gpus"] = 3
-    data["phases"]["prefill"]["workload"] = {"isl": 1136, "osl": 2}
+    data["phases"]["prefill"]["workload"] = {"isl": 2160, "osl": 2}
     path = tmp_path / "cpu-tiny-test.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -69,7 +71,7 @@ def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -
     assert {p.deployment.groups[0].topology.tp for p in prefill.points} == {1, 2}
     assert decode.counts.get("ok") == 1 and decode.counts.get("kv_too_small") == 1, decode.failures
     [failure] = decode.failures
-    assert failure["params"]["tp"] == 1 and "max seq len" in failure["reason"]
+    assert failure.params["tp"] == 1 and "max seq len" in failure.reason
     for phase, tps in ((prefill, {1, 2}), (decode, {2})):
         by_config: dict[int, list[int]] = {}  # each level is stored as its own trial; group by topology
         for p in phase.points:

@@ -52,3 +52,37 @@ def test_error_rate_is_a_fraction_of_aiperf_percent() -> None:
 def test_missing_summary_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(AiperfError, match="every request fails"):
         read_summary(tmp_path)
+
+
+def test_coalesced_stream_reports_a_lower_bound_not_zero() -> None:
+    """The CI failure, as a fixture: at concurrency 1 on a loaded 2-core machine every request's 32 tokens came
+    back in one chunk (time_to_first_token == request_latency, inter_token_latency 0 for all 16 requests).
+    The fixture is the real c4 export reshaped to the figures that run reported (AIPerf 0.13.0 schema)."""
+    summary = read_summary(FIXTURES / "aiperf_coalesced_c1_profile_export_aiperf.json")
+    assert summary.itl_ms["avg"] == 0 and summary.ttft_ms["avg"] == summary.request_latency_ms["avg"]
+    assert summary.stream_coalesced
+    m = to_serving_metrics(summary, concurrency=1, num_gpus=1, isl=128, osl=32, max_concurrency=100)
+    assert m.stream_coalesced
+    # 32 tokens in a 412.5 ms request: the user saw at least 77.6 tok/s, never 0
+    assert m.tok_s_per_user == pytest.approx(1000 * 32 / 412.5)
+    # ITL consistent with it and never better than what was observed (an ITL limit is not passed by a zero)
+    assert m.itl_ms_mean == pytest.approx(412.5 / 32)
+    assert m.itl_ms_p50 == pytest.approx(405.3 / 32)
+    assert m.itl_ms_p99 == pytest.approx(470.8 / 32)
+
+
+def test_a_streamed_level_is_not_marked_coalesced() -> None:
+    summary = read_summary(FIXTURES / "aiperf_tp1_c4_profile_export_aiperf.json")
+    assert summary.chunks_per_request_p50 == 8.0 and not summary.stream_coalesced
+    m = to_serving_metrics(summary, concurrency=4, num_gpus=1, isl=128, osl=32, max_concurrency=100)
+    assert not m.stream_coalesced
+
+
+def test_no_tokens_back_is_zero_speed(tmp_path: Path) -> None:
+    import json
+
+    data = json.loads((FIXTURES / "aiperf_coalesced_c1_profile_export_aiperf.json").read_text())
+    data["output_sequence_length"]["avg"] = 0.0
+    (tmp_path / "profile_export_aiperf.json").write_text(json.dumps(data))
+    m = to_serving_metrics(read_summary(tmp_path), concurrency=1, num_gpus=1, isl=128, osl=32, max_concurrency=1)
+    assert m.tok_s_per_user == 0.0 and m.stream_coalesced

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
+
+from _support.processes import process_alive
 
 from tuner.backends import TrialStatus
 from tuner.backends.vllm._plan import ProcessSpec
@@ -36,19 +37,6 @@ while True:
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by its reparented init) counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def spec(name: str, argv: list[str], health_url: str | None = None) -> ProcessSpec:
     return ProcessSpec(name=name, host="127.0.0.1", argv=tuple(argv), env={"PYTHONUNBUFFERED": "1"}, role="both",
                        health_url=health_url)
@@ -65,11 +53,11 @@ def test_teardown_kills_the_whole_tree_even_when_sigterm_is_ignored(tmp_path: Pa
             break
         time.sleep(0.1)
     pids = [int(p) for p in pids_file.read_text().split()]
-    assert len(pids) == 7 and all(_alive(p) for p in pids)
+    assert len(pids) == 7 and all(process_alive(p) for p in pids)
     started = time.monotonic()
     terminate([proc], grace_s=1.0)
     assert time.monotonic() - started < 10
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if process_alive(p)]
     assert "tree up" in (tmp_path / "logs" / "tree.log").read_text()
 
 

@@ -21,7 +21,9 @@ def test_json_output(reference_model_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= REQUIRED_KEYS
-    assert data["fits"] is True and data["max_concurrency_instance"] == pytest.approx(4 * data["max_concurrency"])
+    # both figures are rounded to 3 decimals in the JSON: 4 x a rounded value is within 4 x 0.0005 + 0.0005
+    assert data["fits"] is True
+    assert data["max_concurrency_instance"] == pytest.approx(4 * data["max_concurrency"], abs=0.0025)
 
 
 def test_kv_cache_memory_bytes_overrides(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,6 +33,18 @@ def test_kv_cache_memory_bytes_overrides(models_dir: Path, capsys: pytest.Captur
     data = json.loads(capsys.readouterr().out)
     assert (data["num_gpu_blocks"], data["blocks_per_request"]) == (3212, 485)
     assert data["kv_budget_overridden"] is True
+
+
+def test_fp8_kv_and_eplb_options(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["memory", str(models_dir / "deepseek-v3"), "--hardware", "h200", "--topology", "DEP8", "--json",
+            "--kv-cache-memory-bytes", "10G"]
+    assert main(base) == 0
+    auto = json.loads(capsys.readouterr().out)
+    assert main([*base, "--kv-cache-dtype", "fp8", "--num-redundant-experts", "8"]) == 0
+    fp8 = json.loads(capsys.readouterr().out)
+    assert (auto["kv_cache_dtype"], fp8["kv_cache_dtype"]) == ("auto", "fp8")
+    assert fp8["page_size_bytes"] * 2 == auto["page_size_bytes"]
+    assert fp8["expert_weights_gib_per_gpu"] == pytest.approx(auto["expert_weights_gib_per_gpu"] * 33 / 32, rel=1e-3)
 
 
 def test_table_output(reference_model_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,6 +73,9 @@ def test_sweep_sorted_by_concurrency(reference_model_path: Path, capsys: pytest.
     (["--kv-cache-memory-bytes", "lots"], "--kv-cache-memory-bytes"),
     (["--max-model-len", "100"], "--max-model-len"),
     (["--mtp", "2", "--topology", "TP8"], None),
+    (["--kv-cache-dtype", "fp9"], "kv-cache-dtype"),
+    (["--topology", "DEP8", "--num-redundant-experts", "3"], "num-redundant-experts"),
+    (["--topology", "TP8", "--num-redundant-experts", "8"], "num-redundant-experts"),
 ])
 def test_bad_input_is_one_line_exit_2(reference_model_path: Path, args: list[str], field: str | None,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,3 +103,14 @@ def test_console_script_runs_in_a_subprocess(reference_model_path: Path) -> None
                           timeout=60)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "attention heads" in proc.stderr
+
+
+def test_sweep_all_sizes_includes_ep48_and_ep72(models_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["memory", str(models_dir / "deepseek-v3"), "--hardware", "gb200", "--sweep", "--gpus", "72", "--json"]
+    assert main(base) == 0
+    powers = {r["topology"] for r in json.loads(capsys.readouterr().out)}
+    assert main([*base, "--all-sizes"]) == 0
+    rows = {r["topology"]: r for r in json.loads(capsys.readouterr().out)}
+    assert "DEP72" not in powers and {"DEP72", "TP8DP6+EP", "DEP48"} <= set(rows)
+    # 256 experts over EP72: the fullest rank holds 4 (256 = 3 x 72 + 40), over EP64 exactly 4 as well
+    assert rows["DEP72"]["expert_weights_gib_per_gpu"] == pytest.approx(rows["DEP64"]["expert_weights_gib_per_gpu"])

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = str(REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4")
-SPACE = str(REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml")
+MODEL = str(REFERENCE_MODEL)
+SPACE = str(REFERENCE_SPACE)
 NAME = "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024"
 
 

@@ -11,13 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from executor_helpers import GPUS_PER_HOST, HOSTS, free_port
+from _support.executors import GPUS_PER_HOST, HOSTS, ray_test_cluster
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     import ray
-    from ray.cluster_utils import Cluster
 
     from tuner.executors import shutdown_ray
 
@@ -25,27 +24,15 @@ def ray_cluster() -> Iterator[object]:
     if ray.is_initialized():
         ray.shutdown()
     node = {"num_cpus": 1, "num_gpus": GPUS_PER_HOST, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={**node, "include_dashboard": False, "gcs_server_port": free_port()})
-    try:
-        for _ in range(HOSTS - 1):
-            cluster.add_node(**node)
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        cluster.wait_for_nodes()
+    with ray_test_cluster(node, [node] * (HOSTS - 1)) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        from tuner.executors import _session
-
-        _session._SESSION = None
 
 
 @pytest.fixture
 def probe_spec(tmp_path: Path):
     """A ProbeBackend spec recording into tmp_path/records; call with delay_s/spawn/inner."""
     from tuner.executors import BackendSpec
-    from tuner.executors._testing import ProbeBackend
+    from tuner.testing import ProbeBackend
 
     def make(**options: object) -> BackendSpec:
         return BackendSpec("probe", factory=functools.partial(ProbeBackend, str(tmp_path / "records"), **options))

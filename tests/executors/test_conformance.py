@@ -9,15 +9,17 @@ import sys
 import textwrap
 from pathlib import Path
 
-from executor_helpers import GPUS_PER_HOST, REPO, TOTAL_GPUS
+from _support.executors import GPUS_PER_HOST, TOTAL_GPUS
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.backends import make_backend
 from tuner.executors import BackendSpec, LocalExecutor
-from tuner.executors._testing import small_campaign
+from tuner.testing import small_campaign
 
 
 def _run(executor, tmp_path: Path, tag: str):
-    campaign = small_campaign(repo=REPO, executor=executor, storage_url=f"sqlite:///{tmp_path / tag}.db",
+    campaign = small_campaign(model_path=REFERENCE_MODEL, space_path=REFERENCE_SPACE, executor=executor,
+                              storage_url=f"sqlite:///{tmp_path / tag}.db",
                               artifacts_dir=tmp_path / tag, trials=4, num_gpus=TOTAL_GPUS,
                               gpus_per_host=GPUS_PER_HOST, seed=3)
     try:
@@ -50,7 +52,7 @@ def test_local_default_starts_a_token_authenticated_head_off_the_redis_port(tmp_
         ex = RayExecutor.start(TunerSettings(), ClusterSpec(gpu="gb300", num_gpus=8, gpus_per_host=4),
                                "simulated", {}, max_parallel=2)
         again = RayExecutor.start(TunerSettings(), ClusterSpec(gpu="gb300", num_gpus=8), "simulated")
-        from tuner.executors._session import current_session
+        from tuner.executors import current_session
         s = current_session()
         print(json.dumps({"address": s.address, "local": s.local, "gpus": ray.cluster_resources().get("GPU"),
                           "auth": os.environ.get("RAY_AUTH_MODE"), "per_host": again.gpus_per_host}))

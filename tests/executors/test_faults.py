@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from executor_helpers import GPUS_PER_HOST, REPO, TOTAL_GPUS, free_gpus_eventually
+from _support.executors import GPUS_PER_HOST, TOTAL_GPUS, free_gpus_eventually
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.executors import BackendSpec
-from tuner.executors._testing import (
+from tuner.testing import (
     ProbeBackend,
     alive_pids,
     kill_runners,
@@ -37,7 +38,8 @@ def test_kill_9_loop_no_trial_stuck_no_process_left_study_completes(ray_cluster,
         ProbeBackend, str(records), delay_s=2.0, spawn=True, inner=BackendSpec("simulated")))
     executor = RayExecutor(spec, gpus_per_host=GPUS_PER_HOST, max_parallel=3, max_retries=2)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    campaign = small_campaign(repo=REPO, executor=executor, storage_url=storage, artifacts_dir=tmp_path / "art",
+    campaign = small_campaign(model_path=REFERENCE_MODEL, space_path=REFERENCE_SPACE, executor=executor,
+                              storage_url=storage, artifacts_dir=tmp_path / "art",
                               trials=8, num_gpus=TOTAL_GPUS, gpus_per_host=GPUS_PER_HOST)
     stop = threading.Event()
     reports = []
@@ -61,7 +63,7 @@ def test_kill_9_loop_no_trial_stuck_no_process_left_study_completes(ray_cluster,
 
 def _driver(args: list[str], address: str) -> subprocess.Popen:
     env = {**os.environ, "RAY_ADDRESS": address}
-    return subprocess.Popen([sys.executable, "-m", "tuner.executors._testing", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "tuner.testing.driver", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -70,7 +72,8 @@ def test_driver_killed_mid_study_and_restarted_loses_no_trial(ray_cluster, tmp_p
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     records = tmp_path / "records"
     trials = 6
-    args = [str(REPO), storage, str(tmp_path / "art"), str(records), str(trials), "2.0"]
+    args = [str(REFERENCE_MODEL), str(REFERENCE_SPACE), storage, str(tmp_path / "art"), str(records), str(trials),
+            "2.0"]
     first = _driver(args, ray_cluster.address)
     deadline = time.monotonic() + 120
     try:

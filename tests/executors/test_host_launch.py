@@ -20,7 +20,6 @@ BENCHMARK_FAILED "PD without KV transfer"); the same test passed at load ~30 the
 from __future__ import annotations
 
 import functools
-import glob
 import json
 import os
 import subprocess
@@ -30,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from executor_helpers import free_port
+from _support.executors import ray_test_cluster
+from _support.processes import process_alive, processes_mentioning
 
 from tuner.backends import TrialRequest, TrialStatus
 from tuner.backends.vllm import TINY_MODEL_SCRIPT, VllmBackend, VllmBackendSettings, default_envs_dir
@@ -52,25 +52,15 @@ def two_hosts() -> Iterator[object]:
 
     Reconnects the driver to the suite's shared cluster afterwards if one was connected before."""
     import ray
-    from ray.cluster_utils import Cluster
-
-    from tuner.executors import _session
 
     previous = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
     if previous:
         ray.shutdown()
     node = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={**node, "include_dashboard": False, "gcs_server_port": free_port()})
     try:
-        cluster.add_node(**node, env_vars={"CUDA_VISIBLE_DEVICES": "1"})
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        cluster.wait_for_nodes()
-        yield cluster
+        with ray_test_cluster(node, [{**node, "env_vars": {"CUDA_VISIBLE_DEVICES": "1"}}]) as cluster:
+            yield cluster
     finally:
-        ray.shutdown()
-        cluster.shutdown()
-        _session._SESSION = None
         if previous:
             ray.init(address=previous, log_to_driver=False, logging_level="ERROR")
 
@@ -102,23 +92,6 @@ def _environ(pid: int) -> list[bytes]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _left(needle: str) -> list[str]:
-    out = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in text:
-            out.append(text)
-    return out
 
 
 def test_pd_processes_start_on_their_hosts_through_the_host_agents(two_hosts: object, tiny_model: Path,
@@ -151,7 +124,7 @@ def test_pd_processes_start_on_their_hosts_through_the_host_agents(two_hosts: ob
                 except (OSError, ValueError):
                     launched = []
                 for rec in launched:
-                    if rec["pid"] not in seen and _alive(rec["pid"]):
+                    if rec["pid"] not in seen and process_alive(rec["pid"]):
                         seen[rec["pid"]] = {"ppid": _ppid(rec["pid"]), "tagged": needle in _environ(rec["pid"])}
                 time.sleep(0.5)
 
@@ -185,10 +158,10 @@ def test_pd_processes_start_on_their_hosts_through_the_host_agents(two_hosts: ob
             assert seen[rec["pid"]] == {"ppid": agents[rec["node_id"]], "tagged": True}, rec
         for name in ("prefill0", "decode0", "router"):  # the agents wrote the logs into the trial folder
             assert (trial_dir / "logs" / f"{name}.log").stat().st_size > 0
-        assert not [r for r in launched if _alive(r["pid"])]
-        assert not _left(str(tiny_model)), "processes of the trial survived"
+        assert not [r for r in launched if process_alive(r["pid"])]
+        assert not processes_mentioning(str(tiny_model)), "processes of the trial survived"
     finally:
         stop.set()
         executor.shutdown()
-    assert not _left(str(tiny_model))
+    assert not processes_mentioning(str(tiny_model))
     assert os.environ.get("TOPOTUNE_TRIAL_TAG") is None

@@ -8,12 +8,13 @@ import threading
 import time
 
 import pytest
-from executor_helpers import GPUS_PER_HOST, REFERENCE_MODEL, TOTAL_GPUS, free_gpus_eventually, request, run_all
+from _support.executors import GPUS_PER_HOST, TOTAL_GPUS, free_gpus_eventually, request, run_all
+from _support.paths import REFERENCE_MODEL
 
 from tuner.backends import TrialStatus
 from tuner.deployment import Deployment
 from tuner.errors import TopologyError
-from tuner.executors._testing import alive_pids, peak_gpus, read_events, spawned_children
+from tuner.testing import alive_pids, peak_gpus, read_events, spawned_children
 from tuner.topology import Topology
 
 

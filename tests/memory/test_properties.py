@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
+from _support.paths import MODELS as MODELS_DIR
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +14,7 @@ from tuner.memory import GIB, MemoryInputs, compute_memory
 from tuner.models import ModelSpec, load_model
 from tuner.topology import Topology
 
-MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
+MODELS = MODELS_DIR
 NAMES = ["qwen3.8-2.4t-a95b-nvfp4", "qwen3-next-80b-a3b", "deepseek-v3", "llama-3.1-70b"]
 
 

@@ -171,3 +171,39 @@ def test_mixtral_and_qwen3_moe(tmp_path: Path) -> None:
     spec = load_model(tmp_path)
     assert round(spec.total_params / 1e9, 1) == 46.7  # Mixtral-8x7B: 46.7B
     assert round(spec.active_params / 1e9, 1) == 12.9  # 12.9B active
+
+
+def test_safetensors_of_mxfp4_and_int4_checkpoints(tmp_path: Path, models_dir: Path) -> None:
+    """gpt-oss stores experts as *_blocks (2 values per uint8) and *_scales; compressed-tensors W4A16 as
+    weight_packed (8 values per int32) + weight_scale + weight_shape: bytes are the file's, params unpacked."""
+    oss = json.loads((models_dir / "gpt-oss-20b" / "config.json").read_text())
+    oss.update(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    (tmp_path / "oss").mkdir()
+    (tmp_path / "oss" / "config.json").write_text(json.dumps(oss))
+    _write_safetensors(tmp_path / "oss" / "model.safetensors", {
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": ("U8", [32, 5760, 90, 16], 32 * 5760 * 90 * 16),
+        "model.layers.0.mlp.experts.gate_up_proj_scales": ("U8", [32, 5760, 90], 32 * 5760 * 90),
+        "model.layers.0.mlp.experts.gate_up_proj_bias": ("BF16", [32, 5760], 32 * 5760 * 2),
+        "model.layers.0.mlp.router.weight": ("BF16", [32, 2880], 32 * 2880 * 2),
+    })
+    spec = load_model(tmp_path / "oss")
+    blocks = next(t for t in spec.tensors if t.name.endswith("_blocks"))
+    scales = next(t for t in spec.tensors if t.name.endswith("_scales"))
+    assert blocks.is_expert and blocks.fmt is WeightFormat.MXFP4 and blocks.num_params == 32 * 5760 * 2880
+    assert scales.num_params == 0 and scales.fmt is WeightFormat.MXFP4
+    assert spec.expert_bytes == 32 * 5760 * (90 * 16 + 90 + 2)
+    router = next(t for t in spec.tensors if t.name.endswith("router.weight"))
+    assert router.group is TensorGroup.ROUTER and router.sharding is Sharding.REPLICATED
+    kimi = json.loads((models_dir / "kimi-k2-thinking" / "config.json").read_text())
+    kimi.update(num_hidden_layers=2)
+    (tmp_path / "kimi").mkdir()
+    (tmp_path / "kimi" / "config.json").write_text(json.dumps(kimi))
+    _write_safetensors(tmp_path / "kimi" / "model.safetensors", {
+        "model.layers.1.mlp.experts.0.up_proj.weight_packed": ("I32", [2048, 896], 2048 * 896 * 4),
+        "model.layers.1.mlp.experts.0.up_proj.weight_scale": ("BF16", [2048, 224], 2048 * 224 * 2),
+        "model.layers.1.mlp.experts.0.up_proj.weight_shape": ("I64", [2], 16),
+    })
+    spec = load_model(tmp_path / "kimi")
+    packed = next(t for t in spec.tensors if t.name.endswith("weight_packed"))
+    assert packed.fmt is WeightFormat.INT4 and packed.num_params == 2048 * 7168 and packed.is_expert
+    assert spec.expert_params == 2048 * 7168  # scale and shape count no parameters

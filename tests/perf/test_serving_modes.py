@@ -113,3 +113,17 @@ def test_aggregated_respects_the_token_budget(dense: ModelSpec, gb300: GpuSpec) 
     point = perf.aggregated_point(topo, 512, isl=4096, osl=64)
     assert point.decode_requests + point.starts_per_step * 4096 <= 2048 + 1e-6
     assert point.prefill_steps >= 2  # a 4k prompt needs at least two 2k chunks
+
+
+def test_moe_and_fp8_gemm_efficiencies_slow_only_their_gemms(reference: ModelSpec, dense: ModelSpec,
+                                                              gb300: GpuSpec) -> None:
+    moe_slow = Calibration(moe_gemm_efficiency=0.5)
+    a = RooflineModel(reference, gb300).prefill_step(Topology.parse("TEP8"), 4, isl=8192)
+    b = RooflineModel(reference, gb300, moe_slow).prefill_step(Topology.parse("TEP8"), 4, isl=8192)
+    assert b.compute_ms > a.compute_ms
+    dense_a = RooflineModel(dense, gb300).prefill_step(Topology.parse("TP4"), 4, isl=8192)
+    dense_b = RooflineModel(dense, gb300, moe_slow).prefill_step(Topology.parse("TP4"), 4, isl=8192)
+    assert dense_b.compute_ms == pytest.approx(dense_a.compute_ms)  # no experts: unchanged
+    fp8_slow = Calibration(fp8_gemm_efficiency=0.5)  # the reference model has no FP8 GEMMs (BF16 + NVFP4)
+    c = RooflineModel(reference, gb300, fp8_slow).prefill_step(Topology.parse("TEP8"), 4, isl=8192)
+    assert c.compute_ms == pytest.approx(a.compute_ms)

@@ -23,13 +23,12 @@ def _fresh_postgres() -> Iterator[str]:
         pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} unreachable: {exc}")
     admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
+        url = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
+        yield url
     finally:
-        from tuner.study._storage import _STORAGES
+        from tuner.study import close_storage
 
-        storage = _STORAGES.pop(next((u for u in _STORAGES if u.endswith(f"/{name}")), ""), None)
-        if storage is not None:
-            storage.engine.dispose()
+        close_storage(url)
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE, REPO
 from optuna.trial import TrialState
 
 from tuner.backends import Backend, TrialRequest, TrialResult
@@ -23,9 +24,8 @@ from tuner.models import load_model
 from tuner.space import load_space, parse_space
 from tuner.study import Campaign, TuneOptions, list_campaigns, load_campaign, open_storage
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 
 
 class RecordingBackend(Backend):
@@ -163,7 +163,7 @@ def _study_name() -> str:
 def test_results_survive_reload(storage_url: str, tmp_path: Path) -> None:
     _campaign(storage_url, tmp_path, SimulatedBackend(), trials=4, sampler="random").run()
     result, space, meta = load_campaign(storage_url, "qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024")
-    assert meta["model_path"] == str(MODEL) and space.name == "gb300-nvl72-8k1k"
+    assert meta.model_path == str(MODEL) and space.name == "gb300-nvl72-8k1k"
     assert result.phases["decode"].front
     listed = list_campaigns(storage_url)
     assert [c.name for c in listed] == ["qwen3.8-2.4t-a95b-nvfp4@gb300/8192x1024"]
@@ -197,3 +197,42 @@ def test_space_empty_after_constraints_says_why() -> None:
 def test_unreachable_storage_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="--storage"):
         open_storage("postgresql+psycopg://nobody@127.0.0.1:1/none")
+
+
+_CAMPAIGN_PAIRS = """
+name: campaign-pairs
+cluster: {gpu: gb300, num_gpus: 72, gpus_per_host: 4%s}
+workload: {isl: 8192, osl: 1024}
+phases:
+  prefill:
+    workload: {isl: 8192, osl: 2}
+    tp: [2, 4]
+    dp: [2, 4]
+    ep: [true]
+    max_num_seqs: [64]
+    concurrency: [8, 64]
+  decode:
+    tp: [4, 8]
+    dp: [1, 4]
+    ep: [true]
+    mtp: [3]
+    max_num_seqs: [256]
+    concurrency: [64, 256]
+"""
+
+
+@pytest.mark.parametrize(("version", "mixed_tp"), [("", True), (", vllm_version: 0.26.1rc1", True),
+                                                   (", vllm_version: 0.24.0", False)])
+def test_hybrid_pd_pairs_across_tp_where_the_targeted_vllm_allows(tmp_path: Path, version: str,
+                                                                   mixed_tp: bool) -> None:
+    """The reference campaign paired TP4DP2+EP / TP2DP4+EP prefill with TEP8 / TP4DP4+EP decode: the composition
+    proposes such pairs for the hybrid model where the targeted vLLM transfers across TP, and only equal-TP pairs
+    (its decode warm start seeded with the prefill front's TPs) where it does not."""
+    campaign = Campaign(model_path=str(MODEL), space=parse_space(_CAMPAIGN_PAIRS % version), backend_name="simulated",
+                        executor=LocalExecutor(SimulatedBackend(noise=0.0)), storage_url=f"sqlite:///{tmp_path}/s.db",
+                        options=TuneOptions(trials=8, sampler="random", seed=3), artifacts_dir=tmp_path)
+    result = campaign.run()
+    assert result.composed, result.composition_error
+    pairs = {(p.prefill_topology.tp, p.decode_topology.tp) for p in result.composed}
+    assert any(p != d for p, d in pairs) is mixed_tp, pairs
+    assert all(p.prefill_topology.mtp == p.decode_topology.mtp == 3 for p in result.composed)  # MTP both sides

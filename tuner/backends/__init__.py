@@ -1,8 +1,32 @@
 """Trial backends: one base class, one result schema, implementations in their own modules."""
 
-from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._base import (
+    AccuracyGate,
+    Backend,
+    ExecutorNeeds,
+    HostAssignment,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
 
-__all__ = ["Backend", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus", "make_backend"]
+__all__ = ["AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus",
+           "backend_class", "make_backend"]
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of a backend by name (imported only when asked): what executors read `needs` from."""
+    from tuner.errors import ConfigError
+
+    if name == "simulated":
+        from tuner.backends._simulated import SimulatedBackend
+
+        return SimulatedBackend
+    if name == "vllm":
+        from tuner.backends.vllm import VllmBackend
+
+        return VllmBackend
+    raise ConfigError(f"unknown backend {name!r}", field="--backend", fix="use simulated or vllm")
 
 
 def make_backend(name: str, **options: object) -> Backend:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
@@ -54,6 +55,25 @@ class TrialRequest(BaseModel):
     min_accuracy: float | None = Field(None, ge=0, le=1)
     hosts: tuple[HostAssignment, ...] = ()
     seed: int = 0
+    vllm_version: str | None = None  # the space's cluster.vllm_version (None: detected by the backend)
+
+
+class AccuracyGate(BaseModel):
+    """The GSM8K gate's outcome: the score on a sample, its confidence interval, and the verdict.
+
+    `passed` is False only when the interval's upper bound is below the bar (see tuner/backends/vllm/_accuracy)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    score: float = Field(ge=0, le=1)
+    correct: int = Field(ge=0)
+    sample_size: int = Field(ge=0, description="questions asked (the first N of GSM8K's 1,319 test questions)")
+    ci_low: float = Field(ge=0, le=1)
+    ci_high: float = Field(ge=0, le=1)
+    confidence: float = Field(gt=0, lt=1)
+    min_accuracy: float = Field(ge=0, le=1)
+    passed: bool
+    num_shots: int = Field(5, ge=0)
 
 
 class TrialResult(BaseModel):
@@ -65,6 +85,7 @@ class TrialResult(BaseModel):
     reason: str = ""
     points: tuple[ServingMetrics, ...] = ()
     accuracy: float | None = None
+    accuracy_gate: AccuracyGate | None = None  # score, interval and sample size when the gate ran
     observed_memory: dict[str, float] = Field(default_factory=dict)  # figures parsed from vLLM's log
     predicted_memory: dict[str, float] = Field(default_factory=dict)  # the memory model's, for comparison
     artifacts_dir: str | None = None
@@ -73,6 +94,17 @@ class TrialResult(BaseModel):
     @classmethod
     def failed(cls, status: TrialStatus, reason: str, **extra: object) -> TrialResult:
         return cls(status=status, reason=reason, **extra)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ExecutorNeeds:
+    """What a backend needs from the executor that runs it: declared by the backend, so an executor never
+    recognises a backend by its name or the signature of its `run`."""
+
+    device_ids: bool = False  # it binds processes to GPU ids: resolve each placed bundle's device ids
+    # it starts processes on the hosts of its assignment: `run(request, starter=...)` gets a ProcessStarter
+    # (tuner.launch) that starts each one on its own host
+    process_starter: bool = False
 
 
 class Backend(abc.ABC):
@@ -84,6 +116,7 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str]
+    needs: ClassVar[ExecutorNeeds] = ExecutorNeeds()
 
     @abc.abstractmethod
     def run(self, request: TrialRequest) -> TrialResult: ...

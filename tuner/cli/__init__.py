@@ -7,6 +7,7 @@ happen inside the commands so `topotune memory` starts fast.
 from __future__ import annotations
 
 # Importing the command modules registers their commands on `app`.
+import tuner.cli._doctor
 import tuner.cli._logs
 import tuner.cli._vllm  # noqa: F401
 from tuner.cli import _memory, _perf, _tune  # noqa: F401

@@ -9,24 +9,14 @@ import typer
 
 from tuner.cli._app import app, console
 from tuner.errors import ConfigError
-
-# What a trial folder holds: the runner's output first, the executor's record, then the backend's logs.
-_FIRST = ("trial.log", "executor.json")
-_LOG_SUFFIXES = (".log", ".txt", ".out", ".err")
-
-
-def trial_log_files(folder: Path) -> list[Path]:
-    """The trial's log files in reading order: runner output, executor record, then backend logs by name."""
-    first = [folder / name for name in _FIRST if (folder / name).is_file()]
-    rest = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in _LOG_SUFFIXES and p not in first)
-    return first + rest
+from tuner.trial_logs import trial_log_files
 
 
 def trial_artifacts_dir(storage_url: str, study: str, trial: int) -> Path:
     """The folder a trial's logs went to, from its user attr "artifacts_dir"; errors name what is missing."""
     import optuna
 
-    from tuner.study import open_storage
+    from tuner.study import TrialRecord, open_storage
 
     storage = open_storage(storage_url)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
@@ -38,7 +28,7 @@ def trial_artifacts_dir(storage_url: str, study: str, trial: int) -> Path:
     if found is None:
         raise ConfigError(f"study {study!r} has no trial {trial} (it has {len(trials)})", field="TRIAL",
                           fix="use a trial number shown by `topotune show`")
-    folder = found.user_attrs.get("artifacts_dir")
+    folder = TrialRecord.read(found).attrs.artifacts_dir
     if not folder:
         raise ConfigError(f"trial {trial} of {study!r} has no artifacts_dir (screened out, or never launched)",
                           field="artifacts_dir", fix="pick a launched trial")

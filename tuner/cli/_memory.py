@@ -50,11 +50,17 @@ def memory(
     kv_cache_memory_bytes: Annotated[str | None, typer.Option(
         help="Override the KV budget exactly as vLLM's flag does (e.g. 40G).")] = None,
     block_size: Annotated[int | None, typer.Option(help="vLLM --block-size (default: the backend's).")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(
+        help="vLLM --kv-cache-dtype: auto, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, nvfp4, ...")] = "auto",
+    num_redundant_experts: Annotated[int, typer.Option(
+        help="EPLB redundant experts (--enable-eplb); needs +EP and (experts + N) divisible by EP.")] = 0,
     non_torch_gib: Annotated[float | None, typer.Option(help="Measured non-torch memory per GPU.")] = None,
     activation_gib: Annotated[float | None, typer.Option(help="Measured peak activation memory.")] = None,
     cuda_graph_gib: Annotated[float | None, typer.Option(help="Measured CUDA-graph memory.")] = None,
     sweep: Annotated[bool, typer.Option(help="Every valid topology for --gpus, sorted by concurrency.")] = False,
     gpus: Annotated[int, typer.Option(help="GPU count for --sweep (and the cluster limit).")] = 72,
+    all_sizes: Annotated[bool, typer.Option(
+        help="--sweep also tries TP/DP sizes that are not powers of two (EP48, EP72, ...).")] = False,
     hardware_file: HardwareFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -70,10 +76,11 @@ def memory(
         non_torch_gib=non_torch_gib, activation_gib=activation_gib, cuda_graph_gib=cuda_graph_gib,
         block_size=block_size)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-              "max_num_batched_tokens": max_num_batched_tokens}
+              "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
+              "num_redundant_experts": num_redundant_experts}
     if sweep:
         Topology.create(mtp=mtp, **engine)  # validate the shared fields once, with a clear message
-        rows = sweep_topologies(spec, gpu, gpus, inputs, mtp_values=(mtp,), **engine)
+        rows = sweep_topologies(spec, gpu, gpus, inputs, mtp_values=(mtp,), powers_of_two=not all_sizes, **engine)
         if json_out:
             print_json([{**r.memory.to_dict(), "topology": r.topology.name} for r in rows])
             return

@@ -57,13 +57,13 @@ def _front_table(result) -> Table:  # type: ignore[no-untyped-def]
     for col in ("point", "deployment", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms"):
         table.add_column(col, justify="left" if col == "deployment" else "right")
     for row in result.front_table():
-        table.add_row(str(row["point"]), row["deployment"], str(row["gpus"]), f"{row['total_tok_s_per_gpu']:,.0f}",
-                      f"{row['tok_s_per_user']:.1f}", f"{row['ttft_ms']:,.0f}", f"{row['itl_ms']:.2f}")
+        table.add_row(str(row.point), row.deployment, str(row.gpus), f"{row.total_tok_s_per_gpu:,.0f}",
+                      f"{row.tok_s_per_user:.1f}", f"{row.ttft_ms:,.0f}", f"{row.itl_ms:.2f}")
     return table
 
 
 def _phase_table(pr) -> Table:  # type: ignore[no-untyped-def]
-    from tuner.study._objectives import PHASE_METRICS
+    from tuner.study import PHASE_METRICS
 
     x, y = PHASE_METRICS[pr.phase]
     table = Table(title=f"{pr.phase} front ({pr.study_name}): {pr.launched} launched, "
@@ -82,13 +82,31 @@ def _result_json(result, report: Path | None) -> dict:  # type: ignore[no-untype
         "name": result.name, "model": result.model, "gpu": result.gpu, "isl": result.isl, "osl": result.osl,
         "report": str(report) if report else None, "composition_error": result.composition_error,
         "phases": {phase: {"study": pr.study_name, "launched": pr.launched, "counts": pr.counts,
-                           "failures": pr.failures[:50],
+                           "failures": [f.as_json() for f in pr.failures[:50]],
                            "front": [{"trial": p.trial_number, "topology": p.deployment.groups[0].topology.label(),
                                       "params": p.params, "values": list(p.values),
                                       "metrics": p.metrics.model_dump()} for p in pr.front]}
                    for phase, pr in result.phases.items()},
-        "composed_front": result.front_table(),
+        "composed_front": [row.as_json() for row in result.front_table()],
     }
+
+
+def _preflight(the_space, model: Path, space: Path, executor: str, settings: TunerSettings,  # type: ignore[no-untyped-def]
+               json_out: bool) -> None:
+    """`topotune doctor` on the cluster the campaign will use; a failed check stops it before any trial."""
+    from tuner.cli._doctor import render_report
+    from tuner.doctor import run_doctor
+
+    report = run_doctor(the_space, model, space_name=str(space), executor=executor,
+                        ray_address=settings.ray_address, ray_port=settings.ray_port)
+    if not report.ok:
+        if json_out:
+            print_json({"doctor": {**report.model_dump(mode="json"), "ok": False}})
+        else:
+            render_report(report)
+        raise typer.Exit(report.exit_code)
+    if not json_out:
+        console.print(f"doctor: {len(report.checks)} checks passed on {len(report.nodes)} node(s)", highlight=False)
 
 
 @app.command()
@@ -107,6 +125,8 @@ def tune(
     noise: Annotated[float, typer.Option(help="simulated backend: seeded relative noise per trial")] = 0.0,
     phase: Annotated[list[str] | None, typer.Option(help="run only this phase (repeatable)")] = None,
     json_out: Annotated[bool, typer.Option("--json")] = False,
+    doctor: Annotated[bool, typer.Option(help="vllm backend: run `topotune doctor` first, stop if it fails")]
+    = True,
 ) -> None:
     """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
     from tuner.executors import make_executor
@@ -135,6 +155,8 @@ def tune(
     from tuner.study import StopSignal, open_storage
 
     open_storage(settings.storage_url)  # a bad URL fails here, before Ray starts
+    if backend == "vllm" and doctor:
+        _preflight(the_space, model, space, executor, settings, json_out)
     runner = make_executor(executor, settings=settings, cluster=the_space.cluster, backend_name=backend,
                            backend_options=backend_options, max_parallel=parallel)
     progress = _Progress(trials)
@@ -201,7 +223,7 @@ def show(study: Annotated[str, typer.Argument(help="name from `topotune studies`
     for pr in result.phases.values():
         console.print(_phase_table(pr))
         for f in pr.failures[:5]:
-            console.print(f"  [red]{f['status']}[/] trial {f['trial']}: {f['reason'][:140]}", highlight=False)
+            console.print(f"  [red]{f.status}[/] trial {f.trial_number}: {f.reason[:140]}", highlight=False)
     if result.composed_front:
         console.print(_front_table(result))
     elif result.composition_error:
@@ -216,23 +238,17 @@ def export(study: Annotated[str, typer.Argument()],
            storage: StorageOpt = None) -> None:
     """Write a ready-to-run recipe for one point of the front."""
     from tuner.export import FORMATS, RecipeContext, export_deployment
-    from tuner.hardware import get_gpu
     from tuner.study import load_campaign
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     result, space, meta = load_campaign(settings.storage_url, study)
-    deployments = [p.deployment for p in result.composed_front]
-    if not deployments:  # single-phase campaigns export their own front
-        deployments = [p.deployment for pr in result.phases.values() for p in pr.front]
+    deployments = result.exportable_deployments()
     if not 0 <= point < len(deployments):
         raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
                           fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)")
-    gpu = get_gpu(space.cluster.gpu)
-    ctx = RecipeContext(model_path=meta["model_path"], model_name=meta["model"], gpu=gpu.name,
-                        gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
-                        osl=space.workload.osl, concurrency=tuple(space.phases[next(iter(space.phases))].concurrency))
+    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model)
     text = export_deployment(deployments[point], fmt, ctx)
     if output is None:
         print(text, end="")
@@ -267,7 +283,7 @@ def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measure
     if not points:
         raise ConfigError(f"{study} has no measured point to fit", field="STUDY",
                           fix="run real trials first (topotune tune --backend vllm)")
-    fit = fit_calibration(load_model(meta["model_path"]), get_gpu(space.cluster.gpu), points)
+    fit = fit_calibration(load_model(meta.model_path), get_gpu(space.cluster.gpu), points)
     factors = {name: getattr(fit.calibration, name) for name in fit.factors}
     if output is not None:
         try:

@@ -64,34 +64,65 @@ def plan(
     deployment: Annotated[str, typer.Argument(help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8.")],
     model: Annotated[str, typer.Option(help="Model path (or hub id) as vLLM should load it.")] = "MODEL",
     hardware: Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog (host size).")] = "gb300",
-    mtp: Annotated[int, typer.Option(help="MTP speculative tokens for decode/aggregated instances.")] = 0,
-    hosts: Annotated[str | None, typer.Option(help="Comma-separated host addresses (default host0, host1...).")]
-    = None,
+    mtp: Annotated[int, typer.Option(help="MTP speculative tokens of decode/aggregated instances (a PD prefill "
+                                          "runs the same speculative config).")] = 0,
+    hosts: Annotated[str | None, typer.Option(help="Comma-separated host names or addresses (default placeholders "
+                                                   "host0, host1...; names are resolved to addresses).")] = None,
     gpus_per_host: Annotated[int | None, typer.Option(help="Default: the GPU's host size.")] = None,
-    max_model_len: Annotated[int | None, typer.Option()] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Default: isl + osl with headroom when both are given.")]
+    = None,
+    isl: Annotated[int | None, typer.Option(help="Input tokens per request (sets --max-model-len with osl).")] = None,
+    osl: Annotated[int | None, typer.Option(help="Output tokens per request.")] = None,
     served_model_name: Annotated[str, typer.Option()] = "model",
     vllm: Annotated[str, typer.Option(help="The vllm executable.")] = "vllm",
     router: Annotated[str, typer.Option(help="The vllm-router executable.")] = "vllm-router",
-    front: Annotated[str, typer.Option(help="PD front: vllm-router | dynamo (NVIDIA Dynamo).")] = "vllm-router",
+    vllm_version: Annotated[str | None, typer.Option(
+        help="The vLLM the hosts run (default: the one --vllm runs here, else the newest the version table "
+             "checks).")] = None,
+    hybrid: Annotated[bool | None, typer.Option(
+        "--hybrid/--not-hybrid", help="Hybrid (GDN/mamba) model (default: read from the model folder).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """The exact commands of a deployment, per host (a dry run you can copy)."""
-    from tuner.backends.vllm import PlanSettings, build_plan, parse_deployment, uniform_hosts
+    from tuner.backends.vllm import (
+        NEWEST_CHECKED,
+        PlanSettings,
+        VllmVersion,
+        build_plan,
+        detect_version,
+        has_multi_node_nvlink,
+        keep_names,
+        model_is_hybrid,
+        pack_hosts,
+        parse_deployment,
+        resolve_address,
+    )
     from tuner.hardware import get_gpu
+    from tuner.workload import served_context_tokens
 
     dep = parse_deployment(deployment, mtp=mtp)
     per_host = gpus_per_host or get_gpu(hardware).gpus_per_host
     addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
-    if front not in ("vllm-router", "dynamo"):
-        raise ConfigError(f"unknown front {front!r}", field="--front", fix="use vllm-router or dynamo")
+    if vllm_version:
+        version, how = str(VllmVersion.parse(vllm_version, field_name="--vllm-version")), "given"
+    else:
+        found = detect_version((vllm,))
+        version, how = (str(found), f"detected from {vllm}") if found else (str(NEWEST_CHECKED), "not detected: "
+                                                                             "the newest the version table checks")
+    if max_model_len is None and isl and osl:
+        max_model_len = served_context_tokens(isl, osl)
     settings = PlanSettings(model_path=model, served_model_name=served_model_name, vllm_argv=(vllm,),
-                            router_argv=(router,), max_model_len=max_model_len, front=front)  # type: ignore[arg-type]
-    launch = build_plan(dep, uniform_hosts(dep.num_gpus, per_host, addresses), settings)
+                            router_argv=(router,), max_model_len=max_model_len, vllm_version=version,
+                            model_is_hybrid=model_is_hybrid(model) if hybrid is None else hybrid,
+                            multi_node_nvlink=has_multi_node_nvlink("cuda", hardware))
+    launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
+                        resolve=resolve_address if addresses else keep_names)
     if json_out:
         print_json(launch.model_dump(mode="json"))
         return
     console.print(f"# {dep.name}: {dep.num_gpus} GPUs on {len(launch.hosts())} host(s); endpoint {launch.endpoint}",
                   highlight=False)
+    console.print(f"# vLLM {version} ({how}); hybrid model: {settings.model_is_hybrid}", highlight=False)
     for host in launch.hosts():
         console.print(f"\n# --- {host} ---", highlight=False)
         for proc in launch.for_host(host):

@@ -10,14 +10,17 @@ from tuner.executors._factory import make_executor
 from tuner.executors._local import LocalExecutor
 
 if TYPE_CHECKING:
-    from tuner.executors._host import BackendSpec
+    from tuner.executors._host import RUNNER_PID, BackendSpec
     from tuner.executors._ray import RayExecutor
-    from tuner.executors._session import shutdown_ray
+    from tuner.executors._session import current_session, ensure_ray, forget_ray_session, shutdown_ray
 
-__all__ = ["BackendSpec", "Executor", "LocalExecutor", "RayExecutor", "TrialHandle", "make_executor", "shutdown_ray"]
+__all__ = ["RUNNER_PID", "BackendSpec", "Executor", "LocalExecutor", "RayExecutor", "TrialHandle", "current_session",
+           "ensure_ray", "forget_ray_session", "make_executor", "shutdown_ray"]
 
 _LAZY = {"RayExecutor": "tuner.executors._ray", "BackendSpec": "tuner.executors._host",
-         "shutdown_ray": "tuner.executors._session"}
+         "RUNNER_PID": "tuner.executors._host", "shutdown_ray": "tuner.executors._session",
+         "ensure_ray": "tuner.executors._session", "forget_ray_session": "tuner.executors._session",
+         "current_session": "tuner.executors._session"}
 
 
 def __getattr__(name: str) -> Any:

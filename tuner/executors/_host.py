@@ -11,7 +11,7 @@ the executor wraps these with ray.remote.
 from __future__ import annotations
 
 import contextlib
-import inspect
+import functools
 import os
 import signal
 import sys
@@ -21,7 +21,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.backends import Backend, ExecutorNeeds, TrialRequest, TrialResult, TrialStatus
+from tuner.launch import (
+    LaunchSpec,
+    ProcessPolicy,
+    RunningProcess,
+    clean_temp_files,
+    process_alive,
+    start_process,
+    temp_files_snapshot,
+    terminate,
+)
 
 TRIAL_TAG_ENV = "TOPOTUNE_TRIAL_TAG"
 TRIAL_LOG = "trial.log"  # stdout/stderr of the runner (and of the backend's own prints and logging)
@@ -31,11 +41,26 @@ LAUNCHES = "launches.json"  # processes host agents started for the trial: name,
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """How a worker builds the backend: by name (tuner.backends.make_backend) or with a picklable factory."""
+    """How a worker builds the backend: by name (tuner.backends.make_backend) or with a picklable factory.
+
+    needs: what the backend needs from the executor; default: what its class declares (the factory's class,
+    a partial's class, else the class registered under `name`; a test backend of no known class needs nothing).
+    """
 
     name: str = "simulated"
     options: dict = field(default_factory=dict)
     factory: Callable[[], Backend] | None = None
+    needs: ExecutorNeeds | None = None
+
+    def executor_needs(self) -> ExecutorNeeds:
+        if self.needs is not None:
+            return self.needs
+        if self.factory is None:
+            from tuner.backends import backend_class
+
+            return backend_class(self.name).needs
+        made = self.factory.func if isinstance(self.factory, functools.partial) else self.factory
+        return made.needs if isinstance(made, type) and issubclass(made, Backend) else ExecutorNeeds()
 
     def build(self) -> Backend:
         if self.factory is not None:
@@ -73,9 +98,9 @@ def run_trial(spec: BackendSpec, request_json: str, token: str, attempt: int, ag
               addresses: dict[str, str] | None = None) -> str:
     """Body of the runner task: the backend's run() with the trial tag set and output in the trial folder.
 
-    agents: node id -> that host's HostAgent actor. Given, a backend whose run() takes `starter` (vllm) gets an
-    AgentStarter: each process of its plan starts on the node its host assignment names, through that node's
-    agent (what was started where goes to LAUNCHES in the trial folder).
+    agents: node id -> that host's HostAgent actor. Given, a backend that declares
+    `ExecutorNeeds(process_starter=True)` gets an AgentStarter: each process of its plan starts on the node its
+    host assignment names, through that node's agent (what was started where goes to LAUNCHES in the trial folder).
     Returns the TrialResult as JSON. A backend that raises is a crash of this trial, not of the study.
     """
     request = TrialRequest.model_validate_json(request_json)
@@ -93,7 +118,7 @@ def run_trial(spec: BackendSpec, request_json: str, token: str, attempt: int, ag
             backend: Backend | None = None
             try:
                 backend = spec.build()
-                if agents and "starter" in inspect.signature(backend.run).parameters:
+                if agents and backend.needs.process_starter:
                     from tuner.executors._starter import AgentStarter
 
                     starter = AgentStarter(token, agents, addresses or {}, folder / LAUNCHES if folder else None)
@@ -158,18 +183,10 @@ def reap(token: str, grace_s: float = 5.0) -> list[int]:
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
         while time.monotonic() < deadline:
             _reap_children()
-            if not [p for p in pids if _alive(p)]:
+            if not [p for p in pids if process_alive(p)]:
                 return pids
             time.sleep(0.05)
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"  # a zombie is dead
-    except (OSError, IndexError):
-        return False
 
 
 def _reap_children() -> None:
@@ -181,8 +198,9 @@ def _reap_children() -> None:
 class HostAgent:
     """One per host (Ray actor, no resources): starts a trial's processes there and kills them on request.
 
-    `launch` starts one process of a vLLM launch plan on this host through tuner.backends.vllm's process helpers
-    (own process group, TOPOTUNE_TRIAL_TAG in its environment, log written here under the given folder);
+    `launch` starts one process of a trial on this host through tuner.launch (own process group,
+    TOPOTUNE_TRIAL_TAG in its environment, log written here under the given folder, failures judged by the
+    backend's ProcessPolicy); it knows no backend;
     `status`/`log_text` answer for it (the failure is classified here, from the log on this host);
     `stop_processes`/`stop` tear them down (SIGTERM to the groups, SIGKILL after the grace); `reap` kills
     anything tagged with the trial, whoever started it (the runner task, a backend, a process that
@@ -190,8 +208,9 @@ class HostAgent:
     """
 
     def __init__(self) -> None:
-        self._processes: dict[str, list] = {}
-        self._temp_before: dict[str, set[str]] = {}  # per trial: vLLM temp files present before its first start
+        self._processes: dict[str, list[RunningProcess]] = {}
+        # per trial, per temp-file pattern of its processes' policy: the files present before its first start
+        self._temp_before: dict[str, dict[str, set[str]]] = {}
 
     def pid(self) -> int:
         return os.getpid()
@@ -202,22 +221,23 @@ class HostAgent:
 
         return ray.get_runtime_context().get_node_id()
 
-    def launch(self, token: str, spec_json: str, log_dir: str) -> dict:
-        """Start one ProcessSpec here; returns what was started where (name, pid, agent pid, node id, log)."""
-        from tuner.backends.vllm._plan import ProcessSpec
-        from tuner.backends.vllm._process import start_process, temp_files_snapshot
-
-        self._temp_before.setdefault(token, temp_files_snapshot())
-        proc = start_process(ProcessSpec.model_validate_json(spec_json), Path(log_dir),
-                             base_env={**os.environ, TRIAL_TAG_ENV: token})
+    def launch(self, token: str, spec: LaunchSpec, log_dir: str, policy: ProcessPolicy | None = None) -> dict:
+        """Start one process here (any LaunchSpec, judged by the backend's policy); returns what was started
+        where (name, pid, agent pid, node id, log)."""
+        policy = policy or ProcessPolicy()
+        if policy.temp_glob:
+            self._temp_before.setdefault(token, {}).setdefault(policy.temp_glob,
+                                                                temp_files_snapshot(policy.temp_glob))
+        proc = start_process(spec, Path(log_dir), base_env={**os.environ, TRIAL_TAG_ENV: token}, policy=policy)
         self._processes.setdefault(token, []).append(proc)
         return {"name": proc.spec.name, "host": proc.spec.host, "pid": proc.popen.pid, "agent_pid": os.getpid(),
                 "node_id": self.node_id(), "log_path": str(proc.log_path)}
 
-    def start(self, token: str, specs_json: list[str], log_dir: str) -> list[int]:
-        return [self.launch(token, s, log_dir)["pid"] for s in specs_json]
+    def start(self, token: str, specs: list[LaunchSpec], log_dir: str, policy: ProcessPolicy | None = None
+              ) -> list[int]:
+        return [self.launch(token, s, log_dir, policy)["pid"] for s in specs]
 
-    def _find(self, token: str, name: str):  # a RunningProcess (vllm is imported lazily here)
+    def _find(self, token: str, name: str) -> RunningProcess | None:
         return next((p for p in self._processes.get(token, []) if p.spec.name == name), None)
 
     def status(self, token: str, name: str) -> dict:
@@ -241,8 +261,6 @@ class HostAgent:
 
     def stop_processes(self, token: str, names: list[str], grace_s: float = 15.0) -> list[int]:
         """Tear down these processes of the trial (SIGTERM to their groups, SIGKILL after grace_s)."""
-        from tuner.backends.vllm._process import terminate
-
         own = self._processes.get(token, [])
         chosen = [p for p in own if p.spec.name in set(names)]
         terminate(chosen, grace_s=grace_s)
@@ -252,19 +270,14 @@ class HostAgent:
         return [p.popen.pid for p in chosen]
 
     def _forget(self, token: str) -> None:
-        from tuner.backends.vllm._process import clean_temp_files
-
         self._processes.pop(token, None)
-        before = self._temp_before.pop(token, None)
-        if before is not None:
-            clean_temp_files(before)
+        for pattern, before in self._temp_before.pop(token, {}).items():
+            clean_temp_files(before, pattern)
 
     def stop(self, token: str, grace_s: float = 15.0) -> list[int]:
         """Tear down what `launch` started (SIGTERM, then SIGKILL), then anything else tagged with the trial."""
         own = self._processes.get(token, [])
         if own:
-            from tuner.backends.vllm._process import terminate
-
             terminate(own, grace_s=grace_s)
         killed = reap(token, grace_s=min(grace_s, 5.0))
         self._forget(token)

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import threading
+import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
 from tuner.errors import TopologyError
 from tuner.executors._base import Executor, TrialHandle
+from tuner.trial_logs import TRIAL_LOG
+
+
+def _log_line(request: TrialRequest, line: str) -> None:
+    """The runner's lines in the trial's trial.log, as the Ray executor writes them (threads share stdout, so the
+    backend's own output is not captured here; the vLLM backend logs its processes into the same folder)."""
+    if not request.artifacts_dir:
+        return
+    folder = Path(request.artifacts_dir)
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / TRIAL_LOG).open("a") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
 
 class LocalExecutor(Executor):
@@ -33,11 +50,15 @@ class LocalExecutor(Executor):
         return self._num_gpus is None or self._gpus_in_use() + request.deployment.num_gpus <= self._num_gpus
 
     def _run(self, request: TrialRequest) -> TrialResult:
+        _log_line(request, f"[topotune] trial {request.trial_id} started in thread {threading.current_thread().name}"
+                           f" ({request.deployment.name})")
         try:
-            return self._backend.run(request)
+            result = self._backend.run(request)
         except Exception as exc:  # a backend bug must not kill the study: store it as a crash
-            return TrialResult.failed(TrialStatus.CRASHED, f"{type(exc).__name__}: {exc}\n"
-                                      + "".join(traceback.format_exc(limit=3)))
+            result = TrialResult.failed(TrialStatus.CRASHED, f"{type(exc).__name__}: {exc}\n"
+                                        + "".join(traceback.format_exc(limit=3)))
+        _log_line(request, f"[topotune] trial {request.trial_id} ended: {result.status.value} {result.reason[:200]}")
+        return result
 
     def submit(self, request: TrialRequest) -> TrialHandle:
         handle = TrialHandle(request)

@@ -9,6 +9,7 @@ bundles landed on no more than ceil(gpus / gpus_per_host) hosts, because PACK al
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -16,7 +17,7 @@ from typing import Literal
 from tuner.backends import HostAssignment
 from tuner.deployment import Deployment
 from tuner.errors import TopologyError
-from tuner.topology import Role
+from tuner.topology import Role, Topology
 
 Strategy = Literal["STRICT_PACK", "PACK"]
 _LAUNCH_ORDER = {Role.PREFILL: 0, Role.BOTH: 1, Role.DECODE: 2}  # the order tuner.backends.vllm places instances
@@ -33,6 +34,7 @@ class InstanceShape:
     max_hosts: int  # ceil(num_gpus / gpus_per_host): the most hosts the instance may straddle
     strategy: Strategy
     cpus_per_bundle: float
+    topology: Topology | None = None  # the instance's layout, so a split vLLM cannot run is re-placed
 
     @property
     def bundles(self) -> list[dict[str, float]]:
@@ -65,7 +67,7 @@ def instance_shapes(deployment: Deployment, gpus_per_host: int, cpus_per_bundle:
         for index in range(group.count):
             shapes.append(InstanceShape(role=group.role, index=index, name=group.topology.name, num_gpus=n,
                                         max_hosts=hosts, strategy="STRICT_PACK" if hosts == 1 else "PACK",
-                                        cpus_per_bundle=cpus_per_bundle))
+                                        cpus_per_bundle=cpus_per_bundle, topology=group.topology))
     return shapes
 
 
@@ -92,8 +94,20 @@ def check_placeable(deployment: Deployment, capacity: ClusterCapacity, cpus_per_
 
 
 def spread_ok(bundle_nodes: Sequence[str], shape: InstanceShape) -> bool:
-    """True when the bundles landed on no more hosts than the instance needs."""
-    return len(set(bundle_nodes)) <= shape.max_hosts
+    """True when the bundles landed on no more hosts than the instance needs, in a split vLLM can run: each
+    host holds whole TP groups, or TP spans whole, equal hosts (tuner.backends.vllm.check_host_split)."""
+    if len(set(bundle_nodes)) > shape.max_hosts:
+        return False
+    if shape.topology is None:
+        return True
+    from tuner.backends.vllm import check_host_split  # the launch plan's own rule
+
+    shares = list(Counter(bundle_nodes[:shape.num_gpus]).values())  # first-seen order: the head host first
+    try:
+        check_host_split(shape.topology, shares)
+    except TopologyError:
+        return False
+    return True
 
 
 def host_assignments(shapes: Sequence[InstanceShape], bundle_nodes: Sequence[Sequence[str]],

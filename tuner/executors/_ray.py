@@ -75,10 +75,10 @@ class RayExecutor(Executor):
     timeout_grace_s: the backend gets request.timeout_s to stop on its own; the executor kills it this much later.
     wait_when_idle_s: with nothing of ours running, can_start waits this long for GPUs held by other studies
         instead of answering False (a driver with nothing running takes False as "never fits").
-    probe_devices: ask Ray for each bundle's GPU id (one small task per GPU); default: for the vllm backend
-        only (the simulator and test backends start no GPU process and need only the hosts).
-    agent_launch: hand the runner the host agents of the trial's nodes, so a backend whose run() takes a
-        `starter` starts each process on its own host (tuner.executors._starter); default: vllm backend only.
+    probe_devices: ask Ray for each bundle's GPU id (one small task per GPU); default: when the backend declares
+        `ExecutorNeeds(device_ids=True)` (the simulator and test backends start no GPU process).
+    agent_launch: hand the runner the host agents of the trial's nodes, so the backend starts each process on
+        its own host (tuner.executors._starter); default: when it declares `ExecutorNeeds(process_starter=True)`.
     """
 
     def __init__(self, backend: str | BackendSpec = "simulated", backend_options: dict[str, Any] | None = None, *,
@@ -100,8 +100,9 @@ class RayExecutor(Executor):
         self.wait_when_idle_s = wait_when_idle_s
         self.timeout_grace_s = timeout_grace_s
         self.kill_grace_s = kill_grace_s
-        self.probe_devices = probe_devices if probe_devices is not None else self.spec.name == "vllm"
-        self.agent_launch = agent_launch if agent_launch is not None else self.spec.name == "vllm"
+        needs = self.spec.executor_needs()
+        self.probe_devices = probe_devices if probe_devices is not None else needs.device_ids
+        self.agent_launch = agent_launch if agent_launch is not None else needs.process_starter
         self.last_refusal: str | None = None  # why can_start last said no (for the driver's message)
         self._runner = ray.remote(num_cpus=cpus_per_bundle, max_retries=0)(run_trial)
         self._probe = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_device_ids)

@@ -209,3 +209,11 @@ def shutdown_ray() -> None:
 
 def current_session() -> RaySession | None:
     return _SESSION
+
+
+def forget_ray_session() -> None:
+    """Forget the session without stopping Ray: for a caller that opened Ray itself (a test cluster) and has
+    shut it down, so the next executor opens its own session instead of reusing a dead one."""
+    global _SESSION
+    with _LOCK:
+        _SESSION = None

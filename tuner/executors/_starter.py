@@ -1,5 +1,6 @@
-"""The backend-side view of the host agents: a process starter that runs each process of a launch plan on the host
-Ray placed it on (tuner.backends.vllm._process.ProcessStarter), used by run_trial under the RayExecutor.
+"""The backend-side view of the host agents: a process starter (tuner.launch.ProcessStarter) that runs each process
+of a trial on the host Ray placed it on, used by run_trial under the RayExecutor for a backend that declares
+`ExecutorNeeds(process_starter=True)`.
 
 Routing: a process goes to the agent of the node its HostAssignment names (node_id, from the placement group's
 bundles); an assignment without a known node falls back to the agent whose node has that address. The agent
@@ -21,8 +22,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 from tuner.backends import HostAssignment, TrialStatus
-from tuner.backends.vllm._plan import ProcessSpec
-from tuner.backends.vllm._process import Failure, ProcessHandle
+from tuner.launch import Failure, LaunchSpec, ProcessHandle, ProcessPolicy
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 60.0  # an agent call (start, status, log) that takes longer: the agent is lost
@@ -31,7 +31,7 @@ CALL_TIMEOUT_S = 60.0  # an agent call (start, status, log) that takes longer: t
 class AgentProcess:
     """A process a host agent started: status and log come from that agent."""
 
-    def __init__(self, agent: Any, token: str, spec: ProcessSpec, record: dict) -> None:
+    def __init__(self, agent: Any, token: str, spec: LaunchSpec, record: dict) -> None:
         self.agent = agent
         self.token = token
         self.spec = spec
@@ -57,7 +57,7 @@ class AgentProcess:
 
 
 class AgentStarter:
-    """Routes each ProcessSpec to the HostAgent of its node (node_id first, then address)."""
+    """Routes each process to the HostAgent of its node (node_id first, then address)."""
 
     def __init__(self, token: str, agents: Mapping[str, Any], addresses: Mapping[str, str],
                  record_path: Path | None = None) -> None:
@@ -67,7 +67,7 @@ class AgentStarter:
         self.record_path = record_path
         self.launched: list[dict] = []
 
-    def node_for(self, spec: ProcessSpec, host: HostAssignment | None) -> str:
+    def node_for(self, spec: LaunchSpec, host: HostAssignment | None) -> str:
         if host is not None and host.node_id in self.agents:
             return host.node_id
         address = host.address if host is not None else spec.host
@@ -79,10 +79,11 @@ class AgentStarter:
         raise RuntimeError(f"no host agent for {spec.name} on {address} (node {host.node_id if host else None}); "
                            f"agents on {sorted(self.addresses.get(n, n) for n in self.agents)}")
 
-    def start(self, spec: ProcessSpec, log_dir: Path, host: HostAssignment | None = None) -> AgentProcess:
+    def start(self, spec: LaunchSpec, log_dir: Path, host: HostAssignment | None = None, *,
+              policy: ProcessPolicy | None = None) -> AgentProcess:
         node = self.node_for(spec, host)
         agent = self.agents[node]
-        record = ray.get(agent.launch.remote(self.token, spec.model_dump_json(), str(log_dir)),
+        record = ray.get(agent.launch.remote(self.token, spec, str(log_dir), policy),
                          timeout=CALL_TIMEOUT_S)
         record["planned_node_id"] = host.node_id if host is not None else None
         self.launched.append(record)

@@ -3,13 +3,25 @@ exactly what a recipe runs."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import yaml
 
-from tuner.backends.vllm import PlanSettings, build_plan, uniform_hosts
+from tuner.backends.vllm import (
+    LaunchPlan,
+    PlanSettings,
+    build_plan,
+    has_multi_node_nvlink,
+    keep_names,
+    model_is_hybrid,
+    pack_hosts,
+)
 from tuner.deployment import Deployment
-from tuner.topology import Role, Topology
+from tuner.hardware import get_gpu
+from tuner.space import SearchSpace
+from tuner.topology import Role
+from tuner.workload import served_context_tokens
 
 VLLM_IMAGE = "vllm/vllm-openai:latest"
 
@@ -25,14 +37,29 @@ class RecipeContext:
     concurrency: tuple[int, ...] = ()
     precision: str = "bf16"
     image: str = VLLM_IMAGE
+    vllm_version: str | None = None  # the space's cluster.vllm_version: the version table's choices follow it
+
+    @classmethod
+    def for_space(cls, space: SearchSpace, *, model_path: str, model_name: str) -> RecipeContext:
+        """The context of a campaign's exports (the CLI's `export` and the API's /export build it here)."""
+        gpu = get_gpu(space.cluster.gpu)
+        first = next(iter(space.phases.values()))
+        return cls(model_path=model_path, model_name=model_name, gpu=gpu.name,
+                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
+                   osl=space.workload.osl, concurrency=tuple(first.concurrency),
+                   vllm_version=space.cluster.vllm_version)
 
     def plan_settings(self) -> PlanSettings:
+        """The same settings a trial's plan uses (version table, hybrid PD settings, context headroom)."""
         return PlanSettings(model_path=self.model_path, served_model_name=self.model_name,
-                            max_model_len=self.isl + self.osl)
+                            max_model_len=served_context_tokens(self.isl, self.osl), vllm_version=self.vllm_version,
+                            model_is_hybrid=model_is_hybrid(self.model_path),
+                            multi_node_nvlink=has_multi_node_nvlink("cuda", self.gpu))
 
 
-def _plan(deployment: Deployment, ctx: RecipeContext):  # type: ignore[no-untyped-def]
-    return build_plan(deployment, uniform_hosts(deployment.num_gpus, ctx.gpus_per_host), ctx.plan_settings())
+def _plan(deployment: Deployment, ctx: RecipeContext) -> LaunchPlan:
+    """hostN placeholders (the user maps them to hosts), packed so no TP group straddles hosts."""
+    return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host), ctx.plan_settings(), resolve=keep_names)
 
 
 def to_vllm_commands(deployment: Deployment, ctx: RecipeContext) -> str:
@@ -78,21 +105,47 @@ def to_compose(deployment: Deployment, ctx: RecipeContext) -> str:
     return header + yaml.safe_dump({"name": "topotune-deployment", "services": services}, sort_keys=False)
 
 
-def _vllm_config(topo: Topology) -> dict:
-    config: dict = {"tensor-parallel-size": topo.tp, "data-parallel-size": topo.dp,
-                    "gpu-memory-utilization": topo.gpu_memory_utilization, "max-num-seqs": topo.max_num_seqs,
-                    "max-num-batched-tokens": topo.max_num_batched_tokens}
-    if topo.ep:
-        config["enable-expert-parallel"] = True
-    if topo.mtp:
-        config["speculative-config"] = {"method": "mtp", "num_speculative_tokens": topo.mtp}
-    return config
+# Flags srt-slurm derives from its own allocation (srtctl/backends/vllm.py _VLLM_ORCHESTRATION_FLAGS and the DP
+# layout it computes), and per-process variables it sets itself (get_process_environment).
+_ORCHESTRATION_FLAGS = {"--host", "--port", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                        "--headless", "--data-parallel-size-local", "--data-parallel-address",
+                        "--data-parallel-rpc-port", "--data-parallel-start-rank", "--served-model-name"}
+_PER_PROCESS_ENV = {"CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_PORT"}
+
+
+def _role_args(plan: LaunchPlan, role: str) -> tuple[dict[str, object], dict[str, str]]:
+    """A role's vLLM flags (as srt-slurm `args`) and environment, read from the plan's own first process of
+    that role, so a recipe carries exactly what the trial launched (speculative config on prefill too,
+    --block-size, the hybrid and UCX settings)."""
+    proc = next(p for p in plan.servers if p.role == role)
+    argv = list(proc.argv[proc.argv.index("serve") + 2:])
+    args: dict[str, object] = {}
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        value: object = argv[i + 1] if has_value else True
+        if flag not in _ORCHESTRATION_FLAGS:
+            if isinstance(value, str) and value.startswith("{"):
+                value = json.loads(value)
+            args[flag.removeprefix("--")] = value
+        i += 2 if has_value else 1
+    env = {k: v for k, v in sorted(proc.env.items()) if k not in _PER_PROCESS_ENV}
+    return args, env
 
 
 def to_srt_slurm(deployment: Deployment, ctx: RecipeContext) -> str:
+    plan = _plan(deployment, ctx)
     prefill = deployment.group(Role.PREFILL)
     decode = deployment.group(Role.DECODE) or deployment.group(Role.BOTH)
     nodes = lambda g: -(-g.num_gpus // ctx.gpus_per_host) if g else 0  # noqa: E731
+    config: dict[str, dict] = {}
+    environment: dict[str, dict[str, str]] = {}
+    for group in (prefill, decode):
+        if group is None:
+            continue
+        key = "prefill" if group.role is Role.PREFILL else "decode"
+        config[key], environment[f"{key}_environment"] = _role_args(plan, group.role.value)
     recipe = {
         "name": f"{ctx.model_name}-{deployment.name}".replace(" ", "_").replace("(", "").replace(")", ""),
         "model": {"path": ctx.model_path, "container": ctx.image, "precision": ctx.precision},
@@ -101,13 +154,7 @@ def to_srt_slurm(deployment: Deployment, ctx: RecipeContext) -> str:
                       "prefill_workers": prefill.count if prefill else 0,
                       "decode_workers": decode.count if decode else 0},
         "frontend": {"type": "vllm-router" if deployment.is_disaggregated else "none"},
-        "backend": {"type": "vllm", "vllm_config": {
-            **({"prefill": {**_vllm_config(prefill.topology),
-                            "kv-transfer-config": {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}}}
-               if prefill else {}),
-            "decode": {**_vllm_config(decode.topology),  # type: ignore[union-attr]
-                       **({"kv-transfer-config": {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}}
-                          if prefill else {})}}},
+        "backend": {"type": "vllm", **environment, "vllm_config": config},
         "benchmark": {"type": "aiperf", "isl": ctx.isl, "osl": ctx.osl,
                       "concurrencies": list(ctx.concurrency) or [1]},
     }

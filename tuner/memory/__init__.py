@@ -1,7 +1,7 @@
 """vLLM's memory arithmetic: weights per GPU, KV budget, hybrid pages, blocks and max concurrency."""
 
 from tuner.memory._breakdown import GIB, Line, MemoryBreakdown, MemoryInputs, compute_memory
-from tuner.memory._layout import KVLayout, kv_layout
+from tuner.memory._layout import KVLayout, attention_bytes_per_token, kv_element_bytes, kv_layout
 from tuner.memory._sweep import SweepRow, sweep_topologies
 from tuner.memory._weights import WeightsPerGpu, local_experts, shard_fraction, weights_per_gpu
 
@@ -13,7 +13,9 @@ __all__ = [
     "MemoryInputs",
     "SweepRow",
     "WeightsPerGpu",
+    "attention_bytes_per_token",
     "compute_memory",
+    "kv_element_bytes",
     "kv_layout",
     "local_experts",
     "shard_fraction",

@@ -9,9 +9,10 @@ from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
 from tuner.memory._estimates import activation_peak_bytes, cuda_graph_bytes, cudagraph_capture_sizes
 from tuner.memory._layout import KVLayout, kv_layout
-from tuner.memory._weights import WeightsPerGpu, weights_per_gpu
+from tuner.memory._weights import WeightsPerGpu, local_experts, mxfp4_padding_factor, weights_per_gpu
 from tuner.models import ModelSpec
 from tuner.topology import Topology
+from tuner.workload import served_context_tokens
 
 GIB = 1024**3
 MIB = 1024**2
@@ -23,7 +24,7 @@ class MemoryInputs:
 
     isl: int = 8192
     osl: int = 1024
-    max_model_len: int | None = None  # defaults to isl + osl
+    max_model_len: int | None = None  # defaults to isl + osl plus the plan's headroom (served_context_tokens)
     kv_cache_memory_bytes: int | None = None  # vLLM's --kv-cache-memory-bytes: the KV budget, exactly
     non_torch_gib: float | None = None  # defaults to the GPU's catalog figure
     activation_gib: float | None = None  # measured peak activations; default: estimate
@@ -121,7 +122,9 @@ class MemoryBreakdown:
 
     @property
     def fits(self) -> bool:
-        return self.kv_budget_bytes > 0 and self.num_gpu_blocks >= self.blocks_per_request
+        """One request of the workload fits, and so does one of max-model-len (vLLM refuses to start otherwise)."""
+        return self.kv_budget_bytes > 0 and self.num_gpu_blocks >= max(self.blocks_per_request,
+                                                                       self.blocks_per_request_max_model_len)
 
     @property
     def shortfall_gib(self) -> float:
@@ -179,6 +182,22 @@ class MemoryBreakdown:
         }
 
 
+def _expert_how(model: ModelSpec, topo: Topology, arch: str) -> str:
+    if model.moe is None:
+        return "dense model"
+    if not topo.ep:
+        return f"{model.expert_bytes / GIB:.2f} GiB over MoE-TP{topo.ep_size}" + _padding_note(model, topo, arch)
+    physical = model.moe.num_experts + topo.num_redundant_experts
+    extra = f" ({topo.num_redundant_experts} redundant, EPLB)" if topo.num_redundant_experts else ""
+    return (f"{model.expert_bytes / GIB:.2f} GiB over EP{topo.ep_size}: {physical} physical experts{extra}, "
+            f"{local_experts(model.moe.num_experts, topo)} on the fullest rank" + _padding_note(model, topo, arch))
+
+
+def _padding_note(model: ModelSpec, topo: Topology, arch: str) -> str:
+    factor = mxfp4_padding_factor(model, topo, arch)
+    return f"; MXFP4 kernel padding x{factor:.3f}" if factor != 1.0 else ""
+
+
 def compute_memory(
     model: ModelSpec, gpu: GpuSpec, topo: Topology, inputs: MemoryInputs | None = None
 ) -> MemoryBreakdown:
@@ -186,7 +205,7 @@ def compute_memory(
     inputs = inputs or MemoryInputs()
     total_bytes = gpu.memory_bytes
     requested = math.ceil(total_bytes * topo.gpu_memory_utilization)
-    weights = weights_per_gpu(model, topo)
+    weights = weights_per_gpu(model, topo, gpu.architecture)
     non_torch = inputs.non_torch_gib if inputs.non_torch_gib is not None else gpu.non_torch_memory_gib
     activation = (inputs.activation_gib if inputs.activation_gib is not None
                   else activation_peak_bytes(model, topo) / GIB)
@@ -200,7 +219,7 @@ def compute_memory(
                        kv_cache_dtype=inputs.kv_cache_dtype)
     num_blocks = max(0, budget // layout.page_size_bytes // layout.group_size)
     tokens = inputs.tokens_per_request
-    max_len = inputs.max_model_len or tokens
+    max_len = inputs.max_model_len or served_context_tokens(inputs.isl, inputs.osl)
     per_request = layout.blocks_per_request(tokens, topo.max_num_batched_tokens)
     per_request_max = layout.blocks_per_request(max_len, topo.max_num_batched_tokens)
 
@@ -210,9 +229,7 @@ def compute_memory(
         Line("non-expert weights", weights.non_expert_bytes / GIB,
              f"{model.non_expert_bytes / GIB:.2f} GiB split by TP{topo.tp} (norms, router replicated; "
              f"KV heads max(1, kv/TP))"),
-        Line("expert weights", weights.expert_bytes / GIB,
-             f"{model.expert_bytes / GIB:.2f} GiB over {'EP' if topo.ep else 'MoE-TP'}{topo.ep_size}"
-             if model.moe else "dense model"),
+        Line("expert weights", weights.expert_bytes / GIB, _expert_how(model, topo, gpu.architecture)),
         Line("MTP weights", weights.mtp_bytes / GIB,
              f"{model.num_mtp_layers} MTP layer(s), loaded with MTP{topo.mtp}" if topo.mtp else "MTP off"),
         Line("non-torch memory", non_torch, "measured input" if inputs.non_torch_gib is not None
@@ -220,8 +237,8 @@ def compute_memory(
         Line("peak activations", activation, "measured input" if inputs.activation_gib is not None
              else f"estimate: profile run of {topo.max_num_batched_tokens} tokens + sampler"),
         Line("CUDA-graph reserve", graphs, "measured input" if inputs.cuda_graph_gib is not None
-             else f"estimate: largest of {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes' "
-             "activations + per-graph cost x layers (FULL_AND_PIECEWISE)"),
+             else f"estimate: {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes, "
+             "first capture + per-graph cost"),
         Line("KV budget", budget / GIB, "--kv-cache-memory-bytes" if overridden
              else "requested - weights - non-torch - activations - CUDA graphs"),
         Line("block size (tokens)", None,

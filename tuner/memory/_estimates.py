@@ -6,6 +6,8 @@ and every real trial stores vLLM's own figures beside these for comparison.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from tuner.models import ModelSpec
 from tuner.topology import Topology
 
@@ -21,12 +23,6 @@ CUDA_GRAPH_BYTES_PER_GRAPH_LAYER = 0.75 * MIB
 MIN_BYTES_PER_GRAPH = MIB  # "Use at least 1 MiB per graph for driver overhead"
 
 
-def _default_max_capture_size(topo: Topology, architecture: str) -> int:
-    """min(max_num_seqs x decode_query_len x 2, 1024 on data-centre Blackwell (SM10x) else 512)."""
-    platform_max = 1024 if architecture == "blackwell" else 512
-    return min(topo.max_num_seqs * (1 + topo.mtp) * 2, platform_max)
-
-
 def _request_counts(max_reqs: int) -> list[int]:
     counts = [n for n in (1, 2, 4) if n <= max_reqs]
     counts += list(range(8, min(max_reqs + 1, 256), 8)) + list(range(256, max_reqs + 1, 16))
@@ -39,27 +35,34 @@ def cudagraph_capture_sizes(topo: Topology, architecture: str = "hopper") -> lis
     1, 2, 4, every 8 below 256, every 16 from 256, up to max_cudagraph_capture_size (default above, then capped
     by max-num-batched-tokens, which is itself added when it fits); with MTP the uniform-decode sizes
     n x (1 + mtp) for n up to max-num-seqs are added too. An explicit --max-cudagraph-capture-size replaces the
-    default cap (topology field `max_cudagraph_capture_size` when the plan sets one).
+    default cap: launch plans set Topology.cudagraph_capture_tokens (the searched knob, or by default the decode
+    batch x (1 + MTP) on decoding instances; None on prefill, where vLLM's default applies).
     """
+    return list(_capture_sizes(topo.cudagraph_capture_tokens, topo.max_num_seqs, topo.mtp,
+                               topo.max_num_batched_tokens, architecture))
+
+
+@lru_cache(maxsize=4096)
+def _capture_sizes(explicit: int | None, max_num_seqs: int, mtp: int, max_tokens: int,
+                   architecture: str) -> tuple[int, ...]:
+    """Pure and cached: a sweep asks for the same few engine settings thousands of times."""
     if architecture == "cpu":
-        return []  # the CPU backend runs eagerly
-    explicit = getattr(topo, "max_cudagraph_capture_size", None)
-    cap = explicit if explicit is not None else _default_max_capture_size(topo, architecture)
-    qlen = 1 + topo.mtp
+        return ()  # the CPU backend runs eagerly
+    platform_max = 1024 if architecture == "blackwell" else 512
+    qlen = 1 + mtp
+    cap = explicit if explicit is not None else min(max_num_seqs * qlen * 2, platform_max)
     uniform_decode: list[int] = []
     if explicit is None and qlen > 1:
-        platform_max = 1024 if architecture == "blackwell" else 512
-        uniform_decode = [n * qlen for n in _request_counts(min(topo.max_num_seqs, platform_max)) if n * qlen <= cap]
-    max_tokens = topo.max_num_batched_tokens
+        uniform_decode = [n * qlen for n in _request_counts(min(max_num_seqs, platform_max)) if n * qlen <= cap]
     cap = min(cap, max_tokens)
     if cap < 1:
-        return []
+        return ()
     sizes = [s for s in (1, 2, 4) if s <= cap]
     sizes += list(range(8, min(cap + 1, 256), 8)) + list(range(256, cap + 1, 16))
     if max_tokens <= cap:
         sizes.append(max_tokens)
     sizes += [s for s in uniform_decode if s <= max_tokens]
-    return sorted(set(sizes))
+    return tuple(sorted(set(sizes)))
 
 
 def activation_bytes_per_token(model: ModelSpec, topo: Topology) -> int:
@@ -101,12 +104,13 @@ def cuda_graph_bytes(model: ModelSpec, topo: Topology, architecture: str = "hopp
     (1 + mtp) tokens). Reserve = the largest size's activation buffers (shared pool, captured first) + one
     per-graph cost for every further graph, as profile_cudagraph_memory extrapolates.
     """
-    sizes = cudagraph_capture_sizes(topo, architecture)
+    sizes = _capture_sizes(topo.cudagraph_capture_tokens, topo.max_num_seqs, topo.mtp,
+                           topo.max_num_batched_tokens, architecture)
     if not sizes:
         return 0
     qlen = 1 + topo.mtp
-    full = [s for s in sizes if s % qlen == 0 and s <= topo.max_num_seqs * qlen]
+    full = sum(1 for s in sizes if s % qlen == 0 and s <= topo.max_num_seqs * qlen)
     layers = model.num_layers + (model.num_mtp_layers if topo.mtp else 0)
     per_graph = max(MIN_BYTES_PER_GRAPH, round(layers * CUDA_GRAPH_BYTES_PER_GRAPH_LAYER))
-    first_capture = max(sizes) * activation_bytes_per_token(model, topo)
-    return first_capture + per_graph * (len(sizes) - 1 + max(0, len(full) - 1))
+    first_capture = sizes[-1] * activation_bytes_per_token(model, topo)
+    return first_capture + per_graph * (len(sizes) - 1 + max(0, full - 1))

@@ -18,10 +18,14 @@ class SweepRow:
 
 
 def sweep_topologies(model: ModelSpec, gpu: GpuSpec, num_gpus: int, inputs: MemoryInputs | None = None, *,
-                     mtp_values: tuple[int, ...] = (0,), **engine: object) -> list[SweepRow]:
-    """All layouts that vLLM accepts for this model within num_gpus, sorted by max concurrency per GPU."""
+                     mtp_values: tuple[int, ...] = (0,), powers_of_two: bool = True,
+                     **engine: object) -> list[SweepRow]:
+    """All layouts that vLLM accepts for this model within num_gpus, sorted by max concurrency per GPU.
+
+    powers_of_two=False also tries every other TP and DP (EP48 = TP8 x DP6, EP72 = DP72, ...).
+    """
     rows = []
-    for tp, dp, ep in enumerate_topologies(num_gpus):
+    for tp, dp, ep in enumerate_topologies(num_gpus, powers_of_two=powers_of_two):
         for mtp in mtp_values:
             topo = Topology.create(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
             try:

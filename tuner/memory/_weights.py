@@ -53,7 +53,31 @@ def shard_fraction(sharding: Sharding, model: ModelSpec, topo: Topology) -> floa
     raise AssertionError(sharding)
 
 
-def weights_per_gpu(model: ModelSpec, topo: Topology) -> WeightsPerGpu:
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | None) -> float:
+    """Bytes vLLM allocates for MXFP4 experts over the checkpoint's bytes (quantization/mxfp4.py create_weights).
+
+    The default backend pads the per-partition intermediate size and the hidden size before allocating
+    w13 [2I, H/2 + H/32], w2 [H, I/2 + I/32] and the bf16 biases: FlashInfer on data-centre Blackwell (SM100
+    family) rounds both to 256 (gpt-oss 2880 -> 3072), the Triton kernels on Hopper round I to 64.
+    """
+    if model.moe is None or not model.quantization.startswith("mxfp4") or architecture not in ("blackwell", "hopper"):
+        return 1.0
+    align_i, align_h = (256, 256) if architecture == "blackwell" else (64, 1)
+    hidden = model.hidden_size
+    inter = model.moe.expert_intermediate_size if topo.ep else model.moe.expert_intermediate_size // topo.ep_size
+
+    def per_expert(i: int, h: int) -> float:
+        return 3 * i * h * (1 / 2 + 1 / 32) + 2 * (2 * i + h)
+
+    return per_expert(_round_up(inter, align_i), _round_up(hidden, align_h)) / per_expert(inter, hidden)
+
+
+def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None = None) -> WeightsPerGpu:
+    """Bytes on the fullest GPU; `architecture` applies the padding a GPU's MoE kernels add (MXFP4)."""
     non_expert = expert = mtp = 0.0
     for (sharding, is_mtp), nbytes in model.bytes_by_sharding.items():
         share = nbytes * shard_fraction(sharding, model, topo)
@@ -63,5 +87,6 @@ def weights_per_gpu(model: ModelSpec, topo: Topology) -> WeightsPerGpu:
             expert += share
         else:
             non_expert += share
+    expert *= mxfp4_padding_factor(model, topo, architecture)
     return WeightsPerGpu(non_expert_bytes=round(non_expert), expert_bytes=round(expert),
                          mtp_bytes=round(mtp) if topo.mtp else 0)

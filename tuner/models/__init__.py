@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 # Importing the family modules registers them.
-from tuner.models import _deepseek, _qwen3_next, _transformer  # noqa: F401
+from tuner.models import _deepseek, _glm4_moe, _gpt_oss, _minimax_m2, _qwen3_next, _transformer  # noqa: F401
 from tuner.models._config import read_config
 from tuner.models._registry import build_spec, supported_model_types
 from tuner.models._safetensors import tensors_from_safetensors
@@ -51,7 +51,8 @@ def load_model(path: str | Path, *, use_safetensors: bool = True) -> ModelSpec:
     name = (folder or Path(path).expanduser().resolve().parent).name
     spec = build_spec(cfg, name)
     if use_safetensors and folder is not None and any(folder.glob("*.safetensors")):
+        quantized = next((t.fmt for t in spec.tensors if t.is_expert and t.fmt is not WeightFormat.BF16), None)
         tensors = tensors_from_safetensors(folder, num_layers=spec.num_layers,
-                                           packed_fp4=spec.quantization.startswith("nvfp4"))
+                                           packed_fp4=spec.quantization.startswith("nvfp4"), quantized=quantized)
         spec = dataclasses.replace(spec, tensors=tensors, weights_source="safetensors headers")
     return spec

@@ -68,6 +68,7 @@ def read_config(path: str | Path) -> tuple[RawConfig, Path | None]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object", field="MODEL", fix="use a Hugging Face config.json")
     source = str(path)
+    _merge_modelopt_quant_config(data, path.parent)
     text_config = data.get("text_config")
     if isinstance(text_config, dict):
         merged = dict(text_config)
@@ -77,3 +78,27 @@ def read_config(path: str | Path) -> tuple[RawConfig, Path | None]:
         merged.setdefault("model_type", data.get("model_type"))
         return RawConfig(merged, f"{source} (text_config)", root=data), folder
     return RawConfig(data, source), folder
+
+
+def _merge_modelopt_quant_config(data: dict[str, Any], folder: Path) -> None:
+    """ModelOpt checkpoints may describe their quantization only in hf_quant_config.json.
+
+    vLLM reads that file when config.json has no quantization_config
+    (vllm/model_executor/model_loader/weight_utils.py get_quant_config; ModelOptNvFp4Config.from_config takes
+    its "quantization" section: quant_algo, group_size, exclude_modules).
+    """
+    if data.get("quantization_config"):
+        return
+    extra = folder / "hf_quant_config.json"
+    if not extra.is_file():
+        return
+    try:
+        quant = json.loads(extra.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{extra} is not readable JSON ({exc})", field=str(extra),
+                          fix="restore the checkpoint's hf_quant_config.json") from exc
+    section = quant.get("quantization") if isinstance(quant, dict) else None
+    if not isinstance(section, dict) or not section.get("quant_algo"):
+        raise ConfigError(f"{extra} has no quantization.quant_algo", field=f"{extra}: quantization.quant_algo",
+                          fix="restore the checkpoint's hf_quant_config.json")
+    data["quantization_config"] = {"quant_method": "modelopt", **section}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from tuner.models._config import RawConfig
 from tuner.models._quant import QuantPolicy
 from tuner.models._registry import make_spec, register_family
@@ -12,15 +14,20 @@ _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora
              "qk_rope_head_dim", "v_head_dim", "vocab_size", "intermediate_size")
 
 
-@register_family("deepseek_v3", "deepseek_v3", "deepseek_v2", "kimi_k2")
+@register_family("deepseek_v3", "deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32")
 def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
+    """DeepSeek-V2/V3, Kimi-K2 (same layout) and DeepSeek-V3.2 (adds the sparse-attention indexer per layer)."""
     cfg.require("deepseek_v3", _REQUIRED)
     hidden = cfg.int("hidden_size")
     num_layers = cfg.int("num_hidden_layers")
     q_lora = cfg.get("q_lora_rank")
+    index_dim = cfg.int("index_head_dim", 0) if cfg.get("model_type") == "deepseek_v32" else 0
     mla = MLASpec(num_heads=cfg.int("num_attention_heads"), q_lora_rank=int(q_lora) if q_lora else None,
                   kv_lora_rank=cfg.int("kv_lora_rank"), qk_nope_head_dim=cfg.int("qk_nope_head_dim"),
-                  qk_rope_head_dim=cfg.int("qk_rope_head_dim"), v_head_dim=cfg.int("v_head_dim"))
+                  qk_rope_head_dim=cfg.int("qk_rope_head_dim"), v_head_dim=cfg.int("v_head_dim"),
+                  index_head_dim=index_dim or None, index_n_heads=cfg.int("index_n_heads", 64) if index_dim else None)
+    if index_dim:  # vLLM's Indexer.weights_proj is a ReplicatedLinear with quant_config=None: stays BF16
+        policy = dataclasses.replace(policy, ignore=(*policy.ignore, "*.indexer.weights_proj"))
     num_experts = cfg.int("n_routed_experts", 0)
     moe = None
     if num_experts:
@@ -41,6 +48,13 @@ def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
         b.norm(f"{prefix}.input_layernorm", hidden, mtp=mtp)
         b.norm(f"{prefix}.post_attention_layernorm", hidden, mtp=mtp)
         b.mla_attention(prefix, hidden, mla, mtp=mtp)
+        if mla.index_head_dim and mla.index_n_heads:
+            ix = f"{prefix}.self_attn.indexer"
+            b.linear(f"{ix}.wq_b", mla.index_n_heads * mla.index_head_dim, mla.q_lora_rank or hidden, mtp=mtp)
+            b.linear(f"{ix}.wk", mla.index_head_dim, hidden, mtp=mtp)
+            b.add(f"{ix}.k_norm.weight", (mla.index_head_dim,), mtp=mtp)
+            b.add(f"{ix}.k_norm.bias", (mla.index_head_dim,), mtp=mtp)
+            b.linear(f"{ix}.weights_proj", mla.index_n_heads, hidden, mtp=mtp)
         if is_moe and moe:
             b.moe(f"{prefix}.mlp", hidden, moe, shared_name="shared_experts", score_bias=True, mtp=mtp)
         else:

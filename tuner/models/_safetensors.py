@@ -13,7 +13,15 @@ from tuner.models._tensors import classify, layer_index
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 _DTYPE_FORMAT = {"BF16": WeightFormat.BF16, "F16": WeightFormat.FP16, "F32": WeightFormat.FP32,
                  "F8_E4M3": WeightFormat.FP8, "U8": WeightFormat.NVFP4, "I8": WeightFormat.NVFP4}
-_SCALE_SUFFIXES = ("_scale", "_scale_inv", "_scale_2", "input_scale")
+_SCALE_SUFFIXES = ("_scale", "_scale_inv", "_scale_2", "input_scale", "_scales", ".scales", ".qzeros", ".g_idx",
+                   "_zero_point", ".weight_shape", "_global_scale")
+# Packed weights: values per stored element (gpt-oss MXFP4 *_blocks: 2 per uint8; int32-packed int4: 8 per word).
+_PACKED = {"_blocks": (WeightFormat.MXFP4, 2), ".weight_packed": (WeightFormat.INT4, 8),
+           ".qweight": (WeightFormat.INT4_ZP, 8)}
+
+
+def _packed(name: str) -> tuple[WeightFormat, int] | None:
+    return next((v for suffix, v in _PACKED.items() if name.endswith(suffix)), None)
 
 
 def read_header(path: Path) -> dict[str, dict]:
@@ -36,8 +44,13 @@ def read_header(path: Path) -> dict[str, dict]:
     return header
 
 
-def tensors_from_safetensors(folder: Path, *, num_layers: int, packed_fp4: bool) -> tuple[WeightTensor, ...]:
-    """One WeightTensor per stored tensor, with the exact bytes the file holds."""
+def tensors_from_safetensors(folder: Path, *, num_layers: int, packed_fp4: bool,
+                             quantized: WeightFormat | None = None) -> tuple[WeightTensor, ...]:
+    """One WeightTensor per stored tensor, with the exact bytes the file holds.
+
+    Parameter counts undo the packing (NVFP4 uint8: 2 values; MXFP4 *_blocks: 2; int32-packed int4: 8) and
+    scales, zero points and shapes count no parameters; `quantized` labels their format.
+    """
     out: list[WeightTensor] = []
     for path in sorted(folder.glob("*.safetensors")):
         for name, info in read_header(path).items():
@@ -52,9 +65,14 @@ def tensors_from_safetensors(folder: Path, *, num_layers: int, packed_fp4: bool)
             for d in shape:
                 numel *= d
             is_scale = name.endswith(_SCALE_SUFFIXES)
-            params = 0 if is_scale else numel * (2 if packed_fp4 and fmt is WeightFormat.NVFP4 else 1)
+            packed = _packed(name)
+            if packed:
+                fmt, per_element = packed
+                params = numel * per_element
+            else:
+                params = 0 if is_scale else numel * (2 if packed_fp4 and fmt is WeightFormat.NVFP4 else 1)
             if is_scale and group is TensorGroup.EXPERT:
-                fmt = WeightFormat.NVFP4 if packed_fp4 else WeightFormat.FP8_BLOCK
+                fmt = quantized or (WeightFormat.NVFP4 if packed_fp4 else WeightFormat.FP8_BLOCK)
             out.append(WeightTensor(name=name, shape=shape, group=group, sharding=sharding, fmt=fmt,
                                     nbytes=end - start, num_params=params, is_mtp=is_mtp))
     return tuple(out)

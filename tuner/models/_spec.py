@@ -29,11 +29,18 @@ class WeightFormat(StrEnum):
     FP8 = "fp8"  # per-tensor scale
     FP8_BLOCK = "fp8_block"  # one fp32 scale per 128x128 block
     NVFP4 = "nvfp4"  # 4-bit values + one fp8 scale per 16 values + fp32 global scales
+    FP8_CHANNEL = "fp8_channel"  # compressed-tensors FP8, one fp32 scale per output row
+    MXFP4 = "mxfp4"  # gpt-oss: 4-bit values (2 per byte) + one uint8 E8M0 scale per 32 values
+    INT4 = "int4"  # compressed-tensors W4A16 pack-quantized, symmetric: packed int4 + bf16 scale per group
+    INT4_ZP = "int4_zp"  # AWQ / GPTQ: packed int4 + fp16 scale + packed int4 zero point per group
 
     @property
     def compute_dtype(self) -> str:
-        """The tensor-core rate this format runs at (for the performance model)."""
-        return {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "fp4"}.get(self.value, "bf16")
+        """The tensor-core rate this format runs at (for the performance model).
+
+        Weight-only 4-bit formats (INT4, AWQ, MXFP4 on Hopper's Marlin/Triton kernels) dequantize to BF16.
+        """
+        return {"fp8": "fp8", "fp8_block": "fp8", "fp8_channel": "fp8", "nvfp4": "fp4"}.get(self.value, "bf16")
 
     def nbytes(self, shape: tuple[int, ...], block: tuple[int, int] = (128, 128), group: int = 16) -> int:
         """Exact on-GPU bytes of one tensor of this shape stored in this format, scales included."""
@@ -54,6 +61,18 @@ class WeightFormat(StrEnum):
             case WeightFormat.NVFP4:
                 # packed uint8 (2 values/byte) + fp8 block scale per `group` values + weight_scale_2 + input_scale
                 return n // 2 + -(-n // group) + 4 + 4
+            case WeightFormat.FP8_CHANNEL:
+                return n + 4 * (shape[0] if len(shape) == 2 else 1)
+            case WeightFormat.MXFP4:
+                # quantization/mxfp4.py: uint8 weight [.., K // 2] + uint8 E8M0 scale [.., K // 32]
+                return n // 2 + -(-n // 32)
+            case WeightFormat.INT4:
+                # compressed_tensors_wNa16: weight_packed int32 (8 per word), weight_scale bf16 per group,
+                # weight_shape int64[2]
+                return n // 2 + 2 * -(-n // group) + 16
+            case WeightFormat.INT4_ZP:
+                # awq.py / gptq.py: qweight int32, scales fp16 [K / group, N], qzeros int32 packed 8 per word
+                return n // 2 + 2 * -(-n // group) + -(-n // group) // 2
 
 
 class TensorGroup(StrEnum):

@@ -19,7 +19,9 @@ from tuner.models._spec import (
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _SUFFIXES = (".weight", ".bias", ".weight_scale_inv", ".weight_scale_2", ".weight_scale", ".input_scale",
-             ".e_score_correction_bias")
+             ".e_score_correction_bias", ".weight_packed", ".weight_shape", ".weight_global_scale",
+             ".input_global_scale", ".weight_zero_point", ".qweight", ".qzeros", ".scales", ".g_idx",
+             "_blocks", "_scales", "_bias")
 
 
 def module_name(tensor_name: str) -> str:
@@ -35,7 +37,7 @@ def classify(name: str) -> tuple[TensorGroup, Sharding]:
     leaf = module.rsplit(".", 1)[-1]
     if ".experts." in module or module.endswith(".experts"):
         return TensorGroup.EXPERT, Sharding.EXPERTS
-    if leaf in ("shared_expert_gate", "gate") or name.endswith("e_score_correction_bias"):
+    if leaf in ("shared_expert_gate", "gate", "router") or name.endswith("e_score_correction_bias"):
         return TensorGroup.ROUTER, Sharding.REPLICATED
     if ".shared_expert." in module or ".shared_experts." in module:
         return TensorGroup.SHARED_EXPERT, Sharding.SPLIT
@@ -45,6 +47,8 @@ def classify(name: str) -> tuple[TensorGroup, Sharding]:
         return TensorGroup.LM_HEAD, Sharding.VOCAB
     if "norm" in leaf and "linear_attn" not in module:
         return TensorGroup.NORM, Sharding.REPLICATED
+    if ".indexer." in module:
+        return TensorGroup.ATTENTION, Sharding.REPLICATED  # DeepSeek-V3.2 Indexer: ReplicatedLinear layers
     if ".self_attn." in module:
         if leaf in ("k_proj", "v_proj"):
             return TensorGroup.ATTENTION, Sharding.KV_HEADS

@@ -45,12 +45,13 @@ class FlopsByDtype:
     def scaled(self, factor: float) -> FlopsByDtype:
         return FlopsByDtype(self.bf16 * factor, self.fp8 * factor, self.fp4 * factor)
 
-    def seconds(self, gpu: GpuSpec, efficiency: float) -> float:
+    def seconds(self, gpu: GpuSpec, efficiency: float, fp8_efficiency: float = 1.0) -> float:
+        """Time at `efficiency` of each dtype's peak; FP8 GEMMs reach a further `fp8_efficiency` of that."""
         total = 0.0
         if self.bf16:
             total += self.bf16 / (gpu.tflops("bf16") * 1e12 * efficiency)
         if self.fp8:
-            total += self.fp8 / (gpu.tflops("fp8") * 1e12 * efficiency)
+            total += self.fp8 / (gpu.tflops("fp8") * 1e12 * efficiency * fp8_efficiency)
         if self.fp4:
             total += self.fp4 / (gpu.tflops("fp4") * 1e12 * efficiency)
         return total

@@ -57,14 +57,18 @@ class RooflineModel(PerformanceModel):
     Per-topology constants are computed once and cached, so a concurrency level costs microseconds.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None) -> None:
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None, *,
+                 cuda_graph_gib: float | None = None) -> None:
+        """`cuda_graph_gib` replaces the memory model's CUDA-graph reserve: a measured figure, or 0 for vLLM
+        before 0.21, which sized the KV cache without reserving graph memory first."""
         super().__init__(model, gpu, calibration)
+        self.cuda_graph_gib = cuda_graph_gib
         self._states: dict[tuple[object, ...], InstanceState] = {}
         self._costs: dict[tuple[object, ...], InstanceCosts] = {}
 
     def with_calibration(self, calibration: Calibration) -> RooflineModel:
         """Same model and GPU, other factors; shares the calibration-independent caches (fast refits)."""
-        twin = RooflineModel(self.model, self.gpu, calibration)
+        twin = RooflineModel(self.model, self.gpu, calibration, cuda_graph_gib=self.cuda_graph_gib)
         twin._states = self._states
         twin._costs = self._costs
         return twin
@@ -82,7 +86,8 @@ class RooflineModel(PerformanceModel):
         costs = self._costs.get(cost_key)
         if costs is None:
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
-        memory = compute_memory(self.model, self.gpu, topo, MemoryInputs(isl=isl, osl=mem_osl))
+        memory = compute_memory(self.model, self.gpu, topo,
+                                MemoryInputs(isl=isl, osl=mem_osl, cuda_graph_gib=self.cuda_graph_gib))
         if not memory.fits:
             raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
                                   fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
@@ -94,12 +99,15 @@ class RooflineModel(PerformanceModel):
         return state
 
     def capacity(self, topology: Topology, role: Role, *, isl: int, osl: int) -> int:
-        return self.state(topology, role, isl=isl, osl=osl).cap_per_rank * topology.dp
+        return self.running_cap(self.state(topology, role, isl=isl, osl=osl)) * topology.dp
 
-    @staticmethod
-    def occupancy(state: InstanceState, topo: Topology, concurrency: int) -> Occupancy:
+    def running_cap(self, state: InstanceState) -> int:
+        """Requests one DP rank holds at once in practice: the KV-cache cap x `kv_occupancy`."""
+        return max(1, int(state.cap_per_rank * self.calibration.kv_occupancy + 1e-9))
+
+    def occupancy(self, state: InstanceState, topo: Topology, concurrency: int) -> Occupancy:
         """running = min(concurrency, cap per DP rank x DP); the rest waits in the queue."""
-        running = min(concurrency, state.cap_per_rank * topo.dp)
+        running = min(concurrency, self.running_cap(state) * topo.dp)
         return Occupancy(running=running, busy_ranks=min(topo.dp, running))
 
     # -- steps (public for breakdowns and tests) ---------------------------------------------------

@@ -24,7 +24,10 @@ DBO_PREFILL_THRESHOLD = 512  # vLLM ParallelConfig.dbo_prefill_token_threshold (
 
 @dataclass(frozen=True, slots=True)
 class DecodeStep:
-    """Where the time of one decode step goes, per GPU (milliseconds and bytes)."""
+    """Where the time of one decode step goes, per GPU (milliseconds and bytes).
+
+    Expert bytes stream at `moe_gemm_efficiency` of the HBM rate other weights reach (grouped GEMM kernels).
+    """
 
     requests_per_rank: float
     tokens_per_request: int  # verified per step: 1 + MTP depth
@@ -59,7 +62,7 @@ class PrefillStep:
 
     tokens: float
     bytes_read: float
-    flops: float
+    flops: float  # time-equivalent: expert FLOPs weighted by 1 / moe_gemm_efficiency
     memory_ms: float
     compute_ms: float
     comm_ms: float
@@ -103,9 +106,10 @@ def ep_load_factor(costs: InstanceCosts, cal: Calibration, tokens_ep: float) -> 
 
 
 def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_ep: float, context: float,
-                logits_tokens: float, load: float = 1.0) -> FlopsByDtype:
+                logits_tokens: float, load: float = 1.0, moe_efficiency: float = 1.0) -> FlopsByDtype:
+    """FLOPs of one pass on one GPU; expert FLOPs are weighted by 1 / moe_efficiency (they run slower)."""
     dense = p.dense_flops_per_token.scaled(tokens_rank)
-    experts = p.expert_flops_per_token.scaled(tokens_ep * load / costs.ep_size)
+    experts = p.expert_flops_per_token.scaled(tokens_ep * load / costs.ep_size / moe_efficiency)
     head = costs.lm_head_flops_per_token.scaled(logits_tokens)
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
     mixer = tokens_rank * (p.attn_flops_per_token_ctx * context + p.window_attn_flops_per_token_ctx * window
@@ -140,10 +144,11 @@ def _draft_pass_ms(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, request
     hbm = gpu.hbm_bandwidth_tb_s * 1e12 * cal.hbm_efficiency
     requests_ep = _tokens_ep(costs, requests_rank, requests_group)
     load = ep_load_factor(costs, cal, requests_ep)
-    d_bytes = (d.dense_bytes + costs.lm_head_bytes + d.expert_bytes * costs.expert_active_fraction(requests_ep * load)
+    d_bytes = (d.dense_bytes + costs.lm_head_bytes
+               + d.expert_bytes * costs.expert_active_fraction(requests_ep * load) / cal.moe_gemm_efficiency
                + requests_rank * (_kv_read(d, costs, context) + 2 * d.state_bytes))
-    d_flops = _pass_flops(d, costs, requests_rank, requests_ep, context, requests_rank, load)
-    compute_s = d_flops.seconds(gpu, cal.flop_efficiency)
+    d_flops = _pass_flops(d, costs, requests_rank, requests_ep, context, requests_rank, load, cal.moe_gemm_efficiency)
+    compute_s = d_flops.seconds(gpu, cal.flop_efficiency, cal.fp8_gemm_efficiency)
     comm = pass_comm(requests_rank, d.num_layers, d.num_moe_layers, costs, cal, load)
     return (max(d_bytes / hbm, compute_s) * 1e3
             + comm.visible_s(costs, cal, compute_s, requests_rank, DBO_DECODE_THRESHOLD) * 1e3
@@ -163,8 +168,9 @@ def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, request
     experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep * load)
     kv = requests_per_rank * _kv_read(t, costs, context_tokens)
     state = requests_per_rank * t.state_bytes * (1 + q)  # read once, one state written per verified token
-    compute_s = _pass_flops(t, costs, tokens_rank, tokens_ep, context_tokens, tokens_rank, load).seconds(
-        gpu, cal.flop_efficiency)
+    compute_s = _pass_flops(t, costs, tokens_rank, tokens_ep, context_tokens, tokens_rank, load,
+                            cal.moe_gemm_efficiency).seconds(
+        gpu, cal.flop_efficiency, cal.fp8_gemm_efficiency)
     comm = pass_comm(tokens_rank, t.num_layers, t.num_moe_layers, costs, cal, load)
     draft_ms = 0.0
     if mtp_depth and costs.draft is not None and requests_per_rank > 0:
@@ -173,7 +179,7 @@ def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, request
         requests_per_rank=requests_per_rank, tokens_per_request=q,
         accepted_tokens=accepted_tokens(mtp_depth, cal.mtp_acceptance), weight_bytes=weights,
         expert_bytes=experts, kv_bytes=kv, state_bytes=state,
-        memory_ms=(weights + experts + kv + state) / hbm * 1e3, compute_ms=compute_s * 1e3,
+        memory_ms=(weights + experts / cal.moe_gemm_efficiency + kv + state) / hbm * 1e3, compute_ms=compute_s * 1e3,
         comm_ms=comm.visible_s(costs, cal, compute_s, tokens_rank, DBO_DECODE_THRESHOLD) * 1e3,
         overhead_ms=cal.step_overhead_ms + _fixed_ms(cal, t), draft_ms=draft_ms, ep_load_factor=load)
 
@@ -189,19 +195,20 @@ class _ChunkWork:
 
 
 def _chunk_work(costs: InstanceCosts, tokens_rank: float, busy_ranks: int, prompt_tokens: int,
-                load: float) -> _ChunkWork:
+                load: float, moe_efficiency: float) -> _ChunkWork:
     t = costs.target
     tokens_ep = _tokens_ep(costs, tokens_rank, tokens_rank * busy_ranks)
     prompts = tokens_rank / prompt_tokens  # requests whose prefill this chunk advances (fractional)
     mean_context = prompt_tokens / 2  # causal attention: a prompt token sees half the prompt on average
     bytes_read = (tokens_rank * (t.kv_bytes_per_token + t.window_kv_bytes_per_token)
                   + prompts * _kv_read(t, costs, mean_context) + 2 * prompts * t.state_bytes)
-    flops = _pass_flops(t, costs, tokens_rank, tokens_ep, mean_context, prompts, load)
+    flops = _pass_flops(t, costs, tokens_rank, tokens_ep, mean_context, prompts, load, moe_efficiency)
     kernels = 0
     if costs.draft is not None:  # with MTP on, the drafter also runs over the prompt (its KV is needed too)
         d = costs.draft
         bytes_read += d.dense_bytes + tokens_rank * d.kv_bytes_per_token
-        flops = _sum(flops, _pass_flops(d, costs, tokens_rank, tokens_ep, mean_context, prompts, load))
+        flops = _sum(flops, _pass_flops(d, costs, tokens_rank, tokens_ep, mean_context, prompts, load,
+                                        moe_efficiency))
         kernels = d.num_kernels
     return _ChunkWork(expert_tokens_ep=tokens_ep, bytes_read=bytes_read, flops=flops, extra_layers_kernels=kernels)
 
@@ -213,11 +220,11 @@ def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens
     t = costs.target
     tokens_ep = _tokens_ep(costs, tokens_per_rank, tokens_per_rank * busy_ranks)
     load = ep_load_factor(costs, cal, tokens_ep)
-    work = _chunk_work(costs, tokens_per_rank, busy_ranks, prompt_tokens, load)
+    work = _chunk_work(costs, tokens_per_rank, busy_ranks, prompt_tokens, load, cal.moe_gemm_efficiency)
     active = costs.expert_active_fraction(tokens_ep * load)
     expert_bytes = t.expert_bytes * active + (costs.draft.expert_bytes * active if costs.draft else 0.0)
     bytes_read = t.dense_bytes + costs.lm_head_bytes + expert_bytes + work.bytes_read
-    compute_s = work.flops.seconds(gpu, cal.prefill_flop_efficiency)
+    compute_s = work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
     comm = pass_comm(tokens_per_rank, t.num_layers, t.num_moe_layers, costs, cal, load)
     comm_s = comm.visible_s(costs, cal, compute_s, tokens_per_rank, DBO_PREFILL_THRESHOLD)
     if costs.draft is not None:
@@ -225,7 +232,8 @@ def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens
         comm_s += pass_comm(tokens_per_rank, d.num_layers, d.num_moe_layers, costs, cal, load).total_s
     return PrefillStep(
         tokens=tokens_per_rank, bytes_read=bytes_read, flops=work.flops.bf16 + work.flops.fp8 + work.flops.fp4,
-        memory_ms=bytes_read / hbm * 1e3, compute_ms=compute_s * 1e3, comm_ms=comm_s * 1e3,
+        memory_ms=(bytes_read + expert_bytes * (1 / cal.moe_gemm_efficiency - 1)) / hbm * 1e3,
+        compute_ms=compute_s * 1e3, comm_ms=comm_s * 1e3,
         overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * (t.num_kernels + work.extra_layers_kernels),
         ep_load_factor=load)
 
@@ -245,14 +253,15 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
     c = chunk_tokens_per_rank
     tokens_ep = _tokens_ep(costs, d_rank + c, total_decode_requests * q + c * busy_ranks)
     load = ep_load_factor(costs, cal, tokens_ep)
-    work = _chunk_work(costs, c, busy_ranks, prompt_tokens, load) if c > 0 else None
+    work = _chunk_work(costs, c, busy_ranks, prompt_tokens, load, cal.moe_gemm_efficiency) if c > 0 else None
     experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep * load)
     decode_bytes = decode_requests_per_rank * (_kv_read(t, costs, context_tokens) + t.state_bytes * (1 + q))
     bytes_read = t.dense_bytes + costs.lm_head_bytes + experts + decode_bytes + (work.bytes_read if work else 0.0)
     dec_ep = _tokens_ep(costs, d_rank, total_decode_requests * q)
-    compute_s = _pass_flops(t, costs, d_rank, dec_ep, context_tokens, d_rank, load).seconds(gpu, cal.flop_efficiency)
+    compute_s = _pass_flops(t, costs, d_rank, dec_ep, context_tokens, d_rank, load,
+                            cal.moe_gemm_efficiency).seconds(gpu, cal.flop_efficiency, cal.fp8_gemm_efficiency)
     if work is not None:
-        compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency)
+        compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
     comm = pass_comm(d_rank + c, t.num_layers, t.num_moe_layers, costs, cal, load)
     threshold = DBO_PREFILL_THRESHOLD if c > 0 else DBO_DECODE_THRESHOLD
     draft_ms = 0.0
@@ -261,7 +270,8 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
                                               context_tokens)
     kernels = t.num_kernels + (work.extra_layers_kernels if work else 0)
     return MixedStep(
-        decode_requests=decode_requests_per_rank, chunk_tokens=c, memory_ms=bytes_read / hbm * 1e3,
+        decode_requests=decode_requests_per_rank, chunk_tokens=c,
+        memory_ms=(bytes_read + experts * (1 / cal.moe_gemm_efficiency - 1)) / hbm * 1e3,
         compute_ms=compute_s * 1e3, comm_ms=comm.visible_s(costs, cal, compute_s, d_rank + c, threshold) * 1e3,
         overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
         ep_load_factor=load)

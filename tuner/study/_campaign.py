@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from tuner.backends import TrialStatus
+from tuner.deployment import Deployment
 from tuner.errors import ConfigError, TopotuneError
 from tuner.executors import Executor
 from tuner.frontier import (
@@ -17,6 +19,7 @@ from tuner.frontier import (
     Constraints,
     combined_front,
     compose_disaggregated,
+    hypervolume_2d,
     pareto_front,
 )
 from tuner.hardware import GpuSpec, get_gpu
@@ -28,6 +31,14 @@ from tuner.study._records import StoredPoint, stored_points
 from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
 from tuner.study._stop import StopSignal
 from tuner.study._storage import open_storage
+from tuner.study._trial_record import (
+    RUNNING_STATUS,
+    CampaignMeta,
+    TrialFailure,
+    TrialKind,
+    TrialRecord,
+    read_trials,
+)
 from tuner.study._warm_start import predicted_front_params
 from tuner.topology import Topology
 
@@ -40,7 +51,7 @@ class PhaseResult:
     launched: int
     points: list[StoredPoint]  # every measured point, feasible or not
     front: list[StoredPoint]  # feasible Pareto front of the phase
-    failures: list[dict[str, Any]]
+    failures: list[TrialFailure]
     hypervolume_history: list[float] = field(default_factory=list)
 
 
@@ -56,47 +67,67 @@ class CampaignResult:
     composed_front: list[ComposedPoint]
     composition_error: str | None = None
 
-    def front_table(self) -> list[dict[str, Any]]:
-        return [{"point": i, "deployment": p.name, "gpus": p.num_gpus, "total_tok_s_per_gpu": p.total_tok_s_per_gpu,
-                 "tok_s_per_user": p.tok_s_per_user, "ttft_ms": p.ttft_ms, "itl_ms": p.itl_ms}
+    def exportable_deployments(self) -> list[Deployment]:
+        """What `export` indexes: the composed front, else the phase fronts (single-phase campaigns)."""
+        if self.composed_front:
+            return [p.deployment for p in self.composed_front]
+        return [p.deployment for pr in self.phases.values() for p in pr.front]
+
+    def front_table(self) -> list[FrontRow]:
+        return [FrontRow(point=i, deployment=p.name, gpus=p.num_gpus, total_tok_s_per_gpu=p.total_tok_s_per_gpu,
+                         tok_s_per_user=p.tok_s_per_user, ttft_ms=p.ttft_ms, itl_ms=p.itl_ms)
                 for i, p in enumerate(self.composed_front)]
 
 
+@dataclass(frozen=True)
+class FrontRow:
+    """One row of the composed front as `topotune show`, its JSON and the HTML pages list it."""
+
+    point: int
+    deployment: str
+    gpus: int
+    total_tok_s_per_gpu: float
+    tok_s_per_user: float
+    ttft_ms: float
+    itl_ms: float
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _phase_result(study: optuna.Study, phase: str) -> PhaseResult:
-    trials = study.get_trials(deepcopy=False)
+    records = read_trials(study)
     counts: Counter[str] = Counter()
     failures = []
-    for t in trials:
-        kind = t.user_attrs.get("kind")
-        if kind == "extra":
+    for r in records:
+        if r.kind is TrialKind.EXTRA:
             continue
-        status = t.user_attrs.get("status") or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
-        counts[status] += 1
-        if status not in ("ok", "running") and t.user_attrs.get("reason"):
-            failures.append({"trial": t.number, "status": status, "reason": t.user_attrs["reason"],
-                             "params": dict(t.params)})
-    points = stored_points(study, phase, trials)
-    feasible = [p for p in points if p.feasible]
-    history, seen = [], []
-    from tuner.frontier import hypervolume_2d
+        counts[r.status] += 1
+        if r.status not in (TrialStatus.OK, RUNNING_STATUS) and r.attrs.reason:
+            failures.append(TrialFailure(trial_number=r.number, status=r.status, reason=r.attrs.reason,
+                                         params=r.params))
+    points = stored_points(study, phase, records)
+    launches = [r for r in records if r.is_launch and r.state == TrialState.COMPLETE]
+    return PhaseResult(phase=phase, study_name=study.study_name, counts=dict(counts), launched=len(launches),
+                       points=points, front=front_of([p for p in points if p.feasible], phase), failures=failures,
+                       hypervolume_history=_hypervolume_history(records, launches, points))
 
-    by_parent: dict[int, list[StoredPoint]] = {}
+
+def _hypervolume_history(records: list[TrialRecord], launches: list[TrialRecord], points: list[StoredPoint]
+                         ) -> list[float]:
+    """The feasible hypervolume after each launched trial, every concurrency level of it included (an extra
+    level is stored as its own trial, pointing at its launch by `parent_trial`)."""
+    parent_of = {r.number: r.attrs.parent_trial for r in records if r.attrs.parent_trial is not None}
+    by_launch: dict[int, list[tuple[float, float]]] = {}
     for p in points:
-        by_parent.setdefault(p.trial_number, []).append(p)
-    for t in trials:  # hypervolume after each launched trial, all its levels included
-        if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE:
-            seen.extend(p.values for p in by_parent.get(t.number, []) if p.feasible)
-            seen.extend(p.values for p in points if p.feasible and p.trial_number != t.number
-                        and _parent(trials, p.trial_number) == t.number)
-            history.append(hypervolume_2d(seen, (0.0, 0.0)))
-    launched = sum(1 for t in trials if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE)
-    return PhaseResult(phase=phase, study_name=study.study_name, counts=dict(counts), launched=launched,
-                       points=points, front=front_of(feasible, phase), failures=failures,
-                       hypervolume_history=history)
-
-
-def _parent(trials: list[optuna.trial.FrozenTrial], number: int) -> int | None:
-    return trials[number].user_attrs.get("parent_trial") if number < len(trials) else None
+        if p.feasible:
+            by_launch.setdefault(parent_of.get(p.trial_number, p.trial_number), []).append(p.values)
+    history: list[float] = []
+    seen: list[tuple[float, float]] = []
+    for r in launches:
+        seen.extend(by_launch.get(r.number, []))
+        history.append(hypervolume_2d(seen, (0.0, 0.0)))
+    return history
 
 
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
@@ -114,19 +145,34 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
         missing = next(p for p in PHASES if p not in curves)
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
     prefill, decode = curves["prefill"], curves["decode"]
-    if model.is_hybrid:
-        # vLLM sizes a hybrid model's block from its speculative depth, and NIXL needs equal blocks: the prefill
-        # instance of a pair is launched with the decode side's MTP depth (its prompt speed barely changes).
-        depths = sorted({t.mtp for t, _ in decode})
-        prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
+    # NIXL's handshake compares both sides' speculative config (vLLM PR #49230), and a hybrid model's block
+    # size follows it: the prefill instance of a pair runs the decode side's MTP depth (its prompt speed
+    # barely changes), so each prefill point pairs with every decode depth.
+    depths = sorted({t.mtp for t, _ in decode})
+    prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
     c = space.constraints
+    refusal = hybrid_tp_refusal(space, model)
     try:
         composed = compose_disaggregated(prefill, decode, Constraints(
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
-            percentile=c.percentile, same_tp=model.is_hybrid, same_mtp=model.is_hybrid))
+            percentile=c.percentile, same_tp=refusal is not None, same_mtp=True,
+            pairing_reason=refusal or "prefill runs its decode side's MTP depth"))
     except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
         return [], [], exc.user_message()
     return composed, combined_front(composed), None
+
+
+def hybrid_tp_refusal(space: SearchSpace, model: ModelSpec) -> str | None:
+    """Why prefill and decode must share TP for this model on the targeted vLLM (None: any TP pairs).
+
+    The space's cluster.vllm_version decides (the version table in tuner.backends.vllm); without one, the
+    newest version the table was checked against, and the launch plan refuses a pair the hosts' vLLM cannot run.
+    """
+    if not model.is_hybrid:
+        return None
+    from tuner.backends.vllm import launch_rules
+
+    return launch_rules(space.cluster.vllm_version).hetero_tp_refusal()
 
 
 def _per_topology_fronts(points: list[StoredPoint]) -> list[tuple[Topology, ServingMetrics]]:
@@ -158,15 +204,15 @@ def open_campaign_studies(storage_url: str, name: str) -> dict[str, optuna.Study
     return out
 
 
-def load_campaign(storage_url: str, name: str) -> tuple[CampaignResult, SearchSpace, dict[str, Any]]:
+def load_campaign(storage_url: str, name: str) -> tuple[CampaignResult, SearchSpace, CampaignMeta]:
     studies = open_campaign_studies(storage_url, name)
-    meta = next(iter(studies.values())).user_attrs.get("topotune", {})
-    space = SearchSpace.model_validate(meta["space"])
-    model = load_model(meta["model_path"])
+    meta = CampaignMeta.read(next(iter(studies.values())).user_attrs)
+    space = SearchSpace.model_validate(meta.space)
+    model = load_model(meta.model_path)
     phases = {phase: _phase_result(study, phase) for phase, study in studies.items()}
     composed, front, error = compose_front(phases, space, model)
     base, _ = split_name(name)
-    return (CampaignResult(name=base, model=meta["model"], gpu=meta["gpu"], isl=space.workload.isl,
+    return (CampaignResult(name=base, model=meta.model, gpu=meta.gpu, isl=space.workload.isl,
                            osl=space.workload.osl, phases=phases, composed=composed, composed_front=front,
                            composition_error=error), space, meta)
 
@@ -215,7 +261,7 @@ class Campaign:
                            artifacts_dir=self.artifacts_dir, on_event=self.on_event, stop=self.stop,
                            warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps))
             study = run.run()
-            if self.model.is_hybrid:
+            if hybrid_tp_refusal(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp
                                       for p in _phase_result(study, phase).front)
         result, _, _ = load_campaign(self.storage_url, self.name)

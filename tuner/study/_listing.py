@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 
 from tuner.study._naming import split_name
 from tuner.study._storage import open_storage
+from tuner.study._trial_record import CampaignMeta, read_trials
 
 
 @dataclass(frozen=True)
@@ -33,18 +34,18 @@ def list_campaigns(storage_url: str) -> list[CampaignSummary]:
     out = []
     for base, summaries in sorted(grouped.items()):
         launched = running = budget = 0
-        meta: dict = {}
+        meta: CampaignMeta | None = None
         phases = []
         for s in summaries:
-            meta = s.user_attrs.get("topotune", {})
-            phases.append(meta.get("phase", s.study_name.rsplit("/", 1)[-1]))
-            budget += int(meta.get("trials", 0))
+            meta = CampaignMeta.read(s.user_attrs) if CampaignMeta.is_written(s.user_attrs) else None
+            phases.append(meta.phase if meta and meta.phase else s.study_name.rsplit("/", 1)[-1])
+            budget += meta.trials if meta else 0
             study = optuna.load_study(study_name=s.study_name, storage=storage)
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
-                if t.user_attrs.get("kind") == "sampled":
-                    launched += t.state == TrialState.COMPLETE
-                    running += t.state == TrialState.RUNNING
-        out.append(CampaignSummary(name=base, model=meta.get("model", "?"), gpu=meta.get("gpu", "?"),
+            for r in read_trials(study, (TrialState.COMPLETE, TrialState.RUNNING)):
+                if r.is_launch:
+                    launched += r.state == TrialState.COMPLETE
+                    running += r.state == TrialState.RUNNING
+        out.append(CampaignSummary(name=base, model=meta.model if meta else "?", gpu=meta.gpu if meta else "?",
                                    phases=tuple(sorted(phases, key=lambda p: p != "prefill")), launched=launched,
-                                   budget=budget, running=running, backend=meta.get("backend", "?")))
+                                   budget=budget, running=running, backend=meta.backend if meta else "?"))
     return out

@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.backends import TrialStatus
 from tuner.errors import TopotuneError
 from tuner.frontier import pareto_front
 from tuner.models import ModelSpec, load_model
@@ -27,6 +27,13 @@ from tuner.space import PHASES, SearchSpace
 from tuner.study._campaign import CampaignResult, PhaseResult, compose_curves
 from tuner.study._records import StoredPoint, stored_points
 from tuner.study._storage import open_storage
+from tuner.study._trial_record import (
+    RUNNING_STATUS,
+    CampaignMeta,
+    TrialFailure,
+    TrialKind,
+    TrialRecord,
+)
 from tuner.topology import Topology
 
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -35,30 +42,10 @@ MAX_FAILURES_KEPT = 200
 
 @dataclass(frozen=True)
 class TrialRow:
-    """One stored trial as readers list it (typed: the API never reads Optuna's user attributes itself)."""
+    """One stored trial of a phase, typed (the API lists these and never reads Optuna's attributes itself)."""
 
     phase: str
-    number: int
-    state: str  # Optuna's: COMPLETE, FAIL, RUNNING, ...
-    status: str | None  # outcome: ok, infeasible, oom, crashed, duplicate, cancelled, ...
-    kind: str | None  # sampled, extra, screened, duplicate, ...
-    params: dict[str, Any]
-    values: tuple[float, ...] | None
-    constraints: dict[str, float]
-    feasible: bool
-    reason: str | None
-    duration_s: float | None
-    concurrency: int | None
-
-    @classmethod
-    def of(cls, phase: str, t: FrozenTrial) -> TrialRow:
-        attrs = t.user_attrs
-        constraints = {k: float(v) for k, v in (t.constraints or {}).items()}
-        return cls(phase=phase, number=t.number, state=t.state.name, status=attrs.get("status"),
-                   kind=attrs.get("kind"), params=dict(t.params), values=tuple(t.values) if t.values else None,
-                   constraints=constraints, reason=attrs.get("reason"), duration_s=attrs.get("duration_s"),
-                   feasible=t.state == TrialState.COMPLETE and all(v <= 0 for v in constraints.values()),
-                   concurrency=attrs.get("concurrency"))
+    record: TrialRecord
 
 
 def trials_since(storage: optuna.storages.BaseStorage, study_id: int, watermark: int,
@@ -74,20 +61,16 @@ def trials_since(storage: optuna.storages.BaseStorage, study_id: int, watermark:
             if t._trial_id > watermark or t._trial_id in reread]
 
 
-def _status(t: FrozenTrial) -> str:
-    return t.user_attrs.get("status") or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
-
-
 @dataclass
 class _PhaseFold:
     phase: str
     study: optuna.Study
     study_id: int
     watermark: int = -1
-    open_trials: dict[int, FrozenTrial] = field(default_factory=dict)  # trial id -> unfinished trial
+    open_trials: dict[int, TrialRecord] = field(default_factory=dict)  # trial id -> unfinished trial
     counts: Counter[str] = field(default_factory=Counter)  # finished trials (extra levels excluded)
     launched: int = 0
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[TrialFailure] = field(default_factory=list)
     points: list[StoredPoint] = field(default_factory=list)
     feasible: int = 0
     curves: dict[Topology, list[StoredPoint]] = field(default_factory=dict)  # each topology's own front
@@ -100,22 +83,22 @@ class _PhaseFold:
         new_points: list[StoredPoint] = []
         for t in sorted(trials, key=lambda t: t.number):
             self.watermark = max(self.watermark, t._trial_id)
-            self.rows[t.number] = TrialRow.of(self.phase, t)
+            r = TrialRecord.read(t)
+            self.rows[t.number] = TrialRow(self.phase, r)
             changed = True
             if t.state not in _FINISHED:
-                self.open_trials[t._trial_id] = t
+                self.open_trials[t._trial_id] = r
                 continue
             self.open_trials.pop(t._trial_id, None)
-            if t.user_attrs.get("kind") != "extra":
-                status = _status(t)
-                self.counts[status] += 1
-                if status not in ("ok", "running") and t.user_attrs.get("reason") and \
+            if r.kind is not TrialKind.EXTRA:
+                self.counts[r.status] += 1
+                if r.status not in (TrialStatus.OK, RUNNING_STATUS) and r.attrs.reason and \
                         len(self.failures) < MAX_FAILURES_KEPT:
-                    self.failures.append({"trial": t.number, "status": status, "reason": t.user_attrs["reason"],
-                                          "params": dict(t.params)})
-            if t.user_attrs.get("kind") == "sampled" and t.state == TrialState.COMPLETE:
+                    self.failures.append(TrialFailure(trial_number=r.number, status=r.status, reason=r.attrs.reason,
+                                                      params=r.params))
+            if r.is_launch and r.state == TrialState.COMPLETE:
                 self.launched += 1
-            new_points += stored_points(self.study, self.phase, [t])
+            new_points += stored_points(self.study, self.phase, [r])
         if new_points:
             self.points += new_points
             feasible = [p for p in new_points if p.feasible]
@@ -135,13 +118,13 @@ class _PhaseFold:
 
     def result(self) -> PhaseResult:
         counts = Counter(self.counts)
-        for t in self.open_trials.values():
-            if t.user_attrs.get("kind") != "extra":
-                counts[_status(t)] += 1
+        for r in self.open_trials.values():
+            if r.kind is not TrialKind.EXTRA:
+                counts[r.status] += 1
         return PhaseResult(phase=self.phase, study_name=self.study.study_name, counts=dict(counts),
                            launched=self.launched, points=sorted(self.points, key=lambda p: p.trial_number),
                            front=list(self.front),
-                           failures=sorted(self.failures, key=lambda f: f["trial"]))
+                           failures=sorted(self.failures, key=lambda f: f.trial_number))
 
 
 def _x(p: StoredPoint) -> float:
@@ -162,7 +145,7 @@ class LiveCampaign:
         self.version = 0
         self.result: CampaignResult | None = None
         self.space: SearchSpace | None = None
-        self.meta: dict[str, Any] = {}
+        self.meta: CampaignMeta | None = None
         self.error: str | None = None
         self._model: ModelSpec | None = None
         self._phases: dict[str, _PhaseFold] = {}
@@ -194,12 +177,11 @@ class LiveCampaign:
                 continue
             study = optuna.load_study(study_name=f"{self.name}/{phase}", storage=storage)
             if self.space is None:
-                meta = study.user_attrs.get("topotune")
-                if not meta:
+                if not CampaignMeta.is_written(study.user_attrs):
                     continue  # created, metadata not yet written: the next refresh opens it
-                self.meta = meta
-                self.space = SearchSpace.model_validate(meta["space"])
-                self._model = load_model(meta["model_path"])
+                self.meta = CampaignMeta.read(study.user_attrs)
+                self.space = SearchSpace.model_validate(self.meta.space)
+                self._model = load_model(self.meta.model_path)
             self._phases[phase] = _PhaseFold(phase=phase, study=study, study_id=study_id)
             opened = True
         return opened
@@ -238,7 +220,8 @@ class LiveCampaign:
             self._composed = compose_curves({p: [] for p in self._phases}, self.space, self._model)  # type: ignore[arg-type]
         composed, front, error = self._composed
         w = self.space.workload
-        self.result = CampaignResult(name=self.name, model=self.meta.get("model", ""), gpu=self.meta.get("gpu", ""),
+        assert self.meta is not None
+        self.result = CampaignResult(name=self.name, model=self.meta.model, gpu=self.meta.gpu,
                                      isl=w.isl, osl=w.osl,
                                      phases={p: fold.result() for p, fold in self._phases.items()},
                                      composed=composed, composed_front=front, composition_error=error)

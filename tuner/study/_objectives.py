@@ -1,4 +1,7 @@
-"""What each phase maximises. Both objectives are maximised so a failed trial is simply (0, 0)."""
+"""What each phase maximises, and how its two axes are labelled everywhere (CLI tables, HTML report, web pages).
+
+Both objectives are maximised so a failed trial is simply (0, 0).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,11 @@ from tuner.metrics import ServingMetrics
 PHASE_METRICS: dict[str, tuple[str, str]] = {
     "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
     "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
+}
+# The same two objectives, in words, for chart axes.
+PHASE_AXES: dict[str, tuple[str, str]] = {
+    "prefill": ("total tokens/s per GPU", "prompt tokens/s per user"),
+    "decode": ("total tokens/s per GPU", "generated tokens/s per user"),
 }
 
 

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 
 from tuner.backends import TrialResult
 from tuner.deployment import Deployment
 from tuner.metrics import ServingMetrics
 from tuner.space import Constraints
 from tuner.study._objectives import phase_values
+from tuner.study._trial_record import TrialAttrs, TrialRecord, read_trials
 
 # Why a point is infeasible, relative to its limit (<= 0 is feasible). Samplers see one constraint, the worst of
 # these ("feasibility"): one constraint model to fit per ask instead of six. The detail is a user attr.
@@ -53,9 +55,10 @@ def is_feasible(constraints: dict[str, float]) -> bool:
     return all(v <= 0 for v in constraints.values())
 
 
-def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment) -> dict[str, Any]:
-    return {"concurrency": m.concurrency, "metrics": m.model_dump(), "status": result.status.value,
-            "deployment": json.loads(deployment.model_dump_json()), "deployment_name": deployment.name}
+def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, **extra: Any) -> TrialAttrs:
+    """The attributes of a trial holding one measured point (a sampled trial's representative or an extra)."""
+    return TrialAttrs(concurrency=m.concurrency, metrics=m.model_dump(), outcome=result.status,
+                      deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name, **extra)
 
 
 @dataclass(frozen=True)
@@ -76,17 +79,18 @@ class StoredPoint:
         return phase_values(self.phase, self.metrics)
 
 
-def stored_points(study: optuna.Study, phase: str, trials: list[optuna.trial.FrozenTrial] | None = None
+def stored_points(study: optuna.Study, phase: str, records: list[TrialRecord] | None = None
                   ) -> list[StoredPoint]:
     out = []
-    for t in trials if trials is not None else study.get_trials(deepcopy=False):
-        if t.state != optuna.trial.TrialState.COMPLETE or "metrics" not in t.user_attrs:
+    for r in records if records is not None else read_trials(study):
+        if r.state != TrialState.COMPLETE or r.attrs.metrics is None or r.attrs.deployment is None:
             continue
-        if t.values is None or any(math.isnan(v) for v in t.values):
+        if r.values is None or any(math.isnan(v) for v in r.values):
             continue
-        out.append(StoredPoint(study=study.study_name, phase=phase, trial_number=t.number, params=dict(t.params),
-                               deployment=Deployment.model_validate(t.user_attrs["deployment"]),
-                               metrics=ServingMetrics.model_validate(t.user_attrs["metrics"]),
-                               feasible=is_feasible(t.constraints),
-                               constraints=dict(t.user_attrs.get("constraints", t.constraints))))
+        detail = r.attrs.constraint_detail
+        out.append(StoredPoint(study=study.study_name, phase=phase, trial_number=r.number, params=r.params,
+                               deployment=Deployment.model_validate(r.attrs.deployment),
+                               metrics=ServingMetrics.model_validate(r.attrs.metrics),
+                               feasible=is_feasible(r.constraints),
+                               constraints=dict(detail if detail is not None else r.constraints)))
     return out

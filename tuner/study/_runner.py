@@ -23,16 +23,18 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
-from tuner.backends import TrialRequest, TrialResult
+from tuner.backends import TrialRequest, TrialResult, TrialStatus
 from tuner.deployment import Deployment
 from tuner.errors import TopologyError, TopotuneError
 from tuner.executors import Executor, TrialHandle
 from tuner.frontier import hypervolume_2d, pareto_front
 from tuner.hardware import GpuSpec
+from tuner.launch import process_alive
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
 from tuner.space import Phase, SearchSpace
 from tuner.study._objectives import PHASE_METRICS, phase_values
+from tuner.study._optuna_compat import fail_stored_trial, stored_trial
 from tuner.study._records import (
     FAILED_VALUES,
     failure_constraints,
@@ -42,7 +44,20 @@ from tuner.study._records import (
     sampler_constraints,
 )
 from tuner.study._samplers import RepresentativeSampler, make_sampler, resolve_sampler
-from tuner.study._stop import STOP_POLL_S, StopSignal, cancel_requested
+from tuner.study._stop import STOP_POLL_S, StopSignal
+from tuner.study._trial_record import (
+    CampaignMeta,
+    EventKind,
+    Outcome,
+    StudyFlag,
+    TrialAttrs,
+    TrialKind,
+    TrialOutcome,
+    TrialRecord,
+    read_trials,
+    set_study_flag,
+    study_flag,
+)
 from tuner.study._warm_start import topology_params
 from tuner.topology import Topology
 
@@ -70,13 +85,41 @@ class TrialEvent:
 
     phase: str
     number: int
-    kind: str  # "screened" | "launched" | "done" | "failed" | "reclaimed"
+    kind: EventKind
     label: str
     detail: str = ""
     values: tuple[float, float] | None = None
 
 
 ProgressCallback = Callable[[TrialEvent], None]
+
+
+@dataclass
+class _Pending:
+    """A trial asked and screened, waiting for free GPUs."""
+
+    trial: optuna.Trial
+    request: TrialRequest
+
+
+@dataclass
+class _Loop:
+    """What one run of the ask/tell loop tracks between its steps."""
+
+    launched: int  # sampled trials told (measured or failed): what the budget counts
+    measured: dict[tuple, optuna.trial.FrozenTrial]  # config key -> its sampled trial, for dedupe
+    in_flight: set[tuple] = field(default_factory=set)  # config keys pending or running
+    running: dict[TrialHandle, optuna.Trial] = field(default_factory=dict)
+    pending: _Pending | None = None
+    screened: int = 0  # proposals rejected before launch (bounded by max_screened_per_trial)
+    last_beat: float = 0.0
+
+    def taken(self) -> set[tuple]:
+        return set(self.measured) | self.in_flight
+
+    def has_work(self, budget: int) -> bool:
+        committed = self.launched + len(self.running) + (self.pending is not None)
+        return committed < budget or bool(self.running) or self.pending is not None
 
 
 @dataclass
@@ -110,134 +153,170 @@ class PhaseRun:
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
             sampler=RepresentativeSampler(make_sampler(self.sampler_name, self.options.seed)),
             load_if_exists=True)
-        if "topotune" not in study.user_attrs:
+        if not CampaignMeta.is_written(study.user_attrs):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(list(PHASE_METRICS[self.phase]))
-            study.set_user_attr("topotune", {
-                "phase": self.phase, "model": self.model.name, "model_path": self.model_path,
-                "gpu": self.gpu.name, "space": json.loads(self.space.model_dump_json()),
-                "backend": self.backend_name, "sampler": self.sampler_name, "seed": self.options.seed,
-                "trials": self.options.trials, "created_at": time.time(),
-            })
+            CampaignMeta.new(
+                phase=self.phase, model=self.model.name, model_path=self.model_path, gpu=self.gpu.name,
+                space=json.loads(self.space.model_dump_json()), backend=self.backend_name,
+                sampler=self.sampler_name, seed=self.options.seed, trials=self.options.trials,
+            ).write(study)
         return study
 
     def reclaim_stale(self, study: optuna.Study) -> int:
-        """Fail RUNNING trials whose driver is gone and enqueue their params again (ask/tell has no heartbeat)."""
+        """Fail RUNNING trials whose driver is gone and enqueue their params again.
+
+        Why not Optuna's RDB heartbeat (`heartbeat_interval`, `fail_stale_trials`, `RetryFailedTrialCallback`):
+        (1) its heartbeat thread is started by `Study.optimize` only; `Study.ask` warns that it is not supported;
+        (2) it detects a dead process by time alone, while a driver killed on this host is known dead at once
+        from its pid (a restarted `topotune tune` resumes immediately instead of after a grace period);
+        (3) its retry copies every user attribute of the dead trial (outcome, driver, heartbeat) into the retry;
+        (4) it is a setting of the storage, which the service shares across campaigns with other timeouts.
+        """
         reclaimed = 0
         now = time.time()
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            driver = t.user_attrs.get("driver", "")
+            record = TrialRecord.read(t)
+            driver = record.attrs.driver or ""
             host, _, pid = driver.rpartition(":")
-            dead_here = host == socket.gethostname() and pid.isdigit() and not _pid_alive(int(pid))
-            beat = t.user_attrs.get("heartbeat_at") or (t.datetime_start.timestamp() if t.datetime_start else 0)
-            if not (dead_here or now - beat > self.options.stale_after_s) or driver == DRIVER_ID:
+            dead_here = host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))
+            if not (dead_here or now - record.last_beat() > self.options.stale_after_s) or driver == DRIVER_ID:
                 continue
-            study._storage.set_trial_user_attr(t._trial_id, "reason", f"driver {driver} stopped mid-trial")
-            study._storage.set_trial_user_attr(t._trial_id, "status", "reclaimed")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            if t.user_attrs.get("kind") == "sampled":
-                study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+            TrialAttrs(reason=f"driver {driver} stopped mid-trial", outcome=TrialOutcome.RECLAIMED
+                       ).write_stored(study, t)
+            fail_stored_trial(study, t)
+            if record.kind in (TrialKind.SAMPLED, None):  # launched, or asked and not yet screened
+                study.enqueue_trial(record.params, user_attrs=TrialAttrs(retry_of=t.number).user_attrs())
             reclaimed += 1
-            self.on_event(TrialEvent(self.phase, t.number, "reclaimed", _label(t.params), f"from {driver}"))
+            self.on_event(TrialEvent(self.phase, t.number, EventKind.RECLAIMED, _label(t.params), f"from {driver}"))
         return reclaimed
 
     # -- the loop -------------------------------------------------------------------------------------
     def launched_count(self, study: optuna.Study) -> int:
-        return sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.user_attrs.get("kind") == "sampled")
+        return sum(1 for r in read_trials(study, (TrialState.COMPLETE,)) if r.is_launch)
 
     def run(self) -> optuna.Study:
+        """Open (or resume) the study, then loop: fill the executor, collect finished trials, heartbeat."""
         study = self.open_study()
         self.reclaim_stale(study)
-        if self.options.warm_start and self.warm_start_params and not study.user_attrs.get("warm_started"):
-            budget = self.options.warm_start_trials or max(1, self.options.trials // 4)
-            for params in self.warm_start_params()[:budget]:
-                study.enqueue_trial(params, user_attrs={"warm_start": "simulator"})
-            study.set_user_attr("warm_started", True)
-        dists = self.distributions()
-        running: dict[TrialHandle, optuna.Trial] = {}
-        pending: tuple[optuna.Trial, TrialRequest] | None = None  # asked, waiting for free GPUs
-        launched = self.launched_count(study)
-        measured = {_params_key(t.params): t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if t.user_attrs.get("kind") == "sampled"}
-        in_flight: set[tuple] = set()
-        screened = 0
-        last_beat = 0.0
+        self._warm_start_once(study)
+        loop = self._start_loop(study)
         try:
-            while launched + len(running) + (pending is not None) < self.options.trials or running or pending:
-                if self.stop.is_set() or cancel_requested(study):
-                    break
-                while launched + len(running) < self.options.trials:
-                    if pending is None:
-                        if screened >= self.options.max_screened_per_trial * self.options.trials:
-                            break  # the sampler keeps proposing configs that cannot run
-                        trial = study.ask(dists)
-                        topo, rejection = self.screen(trial.params)
-                        key = _params_key(trial.params)
-                        if rejection is not None or key in measured or key in in_flight:
-                            if rejection is not None:
-                                self._tell_failure(study, trial, "screened", *rejection)
-                            else:
-                                self._tell_duplicate(study, trial, measured.get(key))
-                            self._repair(study, trial.params, set(measured) | in_flight, trial.number)
-                            screened += 1
-                            continue
-                        in_flight.add(key)
-                        trial.set_user_attr("kind", "sampled")
-                        trial.set_user_attr("driver", DRIVER_ID)
-                        trial.set_user_attr("heartbeat_at", time.time())
-                        trial.set_user_attr("topology", topo.label())
-                        pending = (trial, self._request(trial, topo))
-                    trial, request = pending
-                    try:
-                        self.executor.check_placeable(request)
-                    except TopotuneError as exc:  # a shape this cluster can never hold: screened, then repaired
-                        self._tell_failure(study, trial, "screened", "valid", 1.0, exc.user_message(),
-                                           status="unplaceable")
-                        in_flight.discard(_params_key(trial.params))
-                        self._repair(study, trial.params, set(measured) | in_flight, trial.number)
-                        pending = None
-                        continue
-                    if not self.executor.can_start(request):
-                        if not running:
-                            self._tell_failure(study, trial, "sampled", "failed", 1.0,
-                                               f"needs {request.deployment.num_gpus} GPUs, more than the executor "
-                                               "can ever give", status="unplaceable")
-                            pending = None
-                            launched += 1
-                            continue
-                        break
-                    trial.set_user_attr("artifacts_dir", request.artifacts_dir)
-                    running[self.executor.submit(request)] = trial
-                    pending = None
-                    self.on_event(TrialEvent(self.phase, trial.number, "launched", _label(trial.params)))
-                if not running:
-                    break
-                for handle in self.executor.wait(list(running), timeout_s=min(self.options.heartbeat_s,
-                                                                               STOP_POLL_S)):
-                    trial = running.pop(handle)
-                    assert handle.result is not None
-                    self.tell(study, trial, handle.request, handle.result)
-                    key = _params_key(trial.params)
-                    in_flight.discard(key)
-                    measured[key] = study._storage.get_trial(trial._trial_id)
-                    launched += 1
-                if time.time() - last_beat >= self.options.heartbeat_s:
-                    for trial in [*running.values(), *([pending[0]] if pending else [])]:
-                        trial.set_user_attr("heartbeat_at", time.time())
-                    last_beat = time.time()
+            while loop.has_work(self.options.trials) and not self._cancel_requested(study):
+                self._fill(study, loop)
+                if not loop.running:
+                    break  # nothing in flight and nothing more can start: the budget or the sampler is spent
+                self._collect(study, loop)
+                self._heartbeat(loop)
         finally:
             # cancelled, or an exception / Ctrl-C in the driver: leave nothing RUNNING
-            self._cancel_all(study, running, pending[0] if pending else None)
+            self._cancel_all(study, loop.running, loop.pending.trial if loop.pending else None)
         return study
+
+    # -- the steps of the loop ------------------------------------------------------------------------
+    def _warm_start_once(self, study: optuna.Study) -> None:
+        """Enqueue the simulator's predicted front, once per study (not again on resume)."""
+        if (self.options.warm_start and self.warm_start_params
+                and not study_flag(study, StudyFlag.WARM_STARTED)):
+            budget = self.options.warm_start_trials or max(1, self.options.trials // 4)
+            for params in self.warm_start_params()[:budget]:
+                study.enqueue_trial(params, user_attrs=TrialAttrs(warm_start="simulator").user_attrs())
+            set_study_flag(study, StudyFlag.WARM_STARTED)
+
+    def _start_loop(self, study: optuna.Study) -> _Loop:
+        launches = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if TrialRecord.read(t).is_launch]
+        return _Loop(launched=len(launches), measured={_params_key(t.params): t for t in launches})
+
+    def _cancel_requested(self, study: optuna.Study) -> bool:
+        return self.stop.is_set() or study_flag(study, StudyFlag.CANCEL_REQUESTED)
+
+    def _fill(self, study: optuna.Study, loop: _Loop) -> None:
+        """Start trials while the budget and the executor allow: next candidate, then submit."""
+        while loop.launched + len(loop.running) < self.options.trials:
+            if loop.pending is None:
+                if loop.screened >= self.options.max_screened_per_trial * self.options.trials:
+                    return  # the sampler keeps proposing configs that cannot run
+                loop.pending = self._next_candidate(study, loop)
+                if loop.pending is None:
+                    continue
+            if not self._submit(study, loop):
+                return  # waits for GPUs held by running trials
+
+    def _next_candidate(self, study: optuna.Study, loop: _Loop) -> _Pending | None:
+        """Ask, screen (validity, memory), dedupe against measured and running configs; a rejected proposal is
+        told as it is and repaired (the nearest unmeasured config that fits is enqueued). None when rejected."""
+        trial = study.ask(self.distributions())
+        # claimed at once: a driver killed between ask and launch leaves a trial reclaim can attribute
+        TrialAttrs(driver=DRIVER_ID, heartbeat_at=time.time()).write(trial)
+        topo, rejection = self.screen(trial.params)
+        key = _params_key(trial.params)
+        if rejection is not None or key in loop.measured or key in loop.in_flight:
+            if rejection is not None:
+                self._tell_failure(study, trial, TrialKind.SCREENED, *rejection)
+            else:
+                self._tell_duplicate(study, trial, loop.measured.get(key))
+            self._repair(study, trial.params, loop.taken(), trial.number)
+            loop.screened += 1
+            return None
+        assert topo is not None
+        loop.in_flight.add(key)
+        TrialAttrs(kind=TrialKind.SAMPLED, topology=topo.label()).write(trial)
+        return _Pending(trial, self._request(trial, topo))
+
+    def _submit(self, study: optuna.Study, loop: _Loop) -> bool:
+        """Submit the pending trial; False when it must wait for GPUs that running trials hold."""
+        assert loop.pending is not None
+        trial, request = loop.pending.trial, loop.pending.request
+        try:
+            self.executor.check_placeable(request)
+        except TopotuneError as exc:  # a shape this cluster can never hold: screened, then repaired
+            self._tell_failure(study, trial, TrialKind.SCREENED, "valid", 1.0, exc.user_message(),
+                               outcome=TrialOutcome.UNPLACEABLE)
+            loop.in_flight.discard(_params_key(trial.params))
+            self._repair(study, trial.params, loop.taken(), trial.number)
+            loop.pending = None
+            return True
+        if not self.executor.can_start(request):
+            if loop.running:
+                return False
+            self._tell_failure(study, trial, TrialKind.SAMPLED, "failed", 1.0,
+                               f"needs {request.deployment.num_gpus} GPUs, more than the executor can ever give",
+                               outcome=TrialOutcome.UNPLACEABLE)
+            loop.pending = None
+            loop.launched += 1
+            return True
+        TrialAttrs(artifacts_dir=request.artifacts_dir).write(trial)
+        loop.running[self.executor.submit(request)] = trial
+        loop.pending = None
+        self.on_event(TrialEvent(self.phase, trial.number, EventKind.LAUNCHED, _label(trial.params)))
+        return True
+
+    def _collect(self, study: optuna.Study, loop: _Loop) -> None:
+        """Tell every trial that finished within one heartbeat interval."""
+        for handle in self.executor.wait(list(loop.running),
+                                         timeout_s=min(self.options.heartbeat_s, STOP_POLL_S)):
+            trial = loop.running.pop(handle)
+            assert handle.result is not None
+            self.tell(study, trial, handle.request, handle.result)
+            key = _params_key(trial.params)
+            loop.in_flight.discard(key)
+            loop.measured[key] = stored_trial(study, trial)
+            loop.launched += 1
+
+    def _heartbeat(self, loop: _Loop) -> None:
+        if time.time() - loop.last_beat < self.options.heartbeat_s:
+            return
+        for trial in [*loop.running.values(), *([loop.pending.trial] if loop.pending else [])]:
+            TrialAttrs(heartbeat_at=time.time()).write(trial)
+        loop.last_beat = time.time()
 
     def _tell_duplicate(self, study: optuna.Study, trial: optuna.Trial,
                         original: optuna.trial.FrozenTrial | None) -> None:
         """A config already measured (or running) is never launched twice: the sampler gets the stored answer."""
-        trial.set_user_attr("kind", "duplicate")
-        trial.set_user_attr("status", "duplicate")
-        trial.set_user_attr("reason", f"same config as trial {original.number}" if original else "config running")
+        TrialAttrs(kind=TrialKind.DUPLICATE, outcome=TrialOutcome.DUPLICATE,
+                   reason=f"same config as trial {original.number}" if original else "config running").write(trial)
         if original is not None and original.values:
             for name, value in original.constraints.items():
                 trial.set_constraint(name, value)
@@ -251,7 +330,7 @@ class PhaseRun:
         can run and has not been measured is enqueued as the next trial."""
         fix = self._nearest_unmeasured(params, taken)
         if fix is not None:
-            study.enqueue_trial(fix, user_attrs={"repaired_from": origin})
+            study.enqueue_trial(fix, user_attrs=TrialAttrs(repaired_from=origin).user_attrs())
 
     def _fitting_configs(self) -> list[Topology]:
         if self._fitting is None:
@@ -304,59 +383,56 @@ class PhaseRun:
             trial_id=f"{self.study_name}#{trial.number}", model_path=self.model_path, gpu=self.gpu.name,
             deployment=Deployment.single(topo), workload=self.space.phase_workload(self.phase),
             artifacts_dir=str(folder), timeout_s=self.options.trial_timeout_s,
-            min_accuracy=self.space.constraints.min_accuracy, seed=self.options.seed * 1_000_003 + trial.number)
+            min_accuracy=self.space.constraints.min_accuracy, seed=self.options.seed * 1_000_003 + trial.number,
+            vllm_version=self.space.cluster.vllm_version)
 
     # -- telling ---------------------------------------------------------------------------------------
-    def _tell_failure(self, study: optuna.Study, trial: optuna.Trial, kind: str, key: str, amount: float,
-                      reason: str, status: str | None = None) -> None:
+    def _tell_failure(self, study: optuna.Study, trial: optuna.Trial, kind: TrialKind, key: str, amount: float,
+                      reason: str, outcome: Outcome | None = None) -> None:
         detail = failure_constraints(key, amount)
-        trial.set_user_attr("constraints", detail)
         for name, value in sampler_constraints(detail).items():
             trial.set_constraint(name, value)
-        trial.set_user_attr("kind", kind)
-        trial.set_user_attr("status", status or ("infeasible" if kind == "screened" else "failed"))
-        trial.set_user_attr("reason", reason)
+        screened = kind is TrialKind.SCREENED
+        TrialAttrs(constraint_detail=detail, kind=kind, reason=reason,
+                   outcome=outcome or (TrialStatus.INFEASIBLE if screened else TrialOutcome.FAILED)).write(trial)
         study.tell(trial, list(FAILED_VALUES))
-        self.on_event(TrialEvent(self.phase, trial.number, "screened" if kind == "screened" else "failed",
+        self.on_event(TrialEvent(self.phase, trial.number, EventKind.SCREENED if screened else EventKind.FAILED,
                                  _label(trial.params), reason))
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, request: TrialRequest, result: TrialResult) -> None:
-        trial.set_user_attr("duration_s", result.duration_s)
-        if result.observed_memory:
-            trial.set_user_attr("observed_memory", result.observed_memory)
-        if result.predicted_memory:
-            trial.set_user_attr("predicted_memory", result.predicted_memory)
-        if result.accuracy is not None:
-            trial.set_user_attr("accuracy", result.accuracy)
+        TrialAttrs(duration_s=result.duration_s, observed_memory=result.observed_memory or None,
+                   predicted_memory=result.predicted_memory or None, accuracy=result.accuracy,
+                   accuracy_gate=result.accuracy_gate.model_dump() if result.accuracy_gate else None).write(trial)
         if not result.status.ok or not result.points:
-            key = "accuracy" if result.status.value == "accuracy" else "failed"
-            trial.set_user_attr("kind", "sampled")
-            self._tell_failure(study, trial, "sampled", key, 1.0, result.reason or result.status.value,
-                               status=result.status.value)
+            key = "accuracy" if result.status is TrialStatus.ACCURACY else "failed"
+            self._tell_failure(study, trial, TrialKind.SAMPLED, key, 1.0, result.reason or result.status.value,
+                               outcome=result.status)
             return
         c = self.space.constraints
-        points = [(m, point_constraints(m, c, result.accuracy)) for m in result.points]
+        # the gate's verdict: feasible unless the interval's upper bound is below the bar (sampling noise)
+        gate = result.accuracy_gate
+        accuracy = gate.ci_high if gate is not None else result.accuracy
+        points = [(m, point_constraints(m, c, accuracy)) for m in result.points]
         best = self._representative(study, points)
         m, constraints = points[best]
-        trial.set_user_attr("constraints", constraints)
         for name, value in sampler_constraints(constraints).items():
             trial.set_constraint(name, value)
-        for name, value in point_attrs(m, result, request.deployment).items():
-            trial.set_user_attr(name, value)
-        trial.set_user_attr("levels", [p.concurrency for p, _ in points])
+        point_attrs(m, result, request.deployment, constraint_detail=constraints,
+                    levels=[p.concurrency for p, _ in points]).write(trial)
         study.tell(trial, list(phase_values(self.phase, m)))
         dists = self.distributions()
         params = dict(trial.params)
         for i, (extra, extra_constraints) in enumerate(points):
             if i == best:
                 continue
-            attrs = {**point_attrs(extra, result, request.deployment), "kind": "extra", "parent_trial": trial.number,
-                     "topology": request.deployment.groups[0].topology.label(), "constraints": extra_constraints}
+            attrs = point_attrs(extra, result, request.deployment, kind=TrialKind.EXTRA, parent_trial=trial.number,
+                                topology=request.deployment.groups[0].topology.label(),
+                                constraint_detail=extra_constraints)
             study.add_trial(optuna.trial.create_trial(
                 params=params, distributions={k: dists[k] for k in params},
-                values=list(phase_values(self.phase, extra)), user_attrs=attrs,
+                values=list(phase_values(self.phase, extra)), user_attrs=attrs.user_attrs(),
                 constraints=sampler_constraints(extra_constraints)))
-        self.on_event(TrialEvent(self.phase, trial.number, "done", _label(params),
+        self.on_event(TrialEvent(self.phase, trial.number, EventKind.DONE, _label(params),
                                  f"{len(points)} levels", values=phase_values(self.phase, m)))
 
     def _representative(self, study: optuna.Study, points: list) -> int:
@@ -373,15 +449,15 @@ class PhaseRun:
 
     def _cancel_all(self, study: optuna.Study, running: dict[TrialHandle, optuna.Trial],
                     pending: optuna.Trial | None) -> None:
-        cancelled = self.stop.cancelled or cancel_requested(study)
+        cancelled = self.stop.cancelled or study_flag(study, StudyFlag.CANCEL_REQUESTED)
         for handle in list(running):
             self.executor.cancel(handle)
         for trial in [*running.values(), *([pending] if pending else [])]:
-            trial.set_user_attr("status", "cancelled")
-            trial.set_user_attr("reason", "study cancelled" if cancelled else "driver stopped")
+            TrialAttrs(outcome=TrialOutcome.CANCELLED,
+                       reason="study cancelled" if cancelled else "driver stopped").write(trial)
             study.tell(trial, state=TrialState.FAIL)
             if not cancelled:  # an interrupted driver: the config runs again on resume
-                study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
+                study.enqueue_trial(dict(trial.params), user_attrs=TrialAttrs(retry_of=trial.number).user_attrs())
         running.clear()
 
 
@@ -394,16 +470,6 @@ def _label(params: dict[str, Any]) -> str:
 
 def _params_key(params: dict[str, Any]) -> tuple:
     return tuple(sorted((k, v) for k, v in params.items() if k != "concurrency"))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def front_of(points: list, phase: str) -> list:

@@ -8,6 +8,8 @@ from typing import Literal
 import optuna
 
 from tuner.errors import ConfigError
+from tuner.study._optuna_compat import trials_for_sampler
+from tuner.study._trial_record import TrialAttrs, TrialKind
 
 SamplerName = Literal["auto", "gp", "tpe", "nsga2", "random"]
 SAMPLERS: tuple[str, ...] = ("auto", "gp", "tpe", "nsga2", "random")
@@ -47,7 +49,7 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = 8) -> optuna.s
     raise ConfigError(f"unknown sampler {name!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
 
 
-_HIDDEN_KINDS = ("extra", "duplicate")
+_HIDDEN_KINDS = (TrialKind.EXTRA, TrialKind.DUPLICATE)
 
 
 class _RepresentativeView:
@@ -65,8 +67,8 @@ class _RepresentativeView:
         return getattr(self._study, name)
 
     def _get_trials(self, deepcopy: bool = True, states=None, use_cache: bool = False):  # type: ignore[no-untyped-def]
-        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        return [t for t in trials if t.user_attrs.get("kind") not in _HIDDEN_KINDS]
+        trials = trials_for_sampler(self._study, deepcopy=deepcopy, states=states, use_cache=use_cache)
+        return [t for t in trials if TrialAttrs.read_kind(t.user_attrs) not in _HIDDEN_KINDS]
 
     def get_trials(self, deepcopy: bool = True, states=None):  # type: ignore[no-untyped-def]
         return self._get_trials(deepcopy=deepcopy, states=states)

@@ -18,9 +18,9 @@ import optuna
 
 from tuner.space import PHASES
 from tuner.study._storage import open_storage
+from tuner.study._trial_record import StudyFlag, study_flag
 
 STOP_POLL_S = 1.0
-CANCEL_FLAG = "cancel_requested"  # study user attribute read by the driver
 
 
 class StopReason(enum.StrEnum):
@@ -64,10 +64,10 @@ def request_cancel(storage_url: str, campaign: str) -> int:
             study_id = storage.get_study_id_from_name(f"{campaign}/{phase}")
         except KeyError:
             continue
-        storage.set_study_user_attr(study_id, CANCEL_FLAG, True)
+        storage.set_study_user_attr(study_id, StudyFlag.CANCEL_REQUESTED.value, True)
         flagged += 1
     return flagged
 
 
 def cancel_requested(study: optuna.Study) -> bool:
-    return bool(study.user_attrs.get(CANCEL_FLAG))
+    return study_flag(study, StudyFlag.CANCEL_REQUESTED)

@@ -67,3 +67,9 @@ def trial_census(url: str) -> TrialCensus:
         return TrialCensus()
     return TrialCensus(by_state={str(getattr(s, "name", s)): int(n) for s, n in by_state},
                        by_outcome={str(v).strip('"'): int(n) for v, n in by_outcome})
+def close_storage(url: str) -> None:
+    """Dispose of the storage opened for `url` (its pooled connections), e.g. before its database is dropped."""
+    with _LOCK:
+        storage = _STORAGES.pop(url, None)
+    if storage is not None:
+        storage.engine.dispose()

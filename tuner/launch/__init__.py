@@ -1,0 +1,46 @@
+"""Starting and stopping the processes of a trial, neutral to which backend asked and which executor runs it.
+
+Used by the vLLM backend (its processes on this machine) and by the executors' host agents (each process on the
+host Ray placed it on). A backend says what its logs mean with a `ProcessPolicy`.
+"""
+
+from tuner.launch._alive import alive_pids, process_alive
+from tuner.launch._process import (
+    Failure,
+    LaunchSpec,
+    LocalStarter,
+    LogClassifier,
+    ProcessHandle,
+    ProcessPolicy,
+    ProcessStarter,
+    RunningProcess,
+    classify_exit,
+    clean_temp_files,
+    free_port_block,
+    http_ok,
+    start_process,
+    temp_files_snapshot,
+    terminate,
+    wait_healthy,
+)
+
+__all__ = [
+    "Failure",
+    "LaunchSpec",
+    "LocalStarter",
+    "LogClassifier",
+    "ProcessHandle",
+    "ProcessPolicy",
+    "ProcessStarter",
+    "RunningProcess",
+    "alive_pids",
+    "classify_exit",
+    "clean_temp_files",
+    "free_port_block",
+    "http_ok",
+    "process_alive",
+    "start_process",
+    "temp_files_snapshot",
+    "terminate",
+    "wait_healthy",
+]

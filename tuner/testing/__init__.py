@@ -1,0 +1,24 @@
+"""A test kit shipped with the library (like optuna.testing): a probe backend, fault injection, a small campaign.
+
+Public API only, and no repository paths: callers pass the model and space they want, so the kit works from an
+installed package as well as from a checkout. Not user-facing; tests/ and benchmarks/ use it.
+"""
+
+from tuner.launch import alive_pids
+from tuner.testing._campaign import small_campaign, study_counts
+from tuner.testing._faults import KillReport, kill_runners
+from tuner.testing._probe import CHILDREN, EVENTS, ProbeBackend, peak_gpus, read_events, spawned_children
+
+__all__ = [
+    "CHILDREN",
+    "EVENTS",
+    "KillReport",
+    "ProbeBackend",
+    "alive_pids",
+    "kill_runners",
+    "peak_gpus",
+    "read_events",
+    "small_campaign",
+    "spawned_children",
+    "study_counts",
+]
