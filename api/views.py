@@ -72,6 +72,8 @@ class _Entry:
     snapshot: Snapshot = field(default_factory=lambda: Snapshot(version=-1, study_ids={}, trials_stored=0))
     refreshed_at: float = -1e9
     persisted_at: float = -1e9
+    persisted: tuple[int, StudyStatus] | None = None  # (version, status) in the snapshot file
+    persist_lock: threading.Lock = field(default_factory=threading.Lock)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one refresh at a time
 
 
@@ -99,6 +101,7 @@ class ResultCache:
         result, never only the persisted front."""
         entry = self._entry(record)
         if time.monotonic() - entry.refreshed_at < MIN_REFRESH_S:
+            self._persist(record, entry)  # a no-op unless the study's end is not on disk yet
             return entry.snapshot
         if entry.snapshot.version < 0 and not full and self._restore(record, entry):
             return entry.snapshot  # a restart: the persisted front now, the rebuild in the background
@@ -139,18 +142,27 @@ class ResultCache:
 
     def _persist(self, record: StudyRecord, entry: _Entry) -> None:
         path = self._path(record.id)
-        if path is None or (record.status.active and time.monotonic() - entry.persisted_at < PERSIST_EVERY_S):
-            return
         snap = entry.snapshot
+        if path is None or snap.version < 0 or entry.persisted == (snap.version, record.status) or (
+                record.status.active and time.monotonic() - entry.persisted_at < PERSIST_EVERY_S):
+            return
+        if not entry.persist_lock.acquire(blocking=False):
+            return  # another request is writing it
+        try:
+            self._write(path, record, entry, snap)
+        finally:
+            entry.persist_lock.release()
+
+    def _write(self, path: Path, record: StudyRecord, entry: _Entry, snap: Snapshot) -> None:
         body = {"campaign": record.campaign, "version": snap.version, "trials_stored": snap.trials_stored,
                 "study_ids": snap.study_ids, "pareto": json.loads(pareto(record, snap)),
                 "progress": {p: v.model_dump(mode="json") for p, v in phase_progress(record, snap).items()}}
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(body))
             tmp.replace(path)
-            entry.persisted_at = time.monotonic()
+            entry.persisted_at, entry.persisted = time.monotonic(), (snap.version, record.status)
 
     def _refresh(self, entry: _Entry, record: StudyRecord) -> None:
         live = entry.live
@@ -166,7 +178,7 @@ class ResultCache:
             entry.snapshot = Snapshot(version=live.version, study_ids=live.study_ids,
                                       trials_stored=live.trials_stored, result=live.result, space=live.space,
                                       meta=live.meta, error=error or live.error, rows=live.rows())
-            self._persist(record, entry)
+        self._persist(record, entry)
 
     def warm(self, records: list[StudyRecord]) -> threading.Thread:
         """Build the snapshots of these studies in the background (the service does this at start)."""

@@ -18,6 +18,7 @@ def test_concurrent_requests_share_one_refresh_and_status_never_waits(sqlite_url
     sid = client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
     assert wait_for(client, sid, finished)["status"] == "succeeded"
     cache = client.app.state.cache
+    cache.snapshot_dir = None
     cache._entries.clear()  # cold, as after a restart without a snapshot file
     calls, release = [], threading.Event()
     original = LiveCampaign.refresh

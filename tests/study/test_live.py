@@ -23,7 +23,7 @@ def _same(live: LiveCampaign, storage_url: str) -> None:
         assert mine.counts == pr.counts and mine.launched == pr.launched, phase
         assert [p.trial_number for p in mine.points] == [p.trial_number for p in pr.points]
         assert sorted(p.values for p in mine.front) == sorted(p.values for p in pr.front)
-        assert [(f["trial"], f["reason"]) for f in mine.failures] == [(f["trial"], f["reason"]) for f in pr.failures]
+        assert mine.failures == pr.failures
     assert [(p.name, p.total_tok_s_per_gpu, p.tok_s_per_user) for p in live.result.composed_front] == \
         [(p.name, p.total_tok_s_per_gpu, p.tok_s_per_user) for p in full.composed_front]
     assert live.result.composition_error == full.composition_error
