@@ -8,7 +8,9 @@ The trials are a real 3-trial simulated campaign whose measured points are repli
 Optuna's SQLite tables (Optuna's add_trials writes ~15 trials/s on a loaded 2-core machine); the service reads
 them through Optuna like any trial.
 
-Goals (issue 14): cold < 0.5 s, warm p99 < 100 ms, 8 concurrent cold requests no slower than one.
+Goals (issue 14): cold < 0.5 s, warm p99 < 100 ms, 8 concurrent cold requests no slower than one. "After a
+restart" is a service that saw the trials before it stopped (its snapshot file is current); the rebuild without a
+snapshot file (every trial read through Optuna) is printed too, alone and 8 at once.
 """
 
 from __future__ import annotations
@@ -244,25 +246,31 @@ def main() -> None:
         campaign = http.get(f"/v1/studies/{sid}").json()["campaign"]
     server.stop()
     rng = random.Random(0)
+    snapshot = settings.data_dir / "snapshots" / f"{sid}.json"
     worst_cold = worst_p99 = 0.0
     for size in SIZES:
         stored = _replicate(db, campaign, size, rng)
         print(f"{stored} stored trials:", flush=True)
-        base = server.start()  # a (re)started service: nothing in memory
+        snapshot.unlink(missing_ok=True)  # no snapshot file: every trial is read (the rebuild)
+        base = server.start()
+        with httpx.Client(base_url=base, timeout=300) as http:
+            rebuild_ms = _timed_get(http, f"/v1/studies/{sid}/pareto")
+        server.stop()
+        snapshot.unlink(missing_ok=True)
+        base = server.start()
         concurrent_ms = _concurrent_cold(base, sid)
         server.stop()
-        base = server.start()
+        base = server.start()  # the service saw every trial before it stopped: the snapshot file answers
         figures = _measure(base, sid, "after a restart")
-        with httpx.Client(base_url=base, timeout=300) as http:
-            one = _timed_get(http, f"/v1/studies/{sid}/pareto")
         figures |= _while_adding(base, sid, db, campaign, stored)
         server.stop()
-        print(f"  {CONCURRENT} concurrent cold GET /pareto: slowest {concurrent_ms:.0f} ms vs one cold "
-              f"{figures['cold_pareto_ms']:.0f} ms (ratio {concurrent_ms / figures['cold_pareto_ms']:.2f}); "
-              f"one warm {one:.0f} ms", flush=True)
+        print(f"  rebuild without a snapshot file (every trial read): one cold GET /pareto {rebuild_ms:.0f} ms; "
+              f"{CONCURRENT} concurrent: slowest {concurrent_ms:.0f} ms (ratio {concurrent_ms / rebuild_ms:.2f}: "
+              "one shared rebuild)", flush=True)
         worst_cold = max(worst_cold, figures["cold_pareto_ms"], figures["cold_status_ms"])
         worst_p99 = max(worst_p99, figures["warm_pareto_p99_ms"], figures["warm_status_p99_ms"])
-    print(f"worst cold {worst_cold:.0f} ms (goal < 500), worst warm p99 {worst_p99:.1f} ms (goal < 100)")
+    print(f"worst cold after a restart {worst_cold:.0f} ms (goal < 500), worst warm p99 {worst_p99:.1f} ms "
+          "(goal < 100)")
     base = server.start()
     try:
         _posts(base)

@@ -144,7 +144,8 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
             return [], [], "the space has one phase only: no PD composition"
         missing = next(p for p in PHASES if p not in curves)
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
-    prefill, decode = curves["prefill"], curves["decode"]
+    # a deterministic order (by topology, then level): the same points give the same front, however they arrived
+    prefill, decode = (sorted(curves[p], key=lambda tm: (str(tm[0]), tm[1].concurrency)) for p in ("prefill", "decode"))
     # NIXL's handshake compares both sides' speculative config (vLLM PR #49230), and a hybrid model's block
     # size follows it: the prefill instance of a pair runs the decode side's MTP depth (its prompt speed
     # barely changes), so each prefill point pairs with every decode depth.

@@ -25,6 +25,7 @@ from tuner.frontier import pareto_front
 from tuner.models import ModelSpec, load_model
 from tuner.space import PHASES, SearchSpace
 from tuner.study._campaign import CampaignResult, PhaseResult, compose_curves
+from tuner.study._optuna_compat import trial_id, trials_since
 from tuner.study._records import StoredPoint, stored_points
 from tuner.study._storage import open_storage
 from tuner.study._trial_record import (
@@ -48,19 +49,6 @@ class TrialRow:
     record: TrialRecord
 
 
-def trials_since(storage: optuna.storages.BaseStorage, study_id: int, watermark: int,
-                 reread: set[int]) -> list[FrozenTrial]:
-    """Trials with an id above `watermark`, plus the ids in `reread` (still running at the last read).
-
-    Optuna's RDB storage answers this with one query (its own cache uses the same private call); other storages
-    fall back to reading every trial.
-    """
-    if isinstance(storage, optuna.storages.RDBStorage):
-        return storage._get_trials(study_id, None, set(reread), watermark)
-    return [t for t in storage.get_all_trials(study_id, deepcopy=False)
-            if t._trial_id > watermark or t._trial_id in reread]
-
-
 @dataclass
 class _PhaseFold:
     phase: str
@@ -82,14 +70,14 @@ class _PhaseFold:
         changed = curves_changed = False
         new_points: list[StoredPoint] = []
         for t in sorted(trials, key=lambda t: t.number):
-            self.watermark = max(self.watermark, t._trial_id)
+            self.watermark = max(self.watermark, trial_id(t))
             r = TrialRecord.read(t)
             self.rows[t.number] = TrialRow(self.phase, r)
             changed = True
             if t.state not in _FINISHED:
-                self.open_trials[t._trial_id] = r
+                self.open_trials[trial_id(t)] = r
                 continue
-            self.open_trials.pop(t._trial_id, None)
+            self.open_trials.pop(trial_id(t), None)
             if r.kind is not TrialKind.EXTRA:
                 self.counts[r.status] += 1
                 if r.status not in (TrialStatus.OK, RUNNING_STATUS) and r.attrs.reason and \

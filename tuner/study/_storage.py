@@ -53,20 +53,17 @@ class TrialCensus:
 
 
 def trial_census(url: str) -> TrialCensus:
-    """Two aggregate queries over Optuna's tables (reading every trial through Optuna would take seconds): the
-    one place outside Optuna that knows its table names. Empty before the first study created them."""
-    from sqlalchemy import text
+    """Trials by state and outcome across the storage (empty before the first study created Optuna's tables)."""
+    from tuner.study._optuna_compat import count_trials
 
-    storage = open_storage(url)
     try:
-        with storage.engine.connect() as conn:
-            by_state = conn.execute(text("SELECT state, COUNT(*) FROM trials GROUP BY state")).all()
-            by_outcome = conn.execute(text("SELECT value_json, COUNT(*) FROM trial_user_attributes "
-                                           "WHERE key = 'status' GROUP BY value_json")).all()
+        by_state, by_outcome = count_trials(open_storage(url))
     except Exception:
         return TrialCensus()
-    return TrialCensus(by_state={str(getattr(s, "name", s)): int(n) for s, n in by_state},
-                       by_outcome={str(v).strip('"'): int(n) for v, n in by_outcome})
+    return TrialCensus(by_state={str(getattr(s, "name", s)): n for s, n in by_state},
+                       by_outcome={v.strip('"'): n for v, n in by_outcome})
+
+
 def close_storage(url: str) -> None:
     """Dispose of the storage opened for `url` (its pooled connections), e.g. before its database is dropped."""
     with _LOCK:
