@@ -71,6 +71,7 @@ class _Entry:
     live: LiveCampaign
     snapshot: Snapshot = field(default_factory=lambda: Snapshot(version=-1, study_ids={}, trials_stored=0))
     refreshed_at: float = -1e9
+    refreshed_status: StudyStatus | None = None  # the study's status at the last refresh
     persisted_at: float = -1e9
     persisted: tuple[int, StudyStatus] | None = None  # (version, status) in the snapshot file
     persist_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,7 +101,7 @@ class ResultCache:
         is running, and serves the last snapshot instead. full=True (trial lists, exports, pages): the built
         result, never only the persisted front."""
         entry = self._entry(record)
-        if time.monotonic() - entry.refreshed_at < MIN_REFRESH_S:
+        if self._fresh(entry, record):
             self._persist(record, entry)  # a no-op unless the study's end is not on disk yet
             return entry.snapshot
         if entry.snapshot.version < 0 and not full and self._restore(record, entry):
@@ -108,11 +109,17 @@ class ResultCache:
         if not entry.lock.acquire(blocking=full or (wait and entry.snapshot.restored is None)):
             return entry.snapshot
         try:
-            if time.monotonic() - entry.refreshed_at >= MIN_REFRESH_S:  # nobody refreshed while we waited
+            if not self._fresh(entry, record):  # nobody refreshed while we waited
                 self._refresh(entry, record)
         finally:
             entry.lock.release()
         return entry.snapshot
+
+    @staticmethod
+    def _fresh(entry: _Entry, record: StudyRecord) -> bool:
+        """Refreshed less than MIN_REFRESH_S ago, and the study's status has not changed since (a study that
+        just ended is read once more: its last trials landed before its status changed)."""
+        return time.monotonic() - entry.refreshed_at < MIN_REFRESH_S and entry.refreshed_status == record.status
 
     # -- persisted snapshots ------------------------------------------------------------------------------------
     def _path(self, study_id: int) -> Path | None:
@@ -173,7 +180,7 @@ class ResultCache:
             changed, error = True, exc.user_message()
         except (KeyError, ValueError) as exc:  # a phase study created but its metadata not yet written
             changed, error = True, f"study not initialised yet ({exc})"
-        entry.refreshed_at = time.monotonic()
+        entry.refreshed_at, entry.refreshed_status = time.monotonic(), record.status
         if changed or error != entry.snapshot.error:
             entry.snapshot = Snapshot(version=live.version, study_ids=live.study_ids,
                                       trials_stored=live.trials_stored, result=live.result, space=live.space,

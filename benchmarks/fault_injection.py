@@ -192,7 +192,8 @@ class _Service:
                 if httpx.get(self.base + "/healthz", timeout=2).status_code in (200, 503):
                     return
             time.sleep(0.3)
-        raise RuntimeError("the service did not start: see serve.log")
+        log = (self.work / "serve.log").read_text()[-3000:]
+        raise RuntimeError(f"the service did not start within 120 s; serve.log ends:\n{log}")
 
     def detail(self, sid: int) -> dict:
         import httpx
