@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from api.models import ModelStatus, StudyStatus
 from tuner.space import Constraints
 
-PhaseName = Literal["prefill", "decode"]
+PhaseName = Literal["prefill", "decode", "aggregated"]
 SamplerName = Literal["gp", "tpe", "nsga2", "random"]
 ExportFormat = Literal["vllm", "compose", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
@@ -48,7 +48,7 @@ class StudyCreate(_In):
     sampler: SamplerName = "gp"
     seed: int = Field(0, ge=0, le=2**31 - 1)
     warm_start: bool = True
-    phases: list[PhaseName] | None = Field(None, min_length=1, max_length=2, description="default: every phase")
+    phases: list[PhaseName] | None = Field(None, min_length=1, max_length=3, description="default: every phase")
     constraints: ConstraintsIn | None = Field(None, description="SLA bounds replacing the space's, field by field: "
                                             "max_ttft_ms, max_itl_ms, percentile, min_accuracy (null: unbounded)")
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")

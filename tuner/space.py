@@ -20,8 +20,17 @@ from tuner.models import ModelSpec
 from tuner.topology import KVCacheDtype, Role, Topology
 from tuner.workload import Workload
 
-Phase = Literal["prefill", "decode"]
-PHASES: tuple[Phase, ...] = ("prefill", "decode")
+Phase = Literal["prefill", "decode", "aggregated"]
+PHASES: tuple[Phase, ...] = ("prefill", "decode")  # the PD phases, composed into xPyD deployments
+ALL_PHASES: tuple[Phase, ...] = ("prefill", "decode", "aggregated")
+_PHASE_ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE, "aggregated": Role.BOTH}
+
+
+def phase_role(phase: str) -> Role:
+    """The instance role a phase's trials run: aggregated = prefill and decode on one instance (role both)."""
+    if phase not in _PHASE_ROLES:
+        raise ConfigError(f"unknown phase {phase!r}", field="phase", fix="use prefill, decode or aggregated")
+    return _PHASE_ROLES[phase]
 
 
 # What one space may ask for. A space is typed by people (a few hundred lines): these bounds are far above any real
@@ -178,7 +187,7 @@ class SearchSpace(_Strict):
     def param_choices(self, phase: Phase) -> dict[str, list]:
         """Every knob's choices; the order fixes the Optuna parameter order."""
         s = self.phases[phase]
-        choices = {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase == "decode" else [0],
+        choices = {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase != "prefill" else [0],
                    "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
                    "max_num_batched_tokens": s.max_num_batched_tokens}
         # Knobs added later appear only when searched, so studies stored before them keep their parameters.
@@ -195,7 +204,7 @@ class SearchSpace(_Strict):
         return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
                                mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
                                max_num_seqs=params["max_num_seqs"],
-                               max_num_batched_tokens=params["max_num_batched_tokens"], role=Role(phase),
+                               max_num_batched_tokens=params["max_num_batched_tokens"], role=phase_role(phase),
                                max_cudagraph_capture_size=None if capture == "auto" else int(capture),
                                kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
                                num_redundant_experts=params.get("num_redundant_experts", 0)
@@ -303,7 +312,8 @@ def _describe(err: dict, allowed: dict[tuple, list[str]]) -> str:
 
 _ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.model_fields),
             ("workload",): list(WorkloadSpec.model_fields), ("constraints",): list(Constraints.model_fields),
-            ("prefill",): list(PhaseSpace.model_fields), ("decode",): list(PhaseSpace.model_fields)}
+            ("prefill",): list(PhaseSpace.model_fields), ("decode",): list(PhaseSpace.model_fields),
+            ("aggregated",): list(PhaseSpace.model_fields)}
 
 
 def parse_space(text: str, source: str = "<space>") -> SearchSpace:

@@ -199,6 +199,36 @@ def test_unreachable_storage_is_a_clear_error() -> None:
         open_storage("postgresql+psycopg://nobody@127.0.0.1:1/none")
 
 
+def test_aggregated_phase_runs_beside_pd(storage_url: str, tmp_path: Path) -> None:
+    """An aggregated phase (one instance, role both) is a study of its own; PD still composes from the others."""
+    space = load_space(REPO / "search_spaces" / "gb300-nvl72-8k1k-agg-vs-pd.yaml")
+    backend = RecordingBackend(SimulatedBackend())
+    campaign = Campaign(model_path=str(MODEL), space=space, backend_name="simulated",
+                        executor=LocalExecutor(backend, max_parallel=1), storage_url=storage_url,
+                        options=TuneOptions(trials=3, sampler="random", seed=1), artifacts_dir=tmp_path / "a")
+    result = campaign.run()
+    assert set(result.phases) == {"prefill", "decode", "aggregated"}
+    agg = [r for r in backend.requests if r.deployment.groups[0].role.value == "both"]
+    assert agg and all(r.workload.isl == 8192 and r.workload.osl == 1024 for r in agg)
+    assert result.phases["aggregated"].front
+    assert result.composed_front and result.composition_error is None
+    reloaded, _, _ = load_campaign(storage_url, campaign.name + "/aggregated")
+    assert set(reloaded.phases) == {"aggregated"}
+
+
+def test_only_an_aggregated_phase_names_why_nothing_composes(tmp_path: Path) -> None:
+    text = (REPO / "search_spaces" / "gb300-nvl72-8k1k-agg-vs-pd.yaml").read_text()
+    space = parse_space(text.split("  prefill:")[0] + "  aggregated:" + text.split("  aggregated:")[1])
+    assert set(space.phases) == {"aggregated"}
+    topo = space.expand("aggregated", load_model(MODEL))[0]
+    assert topo.role.value == "both"
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    result = Campaign(model_path=str(MODEL), space=space, backend_name="simulated",
+                      executor=LocalExecutor(SimulatedBackend(), max_parallel=1), storage_url=storage,
+                      options=TuneOptions(trials=2, sampler="random", seed=0), artifacts_dir=tmp_path / "a").run()
+    assert result.composition_error and "no prefill + decode" in result.composition_error
+
+
 _CAMPAIGN_PAIRS = """
 name: campaign-pairs
 cluster: {gpu: gb300, num_gpus: 72, gpus_per_host: 4%s}

@@ -131,20 +131,10 @@ def tune(
     """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
     from tuner.executors import make_executor
     from tuner.report import write_campaign_report
-    from tuner.space import load_space
-    from tuner.study import SAMPLERS, Campaign, TuneOptions
+    from tuner.space import ALL_PHASES, load_space
+    from tuner.study import Campaign, TuneOptions
 
-    if trials < 1:
-        raise ConfigError(f"must be >= 1, got {trials}", field="--trials", fix="give a positive trial budget")
-    if parallel < 1:
-        raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"unknown sampler {sampler!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
-    if not 0 <= noise < 1:
-        raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.05 for 5%")
-    for p in phase or []:
-        if p not in ("prefill", "decode"):
-            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill or decode")
+    _check_tune_options(trials=trials, parallel=parallel, sampler=sampler, noise=noise, phases=phase or [])
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     the_space = load_space(space)
     backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
@@ -166,7 +156,7 @@ def tune(
                             storage_url=settings.storage_url, options=TuneOptions(trials=trials, sampler=sampler,
                                                                                   seed=seed, warm_start=warm_start),
                             artifacts_dir=settings.artifacts_dir, on_event=progress, stop=stop,
-                            phases=tuple(phase) if phase else ("prefill", "decode"))
+                            phases=tuple(phase) if phase else ALL_PHASES)
         if json_out:
             result = campaign.run()
         else:
@@ -181,13 +171,37 @@ def tune(
     if json_out:
         print_json(_result_json(result, report))
         return
+    _print_campaign(result, failures=0)
+    console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
+
+
+def _check_tune_options(*, trials: int, parallel: int, sampler: str, noise: float, phases: list[str]) -> None:
+    from tuner.space import ALL_PHASES
+    from tuner.study import SAMPLERS
+
+    if trials < 1:
+        raise ConfigError(f"must be >= 1, got {trials}", field="--trials", fix="give a positive trial budget")
+    if parallel < 1:
+        raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {sampler!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
+    if not 0 <= noise < 1:
+        raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.05 for 5%")
+    for p in phases:
+        if p not in ALL_PHASES:
+            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill, decode or aggregated")
+
+
+def _print_campaign(result, *, failures: int) -> None:  # type: ignore[no-untyped-def]
+    """Each phase's front (with its first `failures` failures), then the composed PD front or why there is none."""
     for pr in result.phases.values():
         console.print(_phase_table(pr))
+        for f in pr.failures[:failures]:
+            console.print(f"  [red]{f.status}[/] trial {f.trial_number}: {f.reason[:140]}", highlight=False)
     if result.composed_front:
         console.print(_front_table(result))
     elif result.composition_error:
         console.print(f"[yellow]no composed PD front:[/] {result.composition_error}")
-    console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
 
 
 @app.command()
@@ -220,14 +234,7 @@ def show(study: Annotated[str, typer.Argument(help="name from `topotune studies`
     if json_out:
         print_json(_result_json(result, None))
         return
-    for pr in result.phases.values():
-        console.print(_phase_table(pr))
-        for f in pr.failures[:5]:
-            console.print(f"  [red]{f.status}[/] trial {f.trial_number}: {f.reason[:140]}", highlight=False)
-    if result.composed_front:
-        console.print(_front_table(result))
-    elif result.composition_error:
-        console.print(f"[yellow]no composed PD front:[/] {result.composition_error}")
+    _print_campaign(result, failures=5)
 
 
 @app.command()
@@ -273,12 +280,12 @@ def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measure
     from tuner.hardware import get_gpu
     from tuner.models import load_model
     from tuner.perf import MeasuredPoint, fit_calibration
+    from tuner.space import phase_role
     from tuner.study import load_campaign
-    from tuner.topology import Role
 
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     result, space, meta = load_campaign(settings.storage_url, study)
-    points = [MeasuredPoint(topology=p.deployment.groups[0].topology, role=Role(phase), metrics=p.metrics)
+    points = [MeasuredPoint(topology=p.deployment.groups[0].topology, role=phase_role(phase), metrics=p.metrics)
               for phase, pr in result.phases.items() for p in pr.points if p.feasible]
     if not points:
         raise ConfigError(f"{study} has no measured point to fit", field="STUDY",

@@ -48,7 +48,8 @@ class Occupancy:
 
 def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
     return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, redundant_experts(topo), topo.kv_cache_dtype,
-            topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens, isl, osl)
+            topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens,
+            topo.max_cudagraph_capture_size, isl, osl)
 
 
 class RooflineModel(PerformanceModel):

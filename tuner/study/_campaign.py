@@ -25,7 +25,7 @@ from tuner.frontier import (
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
-from tuner.space import PHASES, SearchSpace
+from tuner.space import ALL_PHASES, PHASES, SearchSpace
 from tuner.study._naming import campaign_name, split_name
 from tuner.study._records import StoredPoint, stored_points
 from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
@@ -140,8 +140,8 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
     """(every composed deployment, the composed front, why there is none) from each phase's measured curves
     (each topology's own front is enough: its dominated levels can never be on the composed front)."""
     if "prefill" not in curves or "decode" not in curves:
-        if len(space.phases) < 2:
-            return [], [], "the space has one phase only: no PD composition"
+        if not set(PHASES) <= set(space.phases):
+            return [], [], "the space has no prefill + decode pair of phases: no PD composition"
         missing = next(p for p in PHASES if p not in curves)
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
     # a deterministic order (by topology, then level): the same points give the same front, however they arrived
@@ -195,7 +195,7 @@ def open_campaign_studies(storage_url: str, name: str) -> dict[str, optuna.Study
     base, only = split_name(name)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
     out = {}
-    for phase in PHASES:
+    for phase in ALL_PHASES:
         full = f"{base}/{phase}"
         if full in names and (only is None or only == phase):
             out[phase] = optuna.load_study(study_name=full, storage=storage)
@@ -231,7 +231,7 @@ class Campaign:
     artifacts_dir: Path
     on_event: ProgressCallback = lambda _e: None
     stop: StopSignal = field(default_factory=StopSignal)
-    phases: tuple[str, ...] = PHASES
+    phases: tuple[str, ...] = ALL_PHASES  # those the space defines run, in this order
     name: str = ""  # prefix of the phase studies; default campaign_name(model, GPU, workload)
 
     def __post_init__(self) -> None:

@@ -23,7 +23,7 @@ from tuner.backends import TrialStatus
 from tuner.errors import TopotuneError
 from tuner.frontier import pareto_front
 from tuner.models import ModelSpec, load_model
-from tuner.space import PHASES, SearchSpace
+from tuner.space import ALL_PHASES, SearchSpace
 from tuner.study._campaign import CampaignResult, PhaseResult, compose_curves
 from tuner.study._optuna_compat import trial_id, trials_since
 from tuner.study._records import StoredPoint, stored_points
@@ -150,13 +150,13 @@ class LiveCampaign:
         return sum(len(fold.rows) for fold in self._phases.values())
 
     def rows(self, phase: str | None = None) -> list[TrialRow]:
-        phases = [phase] if phase is not None else list(PHASES)
+        phases = [phase] if phase is not None else list(ALL_PHASES)
         return [row for p in phases if p in self._phases for _, row in sorted(self._phases[p].rows.items())]
 
     def _open_new_phases(self) -> bool:
         storage = open_storage(self.storage_url)
         opened = False
-        for phase in PHASES:
+        for phase in ALL_PHASES:
             if phase in self._phases:
                 continue
             try:

@@ -21,7 +21,7 @@ def campaign_name(model: str, gpu: str, isl: int, osl: int) -> str:
 def split_name(name: str) -> tuple[str, str | None]:
     """'m@g/8192x1024/decode' -> ('m@g/8192x1024', 'decode'); a campaign name has no phase."""
     head, _, tail = name.rpartition("/")
-    if tail in ("prefill", "decode"):
+    if tail in ("prefill", "decode", "aggregated"):
         return head, tail
     if "@" not in name:
         raise ConfigError(f"{name!r} is not a study name", field="STUDY",

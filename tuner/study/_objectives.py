@@ -12,6 +12,7 @@ from tuner.metrics import ServingMetrics
 PHASE_METRICS: dict[str, tuple[str, str]] = {
     "prefill": ("total_tok_s_per_gpu", "prefill_tok_s_per_user"),
     "decode": ("total_tok_s_per_gpu", "tok_s_per_user"),
+    "aggregated": ("total_tok_s_per_gpu", "tok_s_per_user"),  # one instance serving ISL/OSL: the user's view
 }
 # The same two objectives, in words, for chart axes.
 PHASE_AXES: dict[str, tuple[str, str]] = {

@@ -16,7 +16,7 @@ import threading
 
 import optuna
 
-from tuner.space import PHASES
+from tuner.space import ALL_PHASES
 from tuner.study._storage import open_storage
 from tuner.study._trial_record import StudyFlag, study_flag
 
@@ -59,7 +59,7 @@ def request_cancel(storage_url: str, campaign: str) -> int:
     """Flag every phase study of `campaign` as cancelled; returns how many were flagged."""
     storage = open_storage(storage_url)
     flagged = 0
-    for phase in PHASES:
+    for phase in ALL_PHASES:
         try:
             study_id = storage.get_study_id_from_name(f"{campaign}/{phase}")
         except KeyError:

@@ -9,9 +9,9 @@ from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
 from tuner.perf import RooflineModel
-from tuner.space import Phase, SearchSpace
+from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._objectives import phase_values
-from tuner.topology import Role, Topology
+from tuner.topology import Topology
 
 
 def topology_params(topo: Topology) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: Gp
     for topo in space.expand(phase, model):
         if not compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl)).fits:
             continue
-        for m in perf.predict_curve(topo, Role(phase), isl=workload.isl, osl=workload.osl,
+        for m in perf.predict_curve(topo, phase_role(phase), isl=workload.isl, osl=workload.osl,
                                     concurrencies=workload.concurrency):
             out.append((topo, phase_values(phase, m)))
     return out
