@@ -37,11 +37,13 @@ EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "ray")  # "local" runs 
 def _space(tmp_path: Path) -> Path:
     data = yaml.safe_load((REPO / "search_spaces" / "cpu-tiny.yaml").read_text())
     data["workload"]["requests_per_level"] = 8
-    data["workload"]["isl"] = 2160
+    # The served context is isl + osl plus headroom in whole 256s (served_context_tokens): 1776 + 2 -> 2048 tokens
+    # (16 CPU blocks of 128) fits the 17 usable blocks of the budget below at TP1, 1776 + 32 -> 2304 (18) does not.
+    data["workload"]["isl"] = 1776
     # decode TP1 cannot run here, so the smallest pair is 1P(TP1) 1D(TP2): let the composition use 3 devices
     # (arithmetic on the measured curves; trials still take at most 2 cores).
     data["cluster"]["num_gpus"] = 3
-    data["phases"]["prefill"]["workload"] = {"isl": 2160, "osl": 2}
+    data["phases"]["prefill"]["workload"] = {"isl": 1776, "osl": 2}
     path = tmp_path / "cpu-tiny-test.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
