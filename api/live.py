@@ -60,7 +60,8 @@ class LiveView(BaseModel):
     last_event_id: int
 
 
-def _logs(folder: str | None, artifacts_root: Path) -> tuple[list[LogTail], str | None]:
+def read_trial_logs(folder: str | None, artifacts_root: Path) -> tuple[list[LogTail], str | None]:
+    """The tails of a trial's log files, or why there are none; symlinks are resolved before the root check."""
     if not folder:
         return [], "no artifacts folder recorded yet"
     path = Path(folder).resolve()
@@ -94,7 +95,7 @@ def in_flight(record: StudyRecord, storage_url: str, artifacts_root: Path) -> li
                 continue
             start = r.started_at  # Optuna stores local time
             beat = r.attrs.heartbeat_at
-            logs, note = _logs(r.attrs.artifacts_dir, artifacts_root)
+            logs, note = read_trial_logs(r.attrs.artifacts_dir, artifacts_root)
             out.append(InFlightTrial(phase=phase, trial_number=t.number, config=_label(t.params), params=t.params,
                                      running_s=round(now - start, 1) if start else None,
                                      heartbeat_age_s=round(now - float(beat), 1) if beat else None,

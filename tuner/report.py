@@ -5,11 +5,12 @@ Plotly is imported inside the functions: `topotune memory` and the API's JSON ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError
-from tuner.frontier import ComposedPoint, family_fronts
+from tuner.frontier import AggregatedPoint, ComposedPoint, family_fronts
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -21,8 +22,10 @@ FAINT_MARKER = {"size": 3, "color": "rgba(120,120,120,0.35)"}
 FRONT_LINE = {"width": 3, "color": "#d62728"}
 
 
-def composed_front_figure(points: list[ComposedPoint], front: list[ComposedPoint], title: str) -> go.Figure:
-    """Every deployment family's curve faint, the combined front bold, the deployment on hover."""
+def composed_front_figure(points: list[ComposedPoint], front: list[ComposedPoint], title: str,
+                          aggregated: Sequence[AggregatedPoint] = ()) -> go.Figure:
+    """Every deployment family's curve faint, the combined front bold, the aggregated front (replicas serving
+    prefill and decode together) beside it, the deployment on hover."""
     import plotly.graph_objects as go
 
     xs: list[float | None] = []
@@ -44,6 +47,13 @@ def composed_front_figure(points: list[ComposedPoint], front: list[ComposedPoint
         text=[f"<b>{p.name}</b><br>{p.total_tok_s_per_gpu:,.0f} tok/s/GPU, {p.tok_s_per_user:.1f} tok/s/user<br>"
               f"{p.num_gpus} GPUs, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms" for p in front],
         mode="lines+markers", name="combined Pareto front", line=FRONT_LINE, marker={"size": 8}))
+    if aggregated:
+        fig.add_trace(go.Scatter(
+            x=[p.tok_s_per_user for p in aggregated], y=[p.total_tok_s_per_gpu for p in aggregated],
+            hoverinfo="text", mode="lines+markers", name="aggregated front", line={"dash": "dash"},
+            text=[f"<b>{p.name}</b> (aggregated)<br>{p.total_tok_s_per_gpu:,.0f} tok/s/GPU, "
+                  f"{p.tok_s_per_user:.1f} tok/s/user<br>TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms"
+                  for p in aggregated]))
     fig.update_layout(title=title, xaxis_title="generated tokens/s per user", template="plotly_white",
                       yaxis_title="total tokens/s per GPU (prefill + decode GPUs)", hovermode="closest")
     return fig

@@ -27,6 +27,7 @@ from api.models import EventRecord, StudyRecord
 from api.schemas import StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.errors import TopotuneError
+from tuner.study import PHASE_AXES
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
@@ -86,7 +87,7 @@ def compare_page(request: Request, session: SessionDep, a: int | None = None, b:
     rows = session.scalars(select(StudyRecord).order_by(StudyRecord.id.desc()).limit(500)).all()
     ids = [r.id for r in rows]
     return TEMPLATES.TemplateResponse(request, "compare.html", {
-        "studies": rows, "a": a if a in ids else (ids[1] if len(ids) > 1 else None),
+        "studies": rows, "phase_axes": PHASE_AXES, "a": a if a in ids else (ids[1] if len(ids) > 1 else None),
         "b": b if b in ids else (ids[0] if ids else None)})
 
 

@@ -5,6 +5,7 @@ are kept in test-artifacts/."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import threading
@@ -116,9 +117,12 @@ def create_in_dashboard(driver, name: str) -> None:
 
 
 def _wait(driver, condition, timeout_s: float = 60.0):
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
+    # the live page replaces its in-flight panel every 2 s and reloads when the study ends: elements go stale
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.2,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(condition)
 
 
 def test_a_browser_drives_the_service(driver, live_server):
@@ -168,9 +172,10 @@ def test_a_browser_drives_the_service(driver, live_server):
     sid = int(driver.current_url.rsplit("/", 1)[-1])
 
     # live: a trial in flight with its trial.log, then cancel from the page
-    log = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#in-flight .trial pre.log"), 120)[0]
-    assert "started in thread" in log.text
-    assert "decode #" in driver.find_element(By.CSS_SELECTOR, "#in-flight .trial h4").text
+    panel_js = "const p = document.getElementById('in-flight'); return p ? p.innerText : '';"
+    panel = _wait(driver, lambda d: "started in thread" in d.execute_script(panel_js) and d.execute_script(panel_js),
+                  120)
+    assert "trial.log" in panel and re.search(r"decode #\d+: tp=\d+ dp=\d+", panel), panel
     assert "ITL \u2264 40.0 ms" in driver.find_element(By.TAG_NAME, "body").text  # the form's constraint
     driver.save_screenshot(str(ARTIFACTS / "ui-study-live.png"))
     driver.find_element(By.ID, "cancel").click()

@@ -177,14 +177,14 @@ def test_form_constraints_go_through_the_api_schema(app_client):
 
 
 def test_live_view_shows_trials_in_flight_with_their_log(app_client):
-    r = app_client.post("/v1/studies", json={**FAST_STUDY, "trials": 2, "trial_delay_s": 4.0, "phases": ["decode"]},
+    r = app_client.post("/v1/studies", json={**FAST_STUDY, "trials": 3, "trial_delay_s": 5.0, "phases": ["decode"]},
                         headers=AUTH)
     sid = r.json()["id"]
     deadline = time.monotonic() + 120
     while True:
         live = app_client.get(f"/ui/studies/{sid}/live").json()
-        if live["in_flight"] and live["in_flight"][0]["logs"]:
-            break
+        if live["in_flight"] and live["in_flight"][0]["logs"] and live["in_flight"][0]["logs"][0]["tail"]:
+            break  # (the file may exist a moment before its first line is written)
         assert time.monotonic() < deadline, live
         time.sleep(0.2)
     trial = live["in_flight"][0]
@@ -202,6 +202,7 @@ def test_compare_page_defaults_to_the_two_newest(app_client):
     ids = [app_client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"] for _ in range(2)]
     page = app_client.get("/ui/compare").text
     assert f"const ids = [{ids[0]}, {ids[1]}]" in page
+    assert '"decode": ["total tokens/s per GPU", "generated tokens/s per user"]' in page  # tuner's PHASE_AXES
     page = app_client.get(f"/ui/compare?a={ids[1]}&b={ids[0]}").text
     assert f"const ids = [{ids[1]}, {ids[0]}]" in page
 
@@ -213,3 +214,27 @@ def test_the_dashboard_page_says_why_it_is_read_only(app_client):
     assert "topotune-banner" not in app_client.get("/api/studies").text  # the JSON API is untouched
     sign_in(app_client)
     assert "topotune-banner" not in app_client.get("/dashboard").text
+
+
+def test_live_log_tails_are_bounded_and_stay_in_the_artifacts_folder(tmp_path):
+    from api.live import LOG_TAIL_BYTES, read_trial_logs
+
+    root = tmp_path / "artifacts"
+    trial = root / "study_decode" / "trial-0001"
+    trial.mkdir(parents=True)
+    (trial / "trial.log").write_text("".join(f"line {i}\n" for i in range(5000)))
+    (trial / "vllm").mkdir()
+    (trial / "vllm" / "decode-0.log").write_text("INFO started\n")
+    logs, note = read_trial_logs(str(trial), root)
+    assert note is None and [t.name for t in logs] == ["trial.log", "vllm/decode-0.log"]
+    assert len(logs[0].tail) <= LOG_TAIL_BYTES and logs[0].tail.startswith("line ") and logs[0].tail.endswith(
+        "line 4999\n") and logs[0].size_bytes > LOG_TAIL_BYTES
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "trial.log").write_text("secret\n")
+    (root / "escape").symlink_to(outside)
+    for folder in (str(outside), str(root / "escape"), "/etc"):
+        logs, note = read_trial_logs(folder, root)
+        assert logs == [] and "outside the service's artifacts folder" in note
+    logs, note = read_trial_logs(str(root / "not-yet"), root)
+    assert logs == [] and "no log folder on this machine yet" in note

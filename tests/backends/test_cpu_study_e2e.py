@@ -2,12 +2,13 @@
 the points and the GSM8K score, keeps going past a deliberately impossible trial, and `topotune show` prints the
 composed PD front made from these measurements.
 
-The impossible trial: a KV budget of 1152 KiB per worker (`--kv-cache-memory-bytes`). vLLM's CPU blocks hold 128
+The impossible trial: a KV budget of 1408 KiB per worker (`--kv-cache-memory-bytes`). vLLM's CPU blocks hold 128
 tokens at 512 B/token for the tiny model (256 B per TP2 worker) and its check holds one block back: TP1 gets
-17 usable blocks (2176 tokens), TP2 35. Both phases run ISL 2160 (the composition needs one ISL): a prefill
-request (2160 + 2) fits TP1, a decode request (2160 + 32) does not, so decode TP1 must end KV_TOO_SMALL while
-decode TP2 is measured and the study goes on. (ISL above 2048, the served context a gated trial needs at least
-for the 5-shot GSM8K prompts, so max-model-len is ISL + OSL in both phases.)
+21 usable blocks (2688 tokens), TP2 43. Both phases run ISL 2302 (the composition needs one ISL); the served
+context is ISL + OSL plus headroom, rounded up to 256 (tuner.workload.served_context_tokens), and at least the
+2048 tokens a gated trial needs for the 5-shot GSM8K prompts: prefill serves 2560 tokens (2302 + 2 + 256), which
+fits TP1, decode 2816 (2302 + 32 + 256), which does not, so decode TP1 must end KV_TOO_SMALL while decode TP2
+is measured and the study goes on.
 """
 
 from __future__ import annotations
@@ -30,20 +31,18 @@ from tuner.study import Campaign, TuneOptions
 
 pytestmark = [pytest.mark.slow, needs_envs]
 
-KV_BUDGET_BYTES = 1152 * 1024
+KV_BUDGET_BYTES = 1408 * 1024
 EXECUTOR = os.environ.get("TOPOTUNE_CPU_STUDY_EXECUTOR", "ray")  # "local" runs the same study in threads
 
 
 def _space(tmp_path: Path) -> Path:
     data = yaml.safe_load((REPO / "search_spaces" / "cpu-tiny.yaml").read_text())
     data["workload"]["requests_per_level"] = 8
-    # The served context is isl + osl plus headroom in whole 256s (served_context_tokens): 1776 + 2 -> 2048 tokens
-    # (16 CPU blocks of 128) fits the 17 usable blocks of the budget below at TP1, 1776 + 32 -> 2304 (18) does not.
-    data["workload"]["isl"] = 1776
+    data["workload"]["isl"] = 2302
     # decode TP1 cannot run here, so the smallest pair is 1P(TP1) 1D(TP2): let the composition use 3 devices
     # (arithmetic on the measured curves; trials still take at most 2 cores).
     data["cluster"]["num_gpus"] = 3
-    data["phases"]["prefill"]["workload"] = {"isl": 1776, "osl": 2}
+    data["phases"]["prefill"]["workload"] = {"isl": 2302, "osl": 2}
     path = tmp_path / "cpu-tiny-test.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

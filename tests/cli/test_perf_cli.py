@@ -67,7 +67,7 @@ def test_frontier_json_and_html(ref: str, tmp_path: Path, capsys: pytest.Capture
     users = [p["tok_s_per_user"] for p in front]
     assert users == sorted(users)  # throughput end first
     text = html.read_text()
-    assert "combined Pareto front" in text and "every deployment" in text
+    assert "combined Pareto front" in text and "every deployment" in text and "aggregated front" in text
 
 
 def test_frontier_table(ref: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -105,3 +105,24 @@ def test_imex_needed_only_for_multi_node_nvlink() -> None:
     assert missing.status is CheckStatus.FAIL and "imex-channels" in missing.detail and "nvidia-imex" in missing.fix
     assert check_imex(facts(), GB300, 4, 72).status is CheckStatus.PASS
     assert check_imex(facts(imex_channels=()), H100, 8, 16).status is CheckStatus.PASS
+
+
+def test_vllm_version_must_match_the_space_and_lists_required_settings() -> None:
+    from tuner.doctor._checks import check_same_vllm, check_vllm_version
+
+    ok = check_vllm_version(facts(), None, hybrid=True, multi_node_nvlink=True)
+    assert ok.status is CheckStatus.PASS and ok.detail.startswith("vLLM 0.26.1")
+    assert "VLLM_SSM_CONV_STATE_LAYOUT=DS" in ok.detail and "UCX_CUDA_IPC_ENABLE_MNNVL=y" in ok.detail
+    assert "across TP allowed" in ok.detail  # 0.26.1 transfers hybrid KV between different TP (PR #49612)
+    old = facts(tools={"vllm": ToolFacts(name="vllm", argv=("vllm",), path="/v", ran=True, version="0.22.0")})
+    older = check_vllm_version(old, None, hybrid=True, multi_node_nvlink=False)
+    assert "--no-disable-hybrid-kv-cache-manager" in older.detail and "only at equal TP" in older.detail
+    mismatch = check_vllm_version(facts(), "0.32.0", hybrid=False, multi_node_nvlink=False)
+    assert mismatch.status is CheckStatus.FAIL and "targets vLLM 0.32.0" in mismatch.detail
+    assert "runs 0.26.1" in mismatch.detail and "cluster.vllm_version: 0.26.1" in mismatch.fix
+    newer = facts(tools={"vllm": ToolFacts(name="vllm", argv=("vllm",), path="/v", ran=True, version="0.40.0")})
+    assert check_vllm_version(newer, None, hybrid=False, multi_node_nvlink=False).status is CheckStatus.WARN
+    broken = facts(tools={"vllm": ToolFacts(name="vllm", argv=("vllm",), error="vllm not found")})
+    assert check_vllm_version(broken, None, hybrid=False, multi_node_nvlink=False).status is CheckStatus.FAIL
+    split = check_same_vllm([facts(), newer.model_copy(update={"node": "gpu-08"})])
+    assert split.status is CheckStatus.FAIL and "gpu-07 0.26.1" in split.detail and "gpu-08 0.40.0" in split.detail

@@ -195,8 +195,9 @@ def _point_dict(p: ComposedPoint) -> dict[str, object]:
             "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
 
 
-def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list[ComposedPoint]) -> None:
-    write_figures(path, title, [composed_front_figure(points, front, title)])
+def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list[ComposedPoint],
+                aggregated: list[AggregatedPoint]) -> None:
+    write_figures(path, title, [composed_front_figure(points, front, title, aggregated)])
 
 
 @app.command()
@@ -262,7 +263,7 @@ def frontier(
     title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
              f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
     if html is not None:
-        _write_html(html, title, fronts.points, fronts.front)
+        _write_html(html, title, fronts.points, fronts.front, fronts.aggregated)
     if json_out:
         print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,

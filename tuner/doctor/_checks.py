@@ -11,7 +11,9 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.backends.vllm._versions import NEWEST_CHECKED, VllmVersion, launch_rules
 from tuner.doctor._probe import NodeFacts
+from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
 
 # What vLLM's NixlConnector needs on every PD instance (UCX is its default transport backend).
@@ -168,11 +170,69 @@ def check_imex(facts: NodeFacts, gpu: GpuSpec | None, gpus_per_host: int, num_gp
                  "NVreg_CreateImexChannel0=1); in Kubernetes request a ComputeDomain")
 
 
+def required_settings(version: VllmVersion, *, hybrid: bool, multi_node_nvlink: bool) -> list[str]:
+    """The version table's choices for this vLLM that a campaign on this model and GPU will apply."""
+    rules = launch_rules(version)
+    out = [f"CUDA graphs via {rules.cudagraph_flag}"]
+    if rules.prefill_speculative_config:
+        out.append("PD prefill carries decode's --speculative-config (MTP)")
+    if hybrid:
+        out += [f"{k}={v} on PD instances" for k, v in rules.hybrid_pd_env.items()]
+        out += [f"{f} on PD instances" for f in rules.hybrid_pd_flags]
+        out.append("hybrid PD pairs across TP allowed" if rules.hybrid_hetero_tp else
+                   "hybrid PD pairs only at equal TP")
+    if multi_node_nvlink:
+        out.append("UCX " + ", ".join(f"{k}={v}" for k, v in rules.ucx_multi_node_nvlink_env.items()))
+    return out
+
+
+def check_vllm_version(facts: NodeFacts, targeted: str | None, *, hybrid: bool,
+                       multi_node_nvlink: bool) -> CheckResult:
+    """The node's vLLM is the version the plans target (their version-dependent flags and environment follow
+    tuner/backends/vllm/_versions.py), and the settings that version requires are listed."""
+    tool = facts.tools.get("vllm")
+    name = "vllm settings"
+    if tool is None or not tool.ran:
+        return _fail(facts.node, name, "vLLM did not run: its version, and so its required settings, are unknown",
+                     "fix the vllm check first")
+    try:
+        found = VllmVersion.parse(tool.version, field_name="vllm --version")
+    except ConfigError as exc:
+        return _fail(facts.node, name, exc.message, "check that `vllm --version` prints a version")
+    if targeted:
+        want = VllmVersion.parse(targeted)
+        if want != found:
+            return _fail(facts.node, name, f"the space targets vLLM {want} (cluster.vllm_version) but node "
+                                           f"{facts.node} runs {found}: plans would carry {want}'s flags and "
+                                           f"environment", f"set cluster.vllm_version: {found} or install vLLM "
+                                                            f"{want} on {facts.node}")
+    settings = "; ".join(required_settings(found, hybrid=hybrid, multi_node_nvlink=multi_node_nvlink))
+    if found > NEWEST_CHECKED:
+        return _fail(facts.node, name, f"vLLM {found} is newer than the version table was checked against "
+                                       f"({NEWEST_CHECKED}); applying {found}'s entries: {settings}",
+                     "read tuner/backends/vllm/_versions.py's entries against this vLLM's release notes", warn=True)
+    return _ok(facts.node, name, f"vLLM {found}: {settings}")
+
+
+def check_same_vllm(nodes: Sequence[NodeFacts]) -> CheckResult:
+    """Every node runs the same vLLM (one plan, one version)."""
+    versions = {n.node: n.tools["vllm"].version for n in nodes if "vllm" in n.tools and n.tools["vllm"].ran}
+    if len(set(versions.values())) <= 1:
+        return _ok("cluster", "same vllm", f"{len(versions)} node(s) on {next(iter(versions.values()), 'none')}")
+    shown = ", ".join(f"{node} {v}" for node, v in sorted(versions.items()))
+    return _fail("cluster", "same vllm", f"nodes run different vLLM versions: {shown}",
+                 "install one vLLM version on every node")
+
+
 def node_checks(facts: NodeFacts, *, gpu: GpuSpec | None, gpus_per_host: int, num_gpus: int,
-                needs_pd: bool, fixed_ports: bool) -> list[CheckResult]:
+                needs_pd: bool, fixed_ports: bool, vllm_version: str | None = None,
+                hybrid: bool = False) -> list[CheckResult]:
     """Every per-node check, in the order they are printed."""
     out = [check_gpus(facts, gpu, gpus_per_host), check_model(facts)]
     out += [check_tool(facts, name) for name in facts.tools]
+    if "vllm" in facts.tools:
+        out.append(check_vllm_version(facts, vllm_version, hybrid=hybrid,
+                                      multi_node_nvlink=needs_imex(gpu, gpus_per_host, num_gpus)))
     out += [check_nixl(facts, needed=needs_pd), check_ports(facts, fixed_ports),
             check_imex(facts, gpu, gpus_per_host, num_gpus)]
     return out

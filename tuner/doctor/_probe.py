@@ -141,14 +141,10 @@ def _resolve(executable: str) -> str:
 
 
 def _interpreter(path: str) -> str:
-    """The Python behind an executable: itself, or its console script's shebang ("" when neither)."""
-    if Path(path).name.startswith("python"):
-        return path
-    try:
-        first = Path(path).read_bytes()[:200].split(b"\n", 1)[0].decode()
-    except (OSError, UnicodeDecodeError):
-        return ""
-    return first[2:].strip().split()[0] if first.startswith("#!") and "python" in first else ""
+    """The Python behind an executable ("" when there is none), as the version table reads it."""
+    from tuner.backends.vllm._versions import _interpreter as python_of
+
+    return python_of(path) or ""
 
 
 def _distribution_version(python: str, names: tuple[str, ...], timeout_s: float) -> str:

@@ -15,7 +15,7 @@ from tuner.backends import HostAssignment, TrialRequest
 from tuner.backends.vllm import VllmBackend, VllmBackendSettings, uniform_hosts
 from tuner.backends.vllm._backend import _PORT_BLOCK
 from tuner.deployment import Deployment
-from tuner.doctor._checks import CheckResult, CheckStatus, check_cluster_size, node_checks
+from tuner.doctor._checks import CheckResult, CheckStatus, check_cluster_size, check_same_vllm, node_checks
 from tuner.doctor._probe import NodeFacts, ProbeRequest, probe_node
 from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec, get_gpu
@@ -140,6 +140,18 @@ def _first_trial(space: SearchSpace, model_path: str, settings: VllmBackendSetti
                                       for p in plan.processes))
 
 
+def _is_hybrid(model_path: str) -> bool:
+    """Whether the model has layers without KV cache (GDN/mamba): PD settings differ for them."""
+    if not model_path:
+        return False
+    try:
+        from tuner.models import load_model
+
+        return load_model(model_path).is_hybrid
+    except (TopotuneError, OSError, ValueError):
+        return False  # the model check reports what is wrong with the folder
+
+
 def run_doctor(space: SearchSpace, model_path: str | Path | None, *, space_name: str = "", executor: str = "ray",
                settings: VllmBackendSettings | None = None, ray_address: str | None = None,
                ray_port: int = 6390) -> DoctorReport:
@@ -156,10 +168,16 @@ def run_doctor(space: SearchSpace, model_path: str | Path | None, *, space_name:
                                             else os.environ.get("RAY_ADDRESS"), ray_port)
     else:
         nodes, checks, cluster = [probe_node(request)], [], "local"
-    checks.append(check_cluster_size(nodes, gpu, space.cluster.num_gpus, per_host))
+    checks += [check_cluster_size(nodes, gpu, space.cluster.num_gpus, per_host), check_same_vllm(nodes)]
+    hybrid = _is_hybrid(model)
     for facts in nodes:
         checks += node_checks(facts, gpu=gpu, gpus_per_host=per_host, num_gpus=space.cluster.num_gpus,
-                              needs_pd=False, fixed_ports=settings.port_base is not None)
+                              needs_pd=False, fixed_ports=settings.port_base is not None,
+                              vllm_version=space.cluster.vllm_version, hybrid=hybrid)
+    if settings.vllm_version is None:  # plan the first trial for the version the nodes run, as trials will
+        found = next((n.tools["vllm"].version for n in nodes if "vllm" in n.tools and n.tools["vllm"].ran), "")
+        target = space.cluster.vllm_version or found or None
+        settings = settings.model_copy(update={"vllm_version": target})
     first, error = None, "no model given (--model PATH)"
     if model:
         try:
