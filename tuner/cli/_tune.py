@@ -133,19 +133,9 @@ def tune(
     from tuner.executors import make_executor
     from tuner.report import write_campaign_report
     from tuner.space import ALL_PHASES, load_space
-    from tuner.study import SAMPLERS, Campaign, TuneOptions
+    from tuner.study import Campaign, TuneOptions
 
-    if trials < 1:
-        raise ConfigError(f"must be >= 1, got {trials}", field="--trials", fix="give a positive trial budget")
-    if parallel < 1:
-        raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
-    if sampler not in SAMPLERS:
-        raise ConfigError(f"unknown sampler {sampler!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
-    if not 0 <= noise < 1:
-        raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.05 for 5%")
-    for p in phase or []:
-        if p not in ALL_PHASES:
-            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill, decode or aggregated")
+    _check_tune_options(trials=trials, parallel=parallel, sampler=sampler, noise=noise, phases=phase or [])
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     the_space = load_space(space)
     backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
@@ -182,13 +172,37 @@ def tune(
     if json_out:
         print_json(_result_json(result, report))
         return
+    _print_campaign(result, failures=0)
+    console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
+
+
+def _check_tune_options(*, trials: int, parallel: int, sampler: str, noise: float, phases: list[str]) -> None:
+    from tuner.space import ALL_PHASES
+    from tuner.study import SAMPLERS
+
+    if trials < 1:
+        raise ConfigError(f"must be >= 1, got {trials}", field="--trials", fix="give a positive trial budget")
+    if parallel < 1:
+        raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {sampler!r}", field="--sampler", fix=f"use one of {', '.join(SAMPLERS)}")
+    if not 0 <= noise < 1:
+        raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.05 for 5%")
+    for p in phases:
+        if p not in ALL_PHASES:
+            raise ConfigError(f"unknown phase {p!r}", field="--phase", fix="use prefill, decode or aggregated")
+
+
+def _print_campaign(result, *, failures: int) -> None:  # type: ignore[no-untyped-def]
+    """Each phase's front (with its first `failures` failures), then the composed PD front or why there is none."""
     for pr in result.phases.values():
         console.print(_phase_table(pr))
+        for f in pr.failures[:failures]:
+            console.print(f"  [red]{f.status}[/] trial {f.trial_number}: {f.reason[:140]}", highlight=False)
     if result.composed_front:
         console.print(_front_table(result))
     elif result.composition_error:
         console.print(f"[yellow]no composed PD front:[/] {result.composition_error}")
-    console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
 
 
 @app.command()
@@ -221,14 +235,7 @@ def show(study: Annotated[str, typer.Argument(help="name from `topotune studies`
     if json_out:
         print_json(_result_json(result, None))
         return
-    for pr in result.phases.values():
-        console.print(_phase_table(pr))
-        for f in pr.failures[:5]:
-            console.print(f"  [red]{f.status}[/] trial {f.trial_number}: {f.reason[:140]}", highlight=False)
-    if result.composed_front:
-        console.print(_front_table(result))
-    elif result.composition_error:
-        console.print(f"[yellow]no composed PD front:[/] {result.composition_error}")
+    _print_campaign(result, failures=5)
 
 
 @app.command()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import optuna
+import sqlalchemy.exc
 
 from tuner.errors import ConfigError
 
@@ -31,7 +33,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         else:
             engine_kwargs = {"pool_pre_ping": True}
         try:
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            storage = _create_schema_once(url, engine_kwargs)
         except ImportError as exc:
             raise ConfigError(f"no database driver for {url.split(':', 1)[0]} ({exc.name})", field="--storage",
                               fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB") from exc
@@ -41,6 +43,26 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
                               fix="check the URL and that the database server is reachable") from exc
         _STORAGES[url] = storage
         return storage
+
+
+def _create_schema_once(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
+    """Optuna creates its tables on first open; two processes opening a fresh database at once (a driver and the
+    service, or a resumed CLI) race on that and the loser sees a duplicate row or table. The winner's schema is
+    then complete, so opening again succeeds: retry a few times instead of failing the loser."""
+    attempts = 5
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        except sqlalchemy.exc.DBAPIError as exc:
+            if attempt == attempts - 1 or not _lost_schema_race(exc):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _lost_schema_race(exc: sqlalchemy.exc.DBAPIError) -> bool:
+    """A duplicate alembic_version row, or a table another process created first (SQLite and PostgreSQL)."""
+    return isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
 
 
 def close_storage(url: str) -> None:
