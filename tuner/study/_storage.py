@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -45,6 +46,24 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         return storage
 
 
+@dataclass(frozen=True)
+class TrialCensus:
+    """Trials of every study in a storage, by Optuna state and by topotune outcome (for metrics scrapes)."""
+
+    by_state: dict[str, int] = field(default_factory=dict)
+    by_outcome: dict[str, int] = field(default_factory=dict)
+
+
+def trial_census(url: str) -> TrialCensus:
+    """Trials by state and outcome across the storage (empty before the first study created Optuna's tables)."""
+    from tuner.study._optuna_compat import count_trials
+
+    try:
+        by_state, by_outcome = count_trials(open_storage(url))
+    except Exception:
+        return TrialCensus()
+    return TrialCensus(by_state={str(getattr(s, "name", s)): n for s, n in by_state},
+                       by_outcome={v.strip('"'): n for v, n in by_outcome})
 def _create_schema_once(url: str, engine_kwargs: dict) -> optuna.storages.RDBStorage:
     """Optuna creates its tables on first open; two processes opening a fresh database at once (a driver and the
     service, or a resumed CLI) race on that and the loser sees a duplicate row or table. The winner's schema is
