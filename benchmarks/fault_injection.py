@@ -183,7 +183,8 @@ class _Service:
     def start(self) -> None:
         import httpx
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(self.port),
+        self.proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "serve",
+                                      "--port", str(self.port),
                                       "--log-level", "warning"], env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=open(self.work / "serve.log", "a"))  # noqa: SIM115
         deadline = time.monotonic() + 120
