@@ -11,7 +11,7 @@ from api.models import ModelStatus, StudyStatus
 from tuner.space import Constraints
 
 PhaseName = Literal["prefill", "decode", "aggregated"]
-SamplerName = Literal["gp", "tpe", "nsga2", "random"]
+SamplerName = Literal["auto", "guided", "gp", "tpe", "nsga2", "random"]  # auto = guided (tuner.study)
 ExportFormat = Literal["vllm", "compose", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
 MAX_TRIAL_DELAY_S = 600.0
@@ -45,7 +45,7 @@ class StudyCreate(_In):
     space: str | dict[str, Any] | None = Field(None, description="inline search space (YAML/JSON text or object)")
     backend: Literal["simulated", "vllm"] = "simulated"
     trials: int = Field(10, ge=1, le=1000, description="launched trials per phase")
-    sampler: SamplerName = "gp"
+    sampler: SamplerName = "auto"
     seed: int = Field(0, ge=0, le=2**31 - 1)
     warm_start: bool = True
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=3, description="default: every phase")

@@ -115,8 +115,8 @@ def tune(
     space: Annotated[Path, typer.Option(help="search-space YAML (see search_spaces/)")],
     backend: Annotated[str, typer.Option(help="simulated | vllm")] = "simulated",
     trials: Annotated[int, typer.Option(help="launched trials per phase (screened-out configs are free)")] = 40,
-    sampler: Annotated[str, typer.Option(help="auto (gp up to 60 trials, tpe beyond) | gp | tpe | nsga2 | "
-                                              "random")] = "auto",
+    sampler: Annotated[str, typer.Option(help="auto (= guided: the simulator's prediction corrected by a residual "
+                                              "learnt from the trials) | guided | gp | tpe | nsga2 | random")] = "auto",
     seed: Annotated[int, typer.Option()] = 0,
     storage: StorageOpt = None,
     parallel: Annotated[int, typer.Option(help="trials in flight at once (limited by free GPUs)")] = 1,

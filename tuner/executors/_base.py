@@ -38,6 +38,11 @@ class Executor(abc.ABC):
     def can_start(self, request: TrialRequest) -> bool:
         """True when the cluster has room for this trial now."""
 
+    def at_capacity(self) -> bool:
+        """True when no trial can start before one finishes (its parallel limit is reached). The driver then waits
+        before asking the sampler, so the next proposal sees the result that frees the slot."""
+        return False
+
     @abc.abstractmethod
     def submit(self, request: TrialRequest) -> TrialHandle: ...
 

@@ -44,6 +44,9 @@ class LocalExecutor(Executor):
             raise TopologyError(f"{request.deployment.name} needs {request.deployment.num_gpus} GPUs but the cluster "
                                 f"has {self._num_gpus}", field="topology", fix="use a smaller topology")
 
+    def at_capacity(self) -> bool:
+        return len(self._futures) >= self._max_parallel
+
     def can_start(self, request: TrialRequest) -> bool:
         if len(self._futures) >= self._max_parallel:
             return False

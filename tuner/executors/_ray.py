@@ -178,6 +178,9 @@ class RayExecutor(Executor):
         return ray.available_resources().get("GPU", 0.0)
 
     # -- Executor API ---------------------------------------------------------------------------------
+    def at_capacity(self) -> bool:
+        return len(self._flights) >= self.max_parallel
+
     def can_start(self, request: TrialRequest) -> bool:
         if len(self._flights) >= self.max_parallel:
             return False

@@ -260,7 +260,8 @@ class Campaign:
                            gpu=self.gpu, storage=storage, study_name=self.phase_study_name(phase),
                            backend_name=self.backend_name, executor=self.executor, options=self.options,
                            artifacts_dir=self.artifacts_dir, on_event=self.on_event, stop=self.stop,
-                           warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps))
+                           warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps),
+                           pair_with_tps=pair_with)
             study = run.run()
             if hybrid_tp_refusal(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp

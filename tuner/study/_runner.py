@@ -33,8 +33,10 @@ from tuner.launch import process_alive
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
 from tuner.space import Phase, SearchSpace
+from tuner.study._guided import GuidedSampler
 from tuner.study._objectives import PHASE_METRICS, phase_values
 from tuner.study._optuna_compat import fail_stored_trial, stored_trial
+from tuner.study._prior import SimulatorPrior
 from tuner.study._records import (
     FAILED_VALUES,
     failure_constraints,
@@ -69,7 +71,7 @@ DRIVER_ID = f"{socket.gethostname()}:{os.getpid()}"
 @dataclass(frozen=True)
 class TuneOptions:
     trials: int = 40  # launched (backend) trials per phase; screened-out configs do not count
-    sampler: str = "auto"  # gp for budgets up to 60 trials per phase, tpe beyond (see _samplers.py)
+    sampler: str = "auto"  # guided: the simulator's prediction corrected by a learnt residual (_guided.py)
     seed: int = 0
     warm_start: bool = True
     warm_start_trials: int | None = None  # default: a quarter of the budget
@@ -136,6 +138,7 @@ class PhaseRun:
     options: TuneOptions
     artifacts_dir: Path
     warm_start_params: Callable[[], list[dict[str, Any]]] | None = None
+    pair_with_tps: frozenset[int] = frozenset()  # PD pairing: the warm start's first params (hybrid models)
     on_event: ProgressCallback = lambda _event: None
     stop: StopSignal = field(default_factory=StopSignal)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
@@ -149,9 +152,12 @@ class PhaseRun:
         return {k: CategoricalDistribution(v) for k, v in self.space.param_choices(self.phase).items()}
 
     def open_study(self) -> optuna.Study:
+        sampler = make_sampler(self.sampler_name, self.options.seed,
+                               prior=lambda: SimulatorPrior.build(self.space, self.phase, self.model, self.gpu))
         study = optuna.create_study(
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
-            sampler=RepresentativeSampler(make_sampler(self.sampler_name, self.options.seed)),
+            # the guided sampler reads every concurrency level itself; the others see one point per config
+            sampler=sampler if isinstance(sampler, GuidedSampler) else RepresentativeSampler(sampler),
             load_if_exists=True)
         if not CampaignMeta.is_written(study.user_attrs):
             with warnings.catch_warnings():
@@ -220,6 +226,8 @@ class PhaseRun:
         if (self.options.warm_start and self.warm_start_params
                 and not study_flag(study, StudyFlag.WARM_STARTED)):
             budget = self.options.warm_start_trials or max(1, self.options.trials // 4)
+            if self.sampler_name == "guided":  # it starts from the predicted front itself: enqueue PD pairs only
+                budget = min(budget, len(self.pair_with_tps))
             for params in self.warm_start_params()[:budget]:
                 study.enqueue_trial(params, user_attrs=TrialAttrs(warm_start="simulator").user_attrs())
             set_study_flag(study, StudyFlag.WARM_STARTED)
@@ -236,6 +244,8 @@ class PhaseRun:
         """Start trials while the budget and the executor allow: next candidate, then submit."""
         while loop.launched + len(loop.running) < self.options.trials:
             if loop.pending is None:
+                if loop.running and self.executor.at_capacity():
+                    return  # ask once a slot is free: the proposal then sees the result that freed it
                 if loop.screened >= self.options.max_screened_per_trial * self.options.trials:
                     return  # the sampler keeps proposing configs that cannot run
                 loop.pending = self._next_candidate(study, loop)

@@ -1,0 +1,103 @@
+"""Hidden truths: the tuner only ever sees TrialResults, never a truth's parameters; a truth differs from the model."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.backends import TrialRequest, TrialStatus
+from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
+from tuner.deployment import Deployment
+from tuner.executors import LocalExecutor
+from tuner.hardware import get_gpu
+from tuner.models import load_model
+from tuner.perf import FITTABLE_FACTORS, Calibration, RooflineModel, default_calibration
+from tuner.space import load_space
+from tuner.study import PhaseRun, TuneOptions
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
+SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+READS: list[tuple[str, str]] = []  # (field, module of the code that read it)
+
+
+@dataclass(frozen=True)
+class SpiedTruth(HiddenTruth):
+    """A truth that logs which module reads each of its fields or methods."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("__"):
+            READS.append((name, sys._getframe(1).f_globals.get("__name__", "?")))
+        return object.__getattribute__(self, name)
+
+
+def test_a_study_never_reads_the_truths_parameters(tmp_path: Path) -> None:
+    drawn = HiddenTruth.draw(3)
+    truth = SpiedTruth(**{f: getattr(drawn, f) for f in drawn.__dataclass_fields__})
+    READS.clear()
+    space, model = load_space(SPACE), load_model(MODEL)
+    run = PhaseRun(phase="prefill", space=space, model=model, model_path=str(MODEL), gpu=get_gpu("gb300"),
+                   storage=optuna.storages.InMemoryStorage(), study_name="spied", backend_name="simulated",
+                   executor=LocalExecutor(HiddenTruthBackend(truth)),
+                   options=TuneOptions(trials=4, sampler="auto", seed=0), artifacts_dir=tmp_path)
+    study = run.run()
+    launched = [t for t in study.trials if t.user_attrs.get("kind") == "sampled"]
+    assert len(launched) == 4
+    assert READS, "the spy saw no reads: the backend did not use the truth"
+    readers = {module for _, module in READS}
+    assert readers == {"tuner.backends._truth"}, f"read outside the truth's backend: {readers}"
+    stored = json.dumps([t.user_attrs for t in study.trials] + [study.user_attrs], default=str)
+    base = default_calibration("gb300")
+    drawn_values = [repr(getattr(drawn.calibration, n))[:10] for n in FITTABLE_FACTORS
+                    if getattr(drawn.calibration, n) != getattr(base, n)]
+    assert len(drawn_values) >= 10 and all(len(v) == 10 for v in drawn_values)
+    for value in drawn_values:  # no drawn factor leaks into what the study stores
+        assert value not in stored, value
+
+
+def test_no_tuner_module_but_the_backend_imports_the_truth() -> None:
+    importers = []
+    for path in (REPO / "tuner").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("_truth"):
+                importers.append(path.relative_to(REPO).as_posix())
+    assert importers == [], importers  # tuner/backends/_truth.py defines it; nothing in tuner/ uses it
+
+
+def test_truths_differ_from_the_model_within_bounds() -> None:
+    base = default_calibration("gb300")
+    truths = [HiddenTruth.draw(i) for i in range(5)]
+    for t in truths:
+        assert t.calibration != base
+        assert 0.95 <= t.kv_capacity_factor <= 1.05
+        for name in FITTABLE_FACTORS:
+            value = getattr(t.calibration, name)
+            Calibration.model_validate({**base.model_dump(), name: value})  # inside the documented bounds
+    assert len({t.calibration for t in truths}) == 5
+    assert HiddenTruth.draw(2) == HiddenTruth.draw(2)  # seeded
+
+
+def test_truth_answers_differ_from_the_simulator_and_measurements_are_noisy() -> None:
+    space, model, gpu = load_space(SPACE), load_model(MODEL), get_gpu("gb300")
+    workload = space.phase_workload("decode")
+    topo = space.topology("decode", {"tp": 4, "dp": 4, "ep": True, "mtp": 1, "gpu_memory_utilization": 0.9,
+                                     "max_num_seqs": 256, "max_num_batched_tokens": 8192})
+    request = TrialRequest(trial_id="t", model_path=str(MODEL), gpu="gb300", deployment=Deployment.single(topo),
+                           workload=workload, seed=1)
+    backend = HiddenTruthBackend(HiddenTruth.draw(0))
+    simulated = RooflineModel(model, gpu).predict_curve(topo, topo.role, isl=workload.isl, osl=workload.osl,
+                                                        concurrencies=workload.concurrency)
+    truth = backend.expected_curve(request)
+    ratios = [t.total_tok_s_per_gpu / s.total_tok_s_per_gpu for t, s in zip(truth, simulated, strict=True)]
+    assert all(abs(r - 1) > 0.02 for r in ratios), ratios
+    first = backend.run(request)
+    again = backend.run(request.model_copy(update={"seed": 2}))
+    assert first.status is TrialStatus.OK and again.status is TrialStatus.OK
+    assert first.points[0].total_tok_s_per_gpu != again.points[0].total_tok_s_per_gpu  # noise per measurement
+    assert backend.run(request).points == first.points  # the same trial seed measures the same numbers

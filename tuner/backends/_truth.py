@@ -1,0 +1,163 @@
+"""Hidden truths: a simulated cluster whose physics differ from the tuner's model, for honest search benchmarks.
+
+A benchmark whose ground truth is the tuner's own simulator rewards trusting the simulator. A hidden truth is
+a RooflineModel with other factors plus the effects real clusters add and the model lacks: calibration factors
+drawn within their documented bounds, expert load imbalance on EP layouts, a seeded step-time factor per
+parallel layout, a KV capacity a few percent off, noise on every measurement and the occasional config that
+fails at launch. Only HiddenTruthBackend.run (and the benchmark's scoring) read a truth; the tuner sees
+TrialResults, as from a real cluster (tests/study/test_hidden_truth.py pins it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.backends._base import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._simulated import _model, _noisy
+from tuner.hardware import GpuSpec, get_gpu
+from tuner.memory import MemoryInputs, compute_memory
+from tuner.metrics import ServingMetrics
+from tuner.models import ModelSpec
+from tuner.perf import FITTABLE_FACTORS, Calibration, InstanceState, RooflineModel, default_calibration
+from tuner.topology import Role, Topology
+
+# Bounds of each drawn deviation (documented so a truth is plausible, not adversarial).
+EFFICIENCY_SPREAD = 0.25  # fractions of a peak: x U(0.75, 1.25), capped at 1
+COST_SPREAD = (0.6, 1.6)  # fixed costs (latencies, overheads): x U(0.6, 1.6)
+MTP_ACCEPTANCE = (0.55, 0.85)  # per-position acceptance of the drafter on the truth's data
+IMBALANCE = (0.05, 0.30)  # busiest EP rank's extra load at EP 8 (grows with log2 of the EP size)
+LAYOUT_SIGMA = 0.12  # log-sd of the step-time factor per (tp, dp, ep, mtp)
+KV_CAPACITY = (0.95, 1.05)  # the real KV cache holds this fraction of the modelled one
+NOISE = 0.04  # log-sd of a measurement's rate and latency (per trial; a third of it per level)
+LAUNCH_FAILURE_RATE = 0.03  # configs that crash at start-up (fixed per config: it fails every time)
+
+
+def _seeded(*key: object) -> np.random.Generator:
+    digest = hashlib.sha256("|".join(map(str, key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def draw_calibration(base: Calibration, rng: np.random.Generator) -> Calibration:
+    """Every fittable factor moved within its bound: fractions (fields capped at 1) by +-25%, other factors
+    (latencies, overheads, skews) x0.6-1.6, each kept inside the field's documented range."""
+    update: dict[str, float] = {}
+    for name in FITTABLE_FACTORS:
+        value = float(getattr(base, name))
+        low, high = _bounds(name)
+        if name == "mtp_acceptance":
+            drawn = float(rng.uniform(*MTP_ACCEPTANCE))
+        elif high == 1.0:
+            drawn = value * float(rng.uniform(1 - EFFICIENCY_SPREAD, 1 + EFFICIENCY_SPREAD))
+        else:
+            drawn = value * float(rng.uniform(*COST_SPREAD))
+        update[name] = min(max(drawn, low), high)
+    return base.model_copy(update=update)
+
+
+def _bounds(field: str) -> tuple[float, float]:
+    """The (inclusive-ish) range a Calibration field accepts; open bounds are nudged inwards."""
+    low, high = 0.0, math.inf
+    for m in Calibration.model_fields[field].metadata:
+        if getattr(m, "ge", None) is not None:
+            low = max(low, float(m.ge))
+        if getattr(m, "gt", None) is not None:
+            low = max(low, float(m.gt) + 1e-6)
+        if getattr(m, "le", None) is not None:
+            high = min(high, float(m.le))
+        if getattr(m, "lt", None) is not None:
+            high = min(high, float(m.lt) - 1e-6)
+    return low, high
+
+
+@dataclass(frozen=True)
+class HiddenTruth:
+    """The parameters of one simulated cluster. Never handed to the tuner."""
+
+    seed: int
+    calibration: Calibration
+    expert_imbalance: float
+    layout_sigma: float
+    kv_capacity_factor: float
+    noise: float
+    launch_failure_rate: float
+
+    @classmethod
+    def draw(cls, seed: int, gpu_name: str = "gb300") -> HiddenTruth:
+        rng = _seeded("truth", seed)
+        return cls(seed=seed, calibration=draw_calibration(default_calibration(gpu_name), rng),
+                   expert_imbalance=float(rng.uniform(*IMBALANCE)), layout_sigma=LAYOUT_SIGMA,
+                   kv_capacity_factor=float(rng.uniform(*KV_CAPACITY)), noise=NOISE,
+                   launch_failure_rate=LAUNCH_FAILURE_RATE)
+
+    def step_factor(self, topo: Topology) -> float:
+        """How much slower (>1) or faster a step of this layout is than the calibrated roofline says."""
+        layout = float(_seeded("layout", self.seed, topo.tp, topo.dp, topo.ep, topo.mtp).lognormal(0.0,
+                                                                                                  self.layout_sigma))
+        ep_size = topo.tp * topo.dp if topo.ep else 1
+        imbalance = 1.0 + self.expert_imbalance * math.log2(ep_size) / 3 if ep_size > 1 else 1.0
+        return layout * imbalance
+
+    def fails_at_launch(self, topo: Topology) -> bool:
+        key = (topo.tp, topo.dp, topo.ep, topo.mtp, topo.gpu_memory_utilization, topo.max_num_seqs,
+               topo.max_num_batched_tokens)
+        return bool(_seeded("launch", self.seed, *key).random() < self.launch_failure_rate)
+
+
+class _TruthRoofline(RooflineModel):
+    """The roofline with the truth's factors and a KV cache `kv_capacity_factor` times the modelled one."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, truth: HiddenTruth) -> None:
+        super().__init__(model, gpu, truth.calibration)
+        self._kv_factor = truth.kv_capacity_factor
+
+    def state(self, topo: Topology, role: Role, *, isl: int, osl: int) -> InstanceState:
+        found = super().state(topo, role, isl=isl, osl=osl)
+        return dataclasses.replace(found, cap_per_rank=max(1, int(found.cap_per_rank * self._kv_factor)))
+
+
+class HiddenTruthBackend(Backend):
+    """Answers trials from a hidden truth: fresh noise per measurement (seeded by the trial's seed)."""
+
+    name = "hidden-truth"
+
+    def __init__(self, truth: HiddenTruth) -> None:
+        self._truth = truth
+        self._perf: dict[str, _TruthRoofline] = {}
+
+    def expected_curve(self, request: TrialRequest) -> list[ServingMetrics]:
+        """The noiseless answer (what the deployment does on average): the benchmark scores found configs by it."""
+        group = request.deployment.groups[0]
+        perf = self._perf.get(request.model_path + request.gpu)
+        if perf is None:
+            perf = self._perf[request.model_path + request.gpu] = _TruthRoofline(
+                _model(request.model_path), get_gpu(request.gpu), self._truth)
+        factor = self._truth.step_factor(group.topology)
+        points = perf.predict_curve(group.topology, group.role, isl=request.workload.isl, osl=request.workload.osl,
+                                    concurrencies=request.workload.concurrency)
+        return [_noisy(p, 1.0 / factor, factor) for p in points]
+
+    def run(self, request: TrialRequest) -> TrialResult:
+        started = time.monotonic()
+        if len(request.deployment.groups) != 1 or request.deployment.groups[0].count != 1:
+            return TrialResult.failed(TrialStatus.UNSUPPORTED, "a hidden truth measures one instance per trial")
+        topo = request.deployment.groups[0].topology
+        memory = compute_memory(_model(request.model_path), get_gpu(request.gpu), topo,
+                                MemoryInputs(isl=request.workload.isl, osl=request.workload.osl))
+        if not memory.fits:
+            return TrialResult.failed(TrialStatus.OOM, f"start-up: {memory.verdict()}",
+                                      duration_s=time.monotonic() - started)
+        if self._truth.fails_at_launch(topo):
+            return TrialResult.failed(TrialStatus.CRASHED, "engine core died at start-up (hidden truth)",
+                                      duration_s=time.monotonic() - started)
+        rng = _seeded("measure", self._truth.seed, request.trial_id, request.seed)
+        noise = self._truth.noise
+        rate, latency = rng.lognormal(0.0, noise, size=2)
+        points = [_noisy(p, rate * rng.lognormal(0.0, noise / 3), latency * rng.lognormal(0.0, noise / 3))
+                  for p in self.expected_curve(request)]
+        return TrialResult(status=TrialStatus.OK, points=tuple(points), duration_s=time.monotonic() - started)

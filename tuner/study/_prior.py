@@ -1,0 +1,96 @@
+"""What the simulator says before any trial: every launchable config of a phase, encoded, with its predicted curve.
+
+The guided sampler (tuner/study/_guided.py) searches this finite set: the memory model already tells which
+configs can start, so proposing anything else wastes an ask. Predictions use the tuner's own performance model
+with its documented calibration; the sampler learns how far the cluster is from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.hardware import GpuSpec
+from tuner.memory import MemoryInputs, compute_memory
+from tuner.models import ModelSpec
+from tuner.perf import RooflineModel
+from tuner.space import Phase, SearchSpace
+from tuner.study._objectives import phase_values
+from tuner.study._records import is_feasible, point_constraints
+from tuner.topology import Topology
+
+#: Knobs describing the parallel layout (a cluster's deviations from the model mostly follow these);
+#: the rest are engine knobs. The residual model gives each group its own length scale.
+LAYOUT_KNOBS = ("tp", "dp", "ep", "mtp", "num_redundant_experts")
+
+
+def params_key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, v) for k, v in params.items() if k != "concurrency"))
+
+
+@dataclass(frozen=True)
+class SimulatorPrior:
+    """Candidates (launchable configs) of one phase with ordinal features and predicted objectives per level.
+
+    features: (configs, knobs) in [0, 1], each knob's position in its ordered list of choices (tp 1 < 2 < 4 ...),
+      knobs with a single choice left out; layout: which feature columns are layout knobs.
+    predicted: (configs, levels, 2) objectives at each concurrency level of the workload; feasible: (configs,
+      levels) the predicted point meets the space's latency limits.
+    """
+
+    phase: Phase
+    names: tuple[str, ...]
+    choices: dict[str, list]
+    candidates: list[dict[str, Any]]
+    features: np.ndarray
+    layout: np.ndarray
+    levels: tuple[int, ...]
+    predicted: np.ndarray
+    feasible: np.ndarray
+
+    @classmethod
+    def build(cls, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
+        workload = space.phase_workload(phase)
+        choices = space.param_choices(phase)
+        perf = RooflineModel(model, gpu)
+        candidates, predicted, feasible = [], [], []
+        for topo in space.expand(phase, model):
+            if not compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl)).fits:
+                continue
+            curve = perf.predict_curve(topo, topo.role, isl=workload.isl, osl=workload.osl,
+                                       concurrencies=workload.concurrency)
+            candidates.append(_params_of(topo, choices))
+            predicted.append([phase_values(phase, m) for m in curve])
+            feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])
+        varied = [k for k, v in choices.items() if len(v) > 1]
+        features = np.array([[_position(choices[k], c[k]) for k in varied] for c in candidates], dtype=float)
+        return cls(phase=phase, names=tuple(varied), choices=choices, candidates=candidates,
+                   features=features.reshape(len(candidates), len(varied)),
+                   layout=np.array([k in LAYOUT_KNOBS for k in varied]), levels=tuple(workload.concurrency),
+                   predicted=np.maximum(np.array(predicted, dtype=float), 1e-9), feasible=np.array(feasible))
+
+    def index(self) -> dict[tuple, int]:
+        return {params_key(c): i for i, c in enumerate(self.candidates)}
+
+
+def _params_of(topo: Topology, choices: dict[str, list]) -> dict[str, Any]:
+    """The knob values of a topology, each one of its choices (a value the topology forces, such as EP off on one
+    GPU, maps to the nearest choice, which the space maps back to the same topology)."""
+    out = {}
+    for name, options in choices.items():
+        value = getattr(topo, name)
+        out[name] = value if value in options else options[_nearest(options, value)]
+    return out
+
+
+def _nearest(options: list, value: Any) -> int:
+    if isinstance(value, str) or any(isinstance(o, str) for o in options):
+        return 0
+    return min(range(len(options)), key=lambda j: abs(float(options[j]) - float(value)))
+
+
+def _position(options: list, value: Any) -> float:
+    i = options.index(value) if value in options else _nearest(options, value)
+    return i / (len(options) - 1)
