@@ -22,6 +22,7 @@ def confine(raw: str, roots: list[Path], *, base: Path, loc: tuple[str, ...]) ->
     try:
         resolved = (given if given.is_absolute() else base / given).resolve(strict=False)
         allowed = [r.resolve(strict=False) for r in roots]
+        resolved.exists()  # resolve() tolerates a name the filesystem refuses (a part over 255 bytes); stat does not
     except (OSError, RuntimeError) as exc:  # symlink loops, names too long
         raise FieldError(loc, f"cannot resolve the path: {exc}") from exc
     if not any(resolved == r or resolved.is_relative_to(r) for r in allowed):

@@ -159,20 +159,42 @@ class StudyRunner:
             s.commit()
         self.on_study_done(study_id)
 
-    def _run(self, study_id: int) -> None:
+    def _claim(self, study_id: int) -> StudyRecord | None:
+        """Mark a queued study running (a detached copy), or settle one cancelled before it started."""
         with self.sessions() as s:
             record = s.get(StudyRecord, study_id)
             if record is None or not record.status.active:
-                return
+                return None
             if record.status is StudyStatus.CANCELLING:
                 record.status, record.finished_at = StudyStatus.CANCELLED, _now()
                 settle_model(s, record.id, StudyStatus.CANCELLED)
                 s.commit()
-                return
+                return None
             record.status = StudyStatus.RUNNING
             record.started_at = record.started_at or _now()
             s.commit()
             s.expunge(record)
+            return record
+
+    def _event_recorder(self, study_id: int) -> Callable[[TrialEvent], None]:
+        """The campaign's event callback: trial durations into /metrics, events into the study's log."""
+        started: dict[tuple[str, int], float] = {}
+
+        def on_event(e: TrialEvent) -> None:
+            if e.kind == "launched":
+                started[(e.phase, e.number)] = time.monotonic()
+            elif e.kind in ("done", "failed") and (e.phase, e.number) in started:
+                self.metrics.trial_duration_s.labels(phase=e.phase, outcome=e.kind).observe(
+                    time.monotonic() - started.pop((e.phase, e.number)))
+            if e.kind != "screened":  # screened-out configs are many and already in the trial table
+                self._event(study_id, e.kind, f"{e.label} {e.detail}".strip(), phase=e.phase, trial=e.number)
+
+        return on_event
+
+    def _run(self, study_id: int) -> None:
+        record = self._claim(study_id)
+        if record is None:
+            return
         with self._lock:
             stop = self._stops.setdefault(study_id, StopSignal())
             if self._stopping.is_set():
@@ -187,17 +209,6 @@ class StudyRunner:
         phases = tuple(options.pop("phases", None) or space.phases)
         if record.backend == "simulated":
             options = {k: v for k, v in options.items() if k in ("noise", "delay_s") and v}
-        started: dict[tuple[str, int], float] = {}
-
-        def on_event(e: TrialEvent) -> None:
-            if e.kind == "launched":
-                started[(e.phase, e.number)] = time.monotonic()
-            elif e.kind in ("done", "failed") and (e.phase, e.number) in started:
-                self.metrics.trial_duration_s.labels(phase=e.phase, outcome=e.kind).observe(
-                    time.monotonic() - started.pop((e.phase, e.number)))
-            if e.kind != "screened":  # screened-out configs are many and already in the trial table
-                self._event(study_id, e.kind, f"{e.label} {e.detail}".strip(), phase=e.phase, trial=e.number)
-
         executor = None
         try:
             executor = make_executor(self.settings.executor, settings=self.settings, cluster=space.cluster,
@@ -208,8 +219,8 @@ class StudyRunner:
                 storage_url=self.settings.database_url,
                 options=TuneOptions(trials=record.trials_per_phase, sampler=record.sampler, seed=record.seed,
                                     warm_start=record.warm_start),
-                artifacts_dir=self.settings.artifacts_dir, on_event=on_event, stop=stop, phases=phases,
-                name=record.campaign)
+                artifacts_dir=self.settings.artifacts_dir, on_event=self._event_recorder(study_id), stop=stop,
+                phases=phases, name=record.campaign)
             self._event(study_id, "started", f"campaign {campaign.name}")
             result = campaign.run()
         except TopotuneError as exc:

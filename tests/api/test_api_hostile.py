@@ -34,6 +34,15 @@ def test_alias_bomb_is_422_on_body_space_and_service_stays_healthy(sqlite_url, m
     assert client.get("/v1/studies").json()["total"] == 0
 
 
+def test_model_path_too_long_for_the_filesystem_is_422(sqlite_url, make_settings, client_for):
+    """A path component over the filesystem's 255 bytes raised OSError (a 500) where the fuzz test found it."""
+    client = client_for(make_settings(sqlite_url))
+    for raw in ("~" * 300 + "/config.json", "%s" * 200):
+        r = client.post("/v1/models", json={"path": raw}, headers=AUTH)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "path"], r.text
+    assert client.get("/healthz").status_code == 200
+
+
 def test_non_finite_numbers_are_422_not_500(sqlite_url, make_settings, client_for):
     client = client_for(make_settings(sqlite_url))
     base = json.dumps(FAST_STUDY)[:-1]

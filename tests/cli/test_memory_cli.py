@@ -97,6 +97,13 @@ def test_unreadable_and_unknown_model(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "model_type" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("name", ["a" * 300, "~" * 300])  # ENAMETOOLONG; "~..." names a user that does not exist
+def test_unusable_model_path_is_one_line_exit_2(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", name if name.startswith("~") else str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert "MODEL" in err and "Traceback" not in err
+
+
 def test_console_script_runs_in_a_subprocess(reference_model_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", "from tuner.cli import run; run()", "memory",
                            str(reference_model_path), "--topology", "TP3"], capture_output=True, text=True,

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from _support.paths import REPO
 
 from tuner.executors._reaper import descendants
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the watchdog reads /proc")
-REPO = Path(__file__).resolve().parents[2]
 
 DRIVER = textwrap.dedent("""
     import os, subprocess, sys, time

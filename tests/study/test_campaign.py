@@ -266,3 +266,10 @@ def test_hybrid_pd_pairs_across_tp_where_the_targeted_vllm_allows(tmp_path: Path
     pairs = {(p.prefill_topology.tp, p.decode_topology.tp) for p in result.composed}
     assert any(p != d for p, d in pairs) is mixed_tp, pairs
     assert all(p.prefill_topology.mtp == p.decode_topology.mtp == 3 for p in result.composed)  # MTP both sides
+
+
+def test_every_phase_has_objectives_and_axes() -> None:
+    from tuner.space import ALL_PHASES
+    from tuner.study import PHASE_AXES, PHASE_METRICS
+
+    assert set(ALL_PHASES) <= set(PHASE_METRICS) and set(ALL_PHASES) <= set(PHASE_AXES)

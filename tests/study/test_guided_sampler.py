@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.backends import Backend, TrialRequest, TrialResult
 from tuner.backends._simulated import SimulatedBackend, _noisy
@@ -21,9 +22,8 @@ from tuner.study import PhaseRun, TuneOptions, make_sampler
 from tuner.study._guided import GuidedSampler
 from tuner.study._prior import SimulatorPrior, params_key
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE, REPO
 
 from tuner.backends import TrialRequest, TrialStatus
 from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
@@ -21,9 +22,8 @@ from tuner.perf import FITTABLE_FACTORS, Calibration, RooflineModel, default_cal
 from tuner.space import load_space
 from tuner.study import PhaseRun, TuneOptions
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 READS: list[tuple[str, str]] = []  # (field, module of the code that read it)
 
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
+
 from tuner.backends._simulated import SimulatedBackend
 from tuner.executors import LocalExecutor
 from tuner.space import load_space
 from tuner.study import Campaign, LiveCampaign, TrialEvent, TuneOptions, load_campaign
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
-SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODEL = REFERENCE_MODEL
+SPACE = REFERENCE_SPACE
 
 
 def _same(live: LiveCampaign, storage_url: str) -> None:

@@ -274,6 +274,11 @@ def frontier(
                     "aggregated_front": [_agg_dict(p) for p in reversed(fronts.aggregated)],
                     "winners": [asdict(w) for w in fronts.winners]})
         return
+    _print_fronts(fronts, title, f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}", elapsed, html)
+
+
+def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, html: Path | None) -> None:
+    """The PD table, the aggregated table and which mode wins where."""
     if fronts.front:
         table = Table(title=title, title_justify="left")
         for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "P conc", "D conc"):
@@ -283,8 +288,8 @@ def frontier(
                           f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.prefill.concurrency), str(p.decode.concurrency))
         console.print(table)
     if fronts.aggregated:
-        _print_aggregated(fronts.aggregated, f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: aggregated "
-                                             f"front (prefill + decode on every instance, chunked prefill)")
+        _print_aggregated(fronts.aggregated, f"{setting}: aggregated front (prefill + decode on every instance, "
+                                             "chunked prefill)")
     for w in fronts.winners:
         console.print(f"{w.mode} wins from {w.from_tok_s_per_user:.1f} to {w.to_tok_s_per_user:.1f} tok/s/user "
                       f"(up to {w.best_tok_s_per_gpu:,.0f} tok/s/GPU)", highlight=False)

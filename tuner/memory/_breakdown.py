@@ -201,7 +201,11 @@ def _padding_note(model: ModelSpec, topo: Topology, arch: str) -> str:
 def compute_memory(
     model: ModelSpec, gpu: GpuSpec, topo: Topology, inputs: MemoryInputs | None = None
 ) -> MemoryBreakdown:
-    """vLLM's determine_available_memory + KV-cache config, for the fullest GPU of the instance."""
+    """vLLM's determine_available_memory + KV-cache config, for the fullest GPU of the instance.
+
+    One straight run of arithmetic in vLLM's own order (requested, weights, non-torch, activations, CUDA graphs,
+    KV budget, pages, blocks), so each line can be read against the vLLM source it names; split up, the order
+    that makes it checkable would be lost."""
     inputs = inputs or MemoryInputs()
     total_bytes = gpu.memory_bytes
     requested = math.ceil(total_bytes * topo.gpu_memory_utilization)

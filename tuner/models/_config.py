@@ -47,11 +47,14 @@ class RawConfig:
 
 def read_config(path: str | Path) -> tuple[RawConfig, Path | None]:
     """Return the (text) config and the model folder when `path` is a folder."""
-    path = Path(path).expanduser()
-    folder: Path | None = None
-    if path.is_dir():
-        folder = path
-        path = path / "config.json"
+    try:
+        path = Path(path).expanduser()
+        folder = path if path.is_dir() else None
+    except (OSError, RuntimeError) as exc:  # a name too long for the filesystem, "~user" of no user, ...
+        raise ConfigError(f"cannot use the path {str(path)[:120]!r}: {exc}", field="MODEL",
+                          fix="give a config.json file or a model folder that contains one") from exc
+    if folder is not None:
+        path = folder / "config.json"
     try:
         text = path.read_text()
     except FileNotFoundError as exc:

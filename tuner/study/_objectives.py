@@ -18,6 +18,7 @@ PHASE_METRICS: dict[str, tuple[str, str]] = {
 PHASE_AXES: dict[str, tuple[str, str]] = {
     "prefill": ("total tokens/s per GPU", "prompt tokens/s per user"),
     "decode": ("total tokens/s per GPU", "generated tokens/s per user"),
+    "aggregated": ("total tokens/s per GPU", "generated tokens/s per user"),
 }
 
 
