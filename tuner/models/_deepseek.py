@@ -16,7 +16,10 @@ _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora
 
 @register_family("deepseek_v3", "deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32")
 def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
-    """DeepSeek-V2/V3, Kimi-K2 (same layout) and DeepSeek-V3.2 (adds the sparse-attention indexer per layer)."""
+    """DeepSeek-V2/V3, Kimi-K2 (same layout) and DeepSeek-V3.2 (adds the sparse-attention indexer per layer).
+
+    One pass over the config's fields in the order of the model's layers, so it reads against vLLM's
+    deepseek_v2.py; the shared pieces (MLA, MoE, tensors) are already helpers."""
     cfg.require("deepseek_v3", _REQUIRED)
     hidden = cfg.int("hidden_size")
     num_layers = cfg.int("num_hidden_layers")
