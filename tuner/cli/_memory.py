@@ -35,7 +35,7 @@ def _render(b: MemoryBreakdown) -> None:
                   f"{b.max_concurrency_at_max_model_len:.2f}x)", highlight=False)
 
 
-@app.command()
+@app.command(help="How much memory each GPU uses and how many requests fit, computed as vLLM does.")
 def memory(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -64,7 +64,8 @@ def memory(
     hardware_file: HardwareFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """How much memory each GPU uses and how many requests fit, computed as vLLM does."""
+    """Long only by its typer options (one per line with their help, as typer declares them); the body is
+    short. Its help text is the decorator's `help=`."""
     if gpus < 1:
         raise ConfigError(f"must be positive, got {gpus}", field="--gpus", fix="give the cluster's GPU count")
     spec = load_model(model)

@@ -200,7 +200,8 @@ def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list
     write_figures(path, title, [composed_front_figure(points, front, title, aggregated)])
 
 
-@app.command()
+@app.command(help="Sweep topologies as PD prefill/decode and as aggregated instances; print both "
+                  "Pareto fronts and which mode wins where.")
 def frontier(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -224,8 +225,8 @@ def frontier(
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Sweep topologies as PD prefill/decode and as aggregated instances; print both Pareto fronts and which
-    mode wins where."""
+    """Long only by its typer options (one per line with their help, as typer declares them); the body is
+    short. Its help text is the decorator's `help=`."""
     _positive(gpus=gpus, isl=isl, osl=osl)
     if serving not in ("both", "disagg", "agg"):
         raise ConfigError(f"unknown mode {serving!r}", field="--mode", fix="use both, disagg or agg")

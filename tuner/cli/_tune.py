@@ -109,7 +109,7 @@ def _preflight(the_space, model: Path, space: Path, executor: str, settings: Tun
         console.print(f"doctor: {len(report.checks)} checks passed on {len(report.nodes)} node(s)", highlight=False)
 
 
-@app.command()
+@app.command(help="Run (or resume) the campaign: one Optuna study per phase, then the composed PD front.")
 def tune(
     model: Annotated[Path, typer.Argument(help="config.json or model folder")],
     space: Annotated[Path, typer.Option(help="search-space YAML (see search_spaces/)")],
@@ -128,7 +128,8 @@ def tune(
     doctor: Annotated[bool, typer.Option(help="vllm backend: run `topotune doctor` first, stop if it fails")]
     = True,
 ) -> None:
-    """Run (or resume) the campaign: one Optuna study per phase, then the composed PD front."""
+    """Long only by its typer options (one per line with their help, as typer declares them); the body is
+    short. Its help text is the decorator's `help=`."""
     from tuner.executors import make_executor
     from tuner.report import write_campaign_report
     from tuner.space import ALL_PHASES, load_space

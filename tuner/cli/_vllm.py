@@ -59,7 +59,7 @@ def tiny_model(
     console.print(f"tiny {'MoE ' if moe else ''}model written to {out}")
 
 
-@app.command("plan")
+@app.command("plan", help="The exact commands of a deployment, per host (a dry run you can copy).")
 def plan(
     deployment: Annotated[str, typer.Argument(help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8.")],
     model: Annotated[str, typer.Option(help="Model path (or hub id) as vLLM should load it.")] = "MODEL",
@@ -83,7 +83,8 @@ def plan(
         "--hybrid/--not-hybrid", help="Hybrid (GDN/mamba) model (default: read from the model folder).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
-    """The exact commands of a deployment, per host (a dry run you can copy)."""
+    """Long only by its typer options (one per line with their help, as typer declares them); the body is
+    short. Its help text is the decorator's `help=`."""
     from tuner.backends.vllm import (
         NEWEST_CHECKED,
         PlanSettings,
