@@ -124,33 +124,28 @@ def test_itl_limit_keeps_only_fast_decode_and_p99_is_used() -> None:
 
 
 # -- the GB300 reference calibration ---------------------------------------------------------------------
-def _reference_dir(models_dir: Path) -> Path:
-    local = models_dir / "qwen3.8-2.4t-a95b-nvfp4"
-    return local if local.exists() else Path("/work/shared/models/qwen3.8-2.4t-a95b-nvfp4")
-
-
-def test_reference_frontier_matches_the_campaign(models_dir: Path) -> None:
-    """Published: ~5,000 total tok/s/GPU at the throughput end, ~180 tok/s/user at the latency end."""
-    model = load_model(_reference_dir(models_dir))
-    perf = RooflineModel(model, get_gpu("gb300"))
+@pytest.fixture(scope="module")
+def reference_front(reference_model_path: Path) -> tuple[RooflineModel, list]:
+    """The reference model's combined PD front on 72 GB300, swept once for the tests that read it."""
+    perf = RooflineModel(load_model(reference_model_path), get_gpu("gb300"))
     topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3))
     curves = sweep_curves(perf, topologies, isl=ISL, osl=OSL, prefill_mtp_depths=(0, 1, 2, 3))
-    front = combined_front(compose_disaggregated(curves.prefill, curves.decode,
-                                                 Constraints(max_gpus=72, same_tp=True, same_mtp=True)))
+    return perf, combined_front(compose_disaggregated(curves.prefill, curves.decode,
+                                                      Constraints(max_gpus=72, same_tp=True, same_mtp=True)))
+
+
+def test_reference_frontier_matches_the_campaign(reference_front: tuple[RooflineModel, list]) -> None:
+    """Published: ~5,000 total tok/s/GPU at the throughput end, ~180 tok/s/user at the latency end."""
+    _, front = reference_front
     throughput_end = max(p.total_tok_s_per_gpu for p in front)
     latency_end = max(p.tok_s_per_user for p in front)
     assert throughput_end == pytest.approx(5000, rel=0.25)
     assert latency_end == pytest.approx(180, rel=0.25)
 
 
-def test_reference_sweeps_keep_who_wins_where(models_dir: Path) -> None:
+def test_reference_sweeps_keep_who_wins_where(reference_front: tuple[RooflineModel, list]) -> None:
     """The campaign's lessons (reference-deployment.md) still hold in the model's sweeps."""
-    model = load_model(_reference_dir(models_dir))
-    perf = RooflineModel(model, get_gpu("gb300"))
-    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3))
-    curves = sweep_curves(perf, topologies, isl=ISL, osl=OSL, prefill_mtp_depths=(0, 1, 2, 3))
-    front = combined_front(compose_disaggregated(curves.prefill, curves.decode,
-                                                 Constraints(max_gpus=72, same_tp=True, same_mtp=True)))
+    perf, front = reference_front
     by_speed = sorted(front, key=lambda p: p.tok_s_per_user)
     # throughput end: wide decode replicas with expert parallelism over DP ranks (KV headroom)
     assert by_speed[0].decode_topology.ep and by_speed[0].decode_topology.dp >= 8
