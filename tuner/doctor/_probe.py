@@ -142,15 +142,15 @@ def _resolve(executable: str) -> str:
 
 def _interpreter(path: str) -> str:
     """The Python behind an executable ("" when there is none), as the version table reads it."""
-    from tuner.backends.vllm._versions import _interpreter as python_of
+    from tuner.backends.vllm import python_of
 
     return python_of(path) or ""
 
 
 def _distribution_version(python: str, names: tuple[str, ...], timeout_s: float) -> str:
-    snippet = ("import importlib.metadata as m, sys\nfor n in sys.argv[1:]:\n    try:\n"
-               "        print(m.version(n)); break\n    except m.PackageNotFoundError:\n        pass\n")
-    code, out = _run([python, "-c", snippet, *names], timeout_s)
+    from tuner.backends.vllm import DISTRIBUTION_VERSION_CODE
+
+    code, out = _run([python, "-c", DISTRIBUTION_VERSION_CODE, *names], timeout_s)
     return out.splitlines()[-1].strip() if code == 0 and out else ""
 
 

