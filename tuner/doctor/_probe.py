@@ -201,7 +201,7 @@ def _nixl(vllm: ToolFacts, timeout_s: float) -> NixlFacts:
 def _ports(base: int | None, size: int) -> PortFacts:
     """The fixed block's busy ports, or the first free block (what a trial here would get)."""
     if base is None:
-        from tuner.backends.vllm._process import free_port_block
+        from tuner.launch import free_port_block
 
         try:
             return PortFacts(base=free_port_block(size, host="0.0.0.0"), size=size)

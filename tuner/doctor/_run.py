@@ -12,8 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tuner.backends import HostAssignment, TrialRequest
-from tuner.backends.vllm import VllmBackend, VllmBackendSettings, uniform_hosts
-from tuner.backends.vllm._backend import _PORT_BLOCK
+from tuner.backends.vllm import PORT_BLOCK, VllmBackend, VllmBackendSettings, uniform_hosts
 from tuner.deployment import Deployment
 from tuner.doctor._checks import CheckResult, CheckStatus, check_cluster_size, check_same_vllm, node_checks
 from tuner.doctor._probe import NodeFacts, ProbeRequest, probe_node
@@ -76,7 +75,7 @@ def backend_settings(space: SearchSpace) -> VllmBackendSettings:
 
 
 def _probe_request(settings: VllmBackendSettings, model_path: str) -> ProbeRequest:
-    return ProbeRequest(model_path=model_path, port_base=settings.port_base, port_block=_PORT_BLOCK,
+    return ProbeRequest(model_path=model_path, port_base=settings.port_base, port_block=PORT_BLOCK,
                         tools={"vllm": settings.vllm_argv, "aiperf": settings.aiperf_argv,
                                "vllm-router": settings.router_argv})
 

@@ -3,6 +3,7 @@
 from tuner.backends.vllm._accuracy import AccuracyResult, run_gsm8k
 from tuner.backends.vllm._backend import (
     LAUNCHER,
+    PORT_BLOCK,
     TINY_MODEL_SCRIPT,
     TrialTimings,
     VllmBackend,
@@ -40,6 +41,7 @@ __all__ = [
     "DISTRIBUTION_VERSION_CODE",
     "LAUNCHER",
     "NEWEST_CHECKED",
+    "PORT_BLOCK",
     "TINY_MODEL_SCRIPT",
     "AccuracyResult",
     "InstancePlacement",

@@ -50,7 +50,7 @@ from tuner.workload import served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
-_PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
+PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
 # VLLM_PORT ranges +200.. (10 per server process)
 
 
@@ -349,7 +349,7 @@ class VllmBackend(Backend):
 
     # -- the stages of a trial ------------------------------------------------------------------------
     def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:
-        port_base = self.settings.port_base or free_port_block(_PORT_BLOCK)
+        port_base = self.settings.port_base or free_port_block(PORT_BLOCK)
         try:
             plan = self.plan(trial.request, port_base=port_base)
         except ConfigError as exc:  # a layout or pairing the targeted vLLM cannot run: said, never launched
