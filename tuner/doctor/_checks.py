@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.backends.vllm._versions import NEWEST_CHECKED, VllmVersion, launch_rules
+from tuner.backends.vllm import NEWEST_CHECKED, VllmVersion, launch_rules
 from tuner.doctor._probe import NodeFacts
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
