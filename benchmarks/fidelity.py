@@ -31,6 +31,10 @@ from tuner.topology import Role, Topology
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "benchmarks" / "data" / "public_measurements.yaml"
 ROLES = {"aggregated": Role.BOTH, "prefill": Role.PREFILL, "decode": Role.DECODE}
+#: Engine settings a row replays with unless its `serve:` gives the source's own flags (vLLM's
+#: --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype).
+SERVE_DEFAULTS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
+                  "kv_cache_dtype": "auto"}
 #: Factors fitted per GPU class: decode bandwidth, decode and prefill compute, the per-kernel latency floor, the
 #: per-step scheduler cost and the front-end latency in TTFT. Each moves a different part of the curves.
 FIT_FACTORS = ("hbm_efficiency", "flop_efficiency", "prefill_flop_efficiency", "moe_gemm_efficiency",
@@ -66,6 +70,7 @@ class Row:
     ttft_ms: float | None
     scored: bool = True
     why: str = ""
+    serve: tuple[tuple[str, object], ...] = ()  # the source's own engine flags where they differ from SERVE_DEFAULTS
 
     @property
     def is_vllm(self) -> bool:
@@ -102,12 +107,16 @@ def load_table(path: Path) -> tuple[dict[str, dict[str, str]], list[Row]]:
         load = r["load"]
         value = load.get("concurrency") or load.get("prompts") or load.get("up_to")
         m = r["measured"]
+        serve = r.get("serve") or {}
+        unknown = sorted(set(serve) - set(SERVE_DEFAULTS))
+        if unknown:
+            raise SystemExit(f"{path}: row {r['id']} serve: unknown setting(s) {unknown}")
         rows.append(Row(id=r["id"], source=r["source"], engine=r["engine"], engine_version=str(r["engine_version"]),
                         gpu=r["gpu"], model=r["model"], checkpoint=r["checkpoint"], topology=r["topology"],
                         role=r["role"], isl=float(r["isl"]), osl=float(r["osl"]), load_kind=load["kind"],
                         load_value=int(value), tok_s_per_gpu=float(m["tok_s_per_gpu"]), counts=m["counts"],
                         tpot_ms=m.get("tpot_ms"), ttft_ms=m.get("ttft_ms"), scored=r.get("scored", True),
-                        why=r.get("why", "")))
+                        why=r.get("why", ""), serve=tuple(sorted(serve.items()))))
     return sources, rows
 
 
@@ -142,8 +151,7 @@ class Replayer:
     def predict(self, row: Row, cal: Calibration) -> Prediction:
         perf = self.perf(row, cal)
         role = ROLES[row.role]
-        topo = Topology.parse(row.topology, gpu_memory_utilization=0.9, max_num_seqs=1024,
-                              max_num_batched_tokens=8192, role=role)
+        topo = Topology.parse(row.topology, role=role, **{**SERVE_DEFAULTS, **dict(row.serve)})
         isl, osl = max(1, round(row.isl)), max(1, round(row.osl))
         if row.load_kind == "peak":
             levels = [c for c in DECODE_LADDER if c <= row.load_value] or [row.load_value]

@@ -72,3 +72,21 @@ def test_kv_occupancy_scales_the_running_cap(fidelity) -> None:
     part = full.with_calibration(Calibration(kv_occupancy=0.5))
     cap = full.capacity(topo, Role.BOTH, isl=2000, osl=100)
     assert part.capacity(topo, Role.BOTH, isl=2000, osl=100) == max(1, int(cap * 0.5))
+
+
+def test_row_serve_flags_reach_the_replay(fidelity, tmp_path: Path) -> None:
+    """A row's `serve:` (the source's own vLLM flags) changes what is replayed: FP8 KV holds more requests."""
+    table = tmp_path / "t.yaml"
+    row = ("{id: %s, source: s, engine: vllm, engine_version: '0.21.0', gpu: b200, model: examples/models/minimax-m2, "
+           "checkpoint: c, topology: TP2, role: aggregated, isl: 7372.5, osl: 921.5, "
+           "load: {kind: closed, concurrency: 512}, %s measured: {tok_s_per_gpu: 1, counts: total}}")
+    table.write_text("sources: {s: {url: 'https://x', what: w}}\nrows:\n"
+                     f"  - {row % ('auto', '')}\n  - {row % ('fp8', 'serve: {kv_cache_dtype: fp8},')}\n")
+    _, (auto, fp8) = fidelity.load_table(table)
+    assert dict(fp8.serve) == {"kv_cache_dtype": "fp8"} and auto.serve == ()
+    replayer = fidelity.Replayer()
+    cal = fidelity.PRIORS["blackwell"]
+    assert replayer.predict(fp8, cal).tok_s_per_gpu > 1.2 * replayer.predict(auto, cal).tok_s_per_gpu
+    table.write_text(table.read_text().replace("kv_cache_dtype: fp8", "kv_dtype: fp8"))
+    with pytest.raises(SystemExit, match="unknown setting"):
+        fidelity.load_table(table)
