@@ -28,7 +28,8 @@ def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
     mla = MLASpec(num_heads=cfg.int("num_attention_heads"), q_lora_rank=int(q_lora) if q_lora else None,
                   kv_lora_rank=cfg.int("kv_lora_rank"), qk_nope_head_dim=cfg.int("qk_nope_head_dim"),
                   qk_rope_head_dim=cfg.int("qk_rope_head_dim"), v_head_dim=cfg.int("v_head_dim"),
-                  index_head_dim=index_dim or None, index_n_heads=cfg.int("index_n_heads", 64) if index_dim else None)
+                  index_head_dim=index_dim or None, index_n_heads=cfg.int("index_n_heads", 64) if index_dim else None,
+                  index_topk=cfg.int("index_topk") if index_dim else None)
     if index_dim:  # vLLM's Indexer.weights_proj is a ReplicatedLinear with quant_config=None: stays BF16
         policy = dataclasses.replace(policy, ignore=(*policy.ignore, "*.indexer.weights_proj"))
     num_experts = cfg.int("n_routed_experts", 0)

@@ -141,6 +141,7 @@ class MLASpec:
     v_head_dim: int
     index_head_dim: int | None = None  # DeepSeek-V3.2 sparse-attention indexer (its own K cache per layer)
     index_n_heads: int | None = None
+    index_topk: int | None = None  # context tokens each query's sparse attention reads (DSA top-k)
 
     @property
     def cache_dim(self) -> int:

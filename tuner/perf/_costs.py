@@ -68,12 +68,15 @@ class PassCosts:
     dense_flops_per_token: FlopsByDtype  # non-expert GEMMs, per token, this GPU (lm_head excluded)
     expert_flops_per_token: FlopsByDtype  # one token's top-k experts, all of them (divide by EP to place)
     attn_flops_per_token_ctx: float  # full-attention score+value FLOPs per query token per context token
+    index_flops_per_token_ctx: float  # DeepSeek-V3.2 indexer logits (FP8, every context token), per query token
     window_attn_flops_per_token_ctx: float  # same over the sliding-window layers (context capped at the window)
     gdn_flops_per_token: float  # recurrent-state update FLOPs per token (linear attention layers)
     kv_bytes_per_token: float  # KV bytes per context token over the full-attention layers (this GPU)
+    index_kv_bytes_per_token: float  # indexer K cache per context token (read for every context token)
     window_kv_bytes_per_token: float  # same, sliding-window layers (read up to the window)
     state_bytes: float  # GDN / mamba state per request over these layers (this GPU)
     num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
+    sparse_topk: int | None = None  # DSA: context tokens the attention reads per query (None = all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,8 @@ def _heads(model: ModelSpec) -> tuple[WeightTensor, ...]:
 
 
 def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
-                moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float) -> PassCosts:
+                moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float,
+                index_bytes_per_layer: float = 0.0) -> PassCosts:
     dense_bytes = expert_bytes = 0.0
     dense_flops = FlopsByDtype()
     expert_flops = FlopsByDtype()
@@ -189,6 +193,17 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
     elif model.mla:
         m = model.mla
         per_layer = 2.0 * m.num_heads / topo.tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+    index = 0.0
+    topk = None
+    if model.mla and model.mla.index_head_dim and model.mla.index_n_heads and model.mla.index_topk:
+        m = model.mla
+        # DeepSeek Sparse Attention: FlashMLA's sparse kernels run MLA in its absorbed (MQA) form on the latent
+        # cache (QK over kv_lora + rope dims, PV over kv_lora) for prefill and decode alike, over index_topk
+        # tokens only; the indexer scores every context token (fp8_mqa_logits) with its heads replicated on
+        # every TP rank (vLLM's Indexer is ReplicatedLinear).
+        per_layer = 2.0 * m.num_heads / topo.tp * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        index = 2.0 * m.index_n_heads * m.index_head_dim
+        topk = m.index_topk
     gdn = 0.0
     if model.linear_attention:
         la = model.linear_attention
@@ -197,11 +212,13 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
     return PassCosts(num_layers=len(kinds), num_moe_layers=sum(moe_flags), dense_bytes=dense_bytes,
                      expert_bytes=expert_bytes, dense_flops_per_token=dense_flops,
                      expert_flops_per_token=expert_flops, attn_flops_per_token_ctx=per_layer * full,
+                     index_flops_per_token_ctx=index * full,
                      window_attn_flops_per_token_ctx=per_layer * window,
-                     gdn_flops_per_token=gdn, kv_bytes_per_token=kv_bytes_per_layer * full,
+                     gdn_flops_per_token=gdn, kv_bytes_per_token=(kv_bytes_per_layer - index_bytes_per_layer) * full,
+                     index_kv_bytes_per_token=index_bytes_per_layer * full,
                      window_kv_bytes_per_token=kv_bytes_per_layer * window,
                      state_bytes=state_bytes_per_layer * recurrent,
-                     num_kernels=pass_kernels(model, kinds, moe_flags))
+                     num_kernels=pass_kernels(model, kinds, moe_flags), sparse_topk=topk)
 
 
 def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
@@ -216,13 +233,16 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
     layout = kv_layout(model, topo, architecture=gpu.architecture)
     state_per_layer = layout.conv_state_bytes + layout.ssm_state_bytes
     attn_per_token = layout.attn_bytes_per_token if (model.attention or model.mla) else 0
+    index_per_token = layout.indexer_bytes_per_token
     target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_flags=model.moe_layers,
-                         kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
+                         kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer,
+                         index_bytes_per_layer=index_per_token)
     draft = None
     if topo.mtp and model.num_mtp_layers and model.mtp_layer_kind is not None:
         kinds = (model.mtp_layer_kind,) * model.num_mtp_layers
         draft = _pass_costs(model, topo, mtp=True, kinds=kinds, moe_flags=(model.moe is not None,) * len(kinds),
-                            kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer)
+                            kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer,
+                            index_bytes_per_layer=index_per_token)
     lm_bytes = 0.0
     lm_flops = FlopsByDtype()
     for t in _heads(model):

@@ -19,6 +19,8 @@ MIXER_KERNELS: dict[LayerKind, int] = {
     #                                  gated RMSNorm, output projection
     LayerKind.MAMBA: 6,  # input projection, conv1d, selective scan, gated norm, output projection, dt/bias
 }
+INDEXER_KERNELS = 8  # DeepSeek-V3.2 indexer: wq_b and wk / weights_proj GEMMs, K LayerNorm, RoPE, FP8 quant of
+#                      q, indexer K-cache write, fp8_mqa_logits, per-row top-k (vLLM deepseek_v2.py Indexer)
 DENSE_MLP_KERNELS = 3  # gate_up GEMM, SiLU-and-mul, down GEMM
 MOE_KERNELS = 7  # router GEMM, top-k/softmax, align/permute, two grouped GEMMs, activation, unpermute + reduce
 SHARED_EXPERT_KERNELS = 4  # gate_up GEMM, activation, down GEMM, sigmoid gate / add
@@ -29,7 +31,10 @@ def layer_kernels(model: ModelSpec, kind: LayerKind, moe: bool) -> int:
     mlp = DENSE_MLP_KERNELS
     if moe and model.moe is not None:
         mlp = MOE_KERNELS + (SHARED_EXPERT_KERNELS if model.moe.shared_intermediate_size else 0)
-    return NORMS + MIXER_KERNELS.get(kind, 5) + mlp
+    mixer = MIXER_KERNELS.get(kind, 5)
+    if kind is LayerKind.MLA and model.mla is not None and model.mla.index_head_dim:
+        mixer += INDEXER_KERNELS
+    return NORMS + mixer + mlp
 
 
 def pass_kernels(model: ModelSpec, kinds: tuple[LayerKind, ...], moe_flags: tuple[bool, ...]) -> int:

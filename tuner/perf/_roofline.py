@@ -184,7 +184,8 @@ class RooflineModel(PerformanceModel):
         wait_ms = max(0.0, concurrency / rps - busy_s) * 1e3  # Little's law: the queue ahead of the KV cache
         costs = state.costs
         cal = self.calibration
-        kv_bytes = isl * (costs.target.kv_bytes_per_token + costs.target.window_kv_bytes_per_token)
+        t = costs.target
+        kv_bytes = isl * (t.kv_bytes_per_token + t.window_kv_bytes_per_token + t.index_kv_bytes_per_token)
         transfer_ms = (kv_bytes + costs.target.state_bytes) / (costs.kv_link_bytes_s * cal.kv_transfer_efficiency) * 1e3
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=osl, request_rps=rps,

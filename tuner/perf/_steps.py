@@ -105,16 +105,36 @@ def ep_load_factor(costs: InstanceCosts, cal: Calibration, tokens_ep: float) -> 
                                ep_size=costs.ep_size, redundant_experts=costs.redundant_experts, cal=cal)
 
 
+def attended_context(p: PassCosts, context: float, prompt_tokens: int | None = None) -> float:
+    """Context tokens the full attention reads per query: all of them, or DSA's top-k.
+
+    `prompt_tokens` marks a causal prefill whose queries see 0..prompt tokens (mean `context`): the mean of
+    min(position, k) over the prompt is k - k^2 / (2 prompt) once the prompt is longer than k.
+    """
+    k = p.sparse_topk
+    if not k:
+        return context
+    if prompt_tokens is None or prompt_tokens <= k:
+        return min(context, k)
+    return k - k * k / (2.0 * prompt_tokens)
+
+
 def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_ep: float, context: float,
-                logits_tokens: float, load: float = 1.0, moe_efficiency: float = 1.0) -> FlopsByDtype:
-    """FLOPs of one pass on one GPU; expert FLOPs are weighted by 1 / moe_efficiency (they run slower)."""
+                logits_tokens: float, load: float = 1.0, moe_efficiency: float = 1.0,
+                prompt_tokens: int | None = None) -> FlopsByDtype:
+    """FLOPs of one pass on one GPU; expert FLOPs are weighted by 1 / moe_efficiency (they run slower).
+
+    The DSA indexer's logits (FP8, every context token) join the FP8 FLOPs; the attention itself reads only
+    the attended context (`attended_context`)."""
     dense = p.dense_flops_per_token.scaled(tokens_rank)
     experts = p.expert_flops_per_token.scaled(tokens_ep * load / costs.ep_size / moe_efficiency)
     head = costs.lm_head_flops_per_token.scaled(logits_tokens)
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
-    mixer = tokens_rank * (p.attn_flops_per_token_ctx * context + p.window_attn_flops_per_token_ctx * window
+    attended = attended_context(p, context, prompt_tokens)
+    mixer = tokens_rank * (p.attn_flops_per_token_ctx * attended + p.window_attn_flops_per_token_ctx * window
                            + p.gdn_flops_per_token)
-    return FlopsByDtype(dense.bf16 + experts.bf16 + head.bf16 + mixer, dense.fp8 + experts.fp8 + head.fp8,
+    index = tokens_rank * p.index_flops_per_token_ctx * context
+    return FlopsByDtype(dense.bf16 + experts.bf16 + head.bf16 + mixer, dense.fp8 + experts.fp8 + head.fp8 + index,
                         dense.fp4 + experts.fp4 + head.fp4)
 
 
@@ -122,9 +142,11 @@ def _sum(a: FlopsByDtype, b: FlopsByDtype) -> FlopsByDtype:
     return FlopsByDtype(a.bf16 + b.bf16, a.fp8 + b.fp8, a.fp4 + b.fp4)
 
 
-def _kv_read(p: PassCosts, costs: InstanceCosts, context: float) -> float:
+def _kv_read(p: PassCosts, costs: InstanceCosts, context: float, prompt_tokens: int | None = None) -> float:
+    """KV bytes one query's attention reads: the attended context (DSA: top-k) plus the indexer's K cache."""
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
-    return p.kv_bytes_per_token * context + p.window_kv_bytes_per_token * window
+    return (p.kv_bytes_per_token * attended_context(p, context, prompt_tokens)
+            + p.window_kv_bytes_per_token * window + p.index_kv_bytes_per_token * context)
 
 
 def _tokens_ep(costs: InstanceCosts, rank_tokens: float, group_tokens: float) -> float:
@@ -200,15 +222,16 @@ def _chunk_work(costs: InstanceCosts, tokens_rank: float, busy_ranks: int, promp
     tokens_ep = _tokens_ep(costs, tokens_rank, tokens_rank * busy_ranks)
     prompts = tokens_rank / prompt_tokens  # requests whose prefill this chunk advances (fractional)
     mean_context = prompt_tokens / 2  # causal attention: a prompt token sees half the prompt on average
-    bytes_read = (tokens_rank * (t.kv_bytes_per_token + t.window_kv_bytes_per_token)
-                  + prompts * _kv_read(t, costs, mean_context) + 2 * prompts * t.state_bytes)
-    flops = _pass_flops(t, costs, tokens_rank, tokens_ep, mean_context, prompts, load, moe_efficiency)
+    bytes_read = (tokens_rank * (t.kv_bytes_per_token + t.window_kv_bytes_per_token + t.index_kv_bytes_per_token)
+                  + prompts * _kv_read(t, costs, mean_context, prompt_tokens) + 2 * prompts * t.state_bytes)
+    flops = _pass_flops(t, costs, tokens_rank, tokens_ep, mean_context, prompts, load, moe_efficiency,
+                        prompt_tokens)
     kernels = 0
     if costs.draft is not None:  # with MTP on, the drafter also runs over the prompt (its KV is needed too)
         d = costs.draft
         bytes_read += d.dense_bytes + tokens_rank * d.kv_bytes_per_token
         flops = _sum(flops, _pass_flops(d, costs, tokens_rank, tokens_ep, mean_context, prompts, load,
-                                        moe_efficiency))
+                                        moe_efficiency, prompt_tokens))
         kernels = d.num_kernels
     return _ChunkWork(expert_tokens_ep=tokens_ep, bytes_read=bytes_read, flops=flops, extra_layers_kernels=kernels)
 
