@@ -153,6 +153,9 @@ class Replayer:
         role = ROLES[row.role]
         topo = Topology.parse(row.topology, role=role, **{**SERVE_DEFAULTS, **dict(row.serve)})
         isl, osl = max(1, round(row.isl)), max(1, round(row.osl))
+        if row.load_kind == "burst" and role is Role.BOTH:
+            m = perf.predict_burst(topo, isl=isl, osl=osl, prompts=row.load_value)
+            return Prediction(_throughput(m, row.counts), m.tok_s_per_user, m.ttft_ms_mean)
         if row.load_kind == "peak":
             levels = [c for c in DECODE_LADDER if c <= row.load_value] or [row.load_value]
         else:

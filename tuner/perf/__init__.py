@@ -1,6 +1,6 @@
 """Performance models of vLLM instances: one base class, a roofline implementation, calibration and fitting."""
 
-from tuner.perf._aggregated import AggregatedPoint
+from tuner.perf._aggregated import AggregatedPoint, BurstRun
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import FITTABLE_FACTORS, Calibration, default_calibration, known_calibrations
 from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
@@ -14,6 +14,7 @@ __all__ = [
     "FITTABLE_FACTORS",
     "PREFILL_LADDER",
     "AggregatedPoint",
+    "BurstRun",
     "Calibration",
     "Curves",
     "DecodeStep",

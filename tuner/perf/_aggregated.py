@@ -68,3 +68,70 @@ def solve_aggregated(step: StepFn, *, requests_per_rank: float, isl: int, osl: i
     return AggregatedPoint(running_per_rank=r, decode_requests=d, starts_per_step=x, chunk_tokens=chunk,
                            chunk_share=share, prefill_steps=n_chunk, decode_steps=n_dec, mean_step_ms=mean,
                            chunk_step_ms=with_chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class BurstRun:
+    """`prompts` requests sent at once to one DP rank (`vllm bench serve --request-rate inf`), start to finish.
+
+    Prompts are admitted over `admission_steps` (at the steady state's rate while some wait for KV space, else as
+    fast as the token budget allows); once the queue is empty the last requests decode alone: `flat_steps` with
+    every request decoding (all admitted before the first finished), then `tail_steps` while they finish one
+    after another (the decoding count falls linearly to 0). Those decode-only steps are short, so a burst
+    lasts longer than its steady state and its mean TPOT is lower than the steady step.
+    """
+
+    prompts: float
+    admission_steps: float
+    admission_step_ms: float
+    admission_decoding: float  # mean requests decoding during admission
+    flat_steps: float
+    flat_step_ms: float
+    tail_steps: float
+    tail_step_ms: float
+    tail_peak: float  # requests decoding when the tail starts
+    decode_steps: float  # steps one request decodes for
+    prefill_ms: float  # one prompt's own prefill steps
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.admission_steps * self.admission_step_ms + self.flat_steps * self.flat_step_ms
+                + self.tail_steps * self.tail_step_ms)
+
+    @property
+    def tpot_ms(self) -> float:
+        """Mean over requests of the steps they decode in (each step weighted by the requests decoding in it)."""
+        weighted = (self.admission_decoding * self.admission_steps * self.admission_step_ms
+                    + self.prompts * self.flat_steps * self.flat_step_ms
+                    + self.tail_peak * self.tail_steps / 2 * self.tail_step_ms)
+        tokens = self.prompts * self.decode_steps
+        return weighted / tokens if tokens > 0 else self.admission_step_ms
+
+    @property
+    def ttft_ms(self) -> float:
+        """Prompts wait on average half the admission phase, then prefill."""
+        return self.admission_steps / 2 * self.admission_step_ms + self.prefill_ms
+
+
+def solve_burst(step: StepFn, point: AggregatedPoint, *, prompts: float, isl: int, token_budget: int,
+                tokens_per_request: int = 1) -> BurstRun:
+    """The finite run of `prompts` requests on one DP rank, from its steady state `point` (two more steps)."""
+    n_dec = point.decode_steps
+    if prompts > point.running_per_rank + 1e-9:  # a queue for KV space: prompts enter as requests finish
+        rate, adm_ms = point.starts_per_step, point.mean_step_ms
+    else:  # every prompt fits at once: they enter as fast as the budget left by the decoding ones allows
+        decoding = min(point.decode_requests, prompts / 2) * tokens_per_request
+        rate, adm_ms = max(1.0, token_budget - decoding) / isl, point.chunk_step_ms
+    admission = prompts / rate
+    if admission >= n_dec:
+        flat, tail, peak = 0.0, n_dec, rate * n_dec
+        decoding = rate * (admission * n_dec - n_dec * n_dec / 2) / admission
+    else:
+        flat, tail, peak = n_dec - admission, admission, prompts
+        decoding = prompts / 2
+    flat_ms = step(prompts, 0.0).step_ms if flat > 0 else 0.0
+    tail_ms = step(peak / 2, 0.0).step_ms if tail > 0 and peak > 0 else 0.0
+    return BurstRun(prompts=prompts, admission_steps=admission, admission_step_ms=adm_ms,
+                    admission_decoding=decoding, flat_steps=flat, flat_step_ms=flat_ms, tail_steps=tail,
+                    tail_step_ms=tail_ms, tail_peak=peak, decode_steps=n_dec,
+                    prefill_ms=point.prefill_steps * point.chunk_step_ms)

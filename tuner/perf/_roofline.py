@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError, DoesNotFitError
@@ -9,7 +10,7 @@ from tuner.hardware import GpuSpec
 from tuner.memory import MemoryBreakdown, MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.perf._aggregated import AggregatedPoint, solve_aggregated
+from tuner.perf._aggregated import AggregatedPoint, BurstRun, solve_aggregated, solve_burst
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import Calibration
 from tuner.perf._costs import InstanceCosts, instance_costs, redundant_experts
@@ -143,11 +144,9 @@ class RooflineModel(PerformanceModel):
         cal = self.calibration
         return cal.request_overhead_ms + cal.tokenize_us_per_token * 1e-3 * isl
 
-    def aggregated_point(self, topo: Topology, concurrency: int, *, isl: int, osl: int) -> AggregatedPoint:
-        """The chunked-prefill steady state of an aggregated instance with `concurrency` clients."""
+    def _mixed(self, topo: Topology, isl: int, osl: int, busy: int) -> Callable[[float, float], MixedStep]:
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
-        occ = self.occupancy(state, topo, concurrency)
-        costs, cal, busy = state.costs, self.calibration, occ.busy_ranks
+        costs, cal = state.costs, self.calibration
 
         def step(decode_requests: float, chunk_tokens: float) -> MixedStep:
             return mixed_step(costs, self.gpu, cal, decode_requests_per_rank=decode_requests,
@@ -155,9 +154,41 @@ class RooflineModel(PerformanceModel):
                               mtp_depth=topo.mtp, chunk_tokens_per_rank=chunk_tokens, busy_ranks=busy,
                               prompt_tokens=isl)
 
-        return solve_aggregated(step, requests_per_rank=occ.per_rank, isl=isl, osl=osl,
-                                accepted=accepted_tokens(topo.mtp, cal.mtp_acceptance),
+        return step
+
+    def aggregated_point(self, topo: Topology, concurrency: int, *, isl: int, osl: int) -> AggregatedPoint:
+        """The chunked-prefill steady state of an aggregated instance with `concurrency` clients."""
+        state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
+        occ = self.occupancy(state, topo, concurrency)
+        cal = self.calibration
+        return solve_aggregated(self._mixed(topo, isl, osl, occ.busy_ranks), requests_per_rank=occ.per_rank,
+                                isl=isl, osl=osl, accepted=accepted_tokens(topo.mtp, cal.mtp_acceptance),
                                 tokens_per_request=1 + topo.mtp, token_budget=topo.max_num_batched_tokens)
+
+    def burst_run(self, topo: Topology, prompts: int, *, isl: int, osl: int) -> BurstRun:
+        """`prompts` requests sent at once to an aggregated instance, run to the last token (per DP rank)."""
+        state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
+        occ = self.occupancy(state, topo, prompts)
+        point = self.aggregated_point(topo, prompts, isl=isl, osl=osl)
+        return solve_burst(self._mixed(topo, isl, osl, occ.busy_ranks), point, prompts=prompts / occ.busy_ranks,
+                           isl=isl, token_budget=topo.max_num_batched_tokens, tokens_per_request=1 + topo.mtp)
+
+    def predict_burst(self, topology: Topology, *, isl: int, osl: int, prompts: int) -> ServingMetrics:
+        """What `vllm bench serve --request-rate inf --num-prompts N` measures on an aggregated instance:
+        tokens over the run's duration (admission at the steady state's pace, then the decode-only tail), the
+        mean TPOT over requests and the mean TTFT. `concurrency` in the result is the prompt count."""
+        if isl < 1 or osl < 1 or prompts < 1:
+            raise ConfigError(f"isl, osl and prompts must be >= 1 (got {isl}, {osl}, {prompts})",
+                              field="workload", fix="give positive token counts and prompts")
+        state = self.state(topology, Role.BOTH, isl=isl, osl=osl)
+        occ = self.occupancy(state, topology, prompts)
+        run = self.burst_run(topology, prompts, isl=isl, osl=osl)
+        rps = prompts / (run.duration_ms / 1e3)
+        itl_ms = run.tpot_ms / accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
+        return ServingMetrics.from_rates(
+            concurrency=prompts, num_gpus=topology.num_gpus, isl=isl, osl=osl, request_rps=rps,
+            ttft_ms=run.ttft_ms + self.front_end_ms(isl), itl_ms=itl_ms,
+            max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
 
     def _aggregated(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
