@@ -323,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary("SGLang/TRT-LLM (vLLM fit, not fitted)", score(replayer, others, full)))
     if unscored:
         print(summary("vLLM rows left out (vLLM fit)", score(replayer, unscored, full)))
+    for cls in classes:
+        print(summary(f"  of which {cls} (held out)", [s for s in held if gpu_class(replayer.gpu(s.row.gpu)) == cls]))
     print("\ntargets, held-out vLLM rows: median <= 15% and worst <= 50% on both metrics")
     print("\nper source (held out):")
     for source, note in notes.items():
