@@ -103,8 +103,8 @@ _DEFAULTS: dict[str, Calibration] = {
         allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, kernel_latency_us=3.3,
         step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5),
     # Fitted by benchmarks/fidelity.py on every vLLM row of benchmarks/data/public_measurements.yaml of the class
-    # (Hopper: 3 H100 sources + 1 H200 source, vLLM 0.11; Blackwell: the GB200 and GB300 DeepSeek-R1 NVFP4 posts),
-    # rounded. The held-out (leave-one-source-out) error of this procedure is in docs/perf-model.md.
+    # (Blackwell: the GB200 and GB300 DeepSeek-R1 NVFP4 posts; Hopper below), rounded. The held-out
+    # (leave-one-source-out) error of this procedure is in docs/perf-model.md.
     "gb200": Calibration(hbm_efficiency=0.76, flop_efficiency=0.5, prefill_flop_efficiency=0.35,
                          moe_gemm_efficiency=0.89, kernel_latency_us=3.3, step_overhead_ms=1.5),
     "b200": Calibration(hbm_efficiency=0.76, flop_efficiency=0.5, prefill_flop_efficiency=0.35,
