@@ -4,11 +4,14 @@ Each ask: (1) read the study's measured points (every concurrency level of every
 residual log(measured / predicted) of each objective over the configs' ordinal features (tuner/study/_residual),
 (3) score every launchable config not yet measured, running or queued by its expected hypervolume improvement
 over the measured front (running configs count at their expected curve, so parallel asks spread out and never
-repeat), Monte Carlo over the residual's posterior, (4) propose the best. With no data the first proposal is the
-config whose predicted curve covers most; from then on the data decide how much the simulator is trusted:
-the slope term of the residual model lets the measured ranking override the predicted one, and when new
-measurements land outside the model's error bars (|z| above 2 on average) the posterior spread is widened, so
-the search explores instead of insisting.
+repeat), Monte Carlo over the residual's posterior with common random numbers (every config drawn at the same
+quantiles, so the ranking is not the luck of each config's draws) and the two objectives' draws correlated as
+their measured residuals are (a step-time factor moves rate and per-user speed together), (4) propose the best.
+With no data the first proposal is the config whose predicted curve covers most; from then on the data decide
+how much the simulator is trusted: the slope term of the residual model lets the measured ranking override the
+predicted one, the per-layout term keeps an untried layout uncertain (real clusters have per-layout effects no
+model predicts), and when new measurements land outside the model's error bars (|z| above 2 on average) the
+posterior spread is widened, so the search explores instead of insisting.
 Optuna stays the store and the ask/tell interface; this is a BaseSampler over the phase's categorical knobs.
 """
 
@@ -29,10 +32,10 @@ from tuner.study._residual import Hyper, ResidualFit, fit_residual, prior_sd
 from tuner.study._trial_record import TrialKind, TrialRecord
 
 MC_SAMPLES = 16
-# hyper-parameters are re-picked on the grid at every ask up to 20 measured configs, then each time the data
-# grow by a fifth (in between, one Cholesky factorisation per objective): the fit stays well under 1 s
-REGRID_ALWAYS_BELOW = 20
-REGRID_FRACTION = 5
+# the residual's hyper-parameters are picked on the full grid while fewer than FULL_GRID_BELOW configs are
+# measured, then by a coordinate search from the last pick at every ask (~40 factorisations per objective):
+# the fit stays well under 1 s per trial at 200 trials
+FULL_GRID_BELOW = 8
 GRID = 128  # x-resolution of the hypervolume integral
 DEFAULT_NOISE_SD = 0.05
 EXPLORE_BELOW = 0.002  # expected gain (fraction of the measured hypervolume) under which the search explores
@@ -40,6 +43,7 @@ EXPLORE_SDS = 3.0  # log-sd of a measurement before the residual model has estim
 DISAGREEMENT_Z = 2.0  # rms z-score of recent measurements beyond which the model's spread is widened
 RECENT = 8
 MAX_WIDEN = 4.0
+DEFAULT_CORRELATION = 0.5  # of the two objectives' residual draws before 4 configs are measured
 
 
 @dataclass
@@ -63,7 +67,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         self._expected: dict[int, tuple[float, float, float, float]] = {}  # residual mean/sd when proposed
         self._z: dict[int, float] = {}
         self._hyper: list[Hyper | None] = [None, None]
-        self._regrid_at = 0
+        self.last_mode = ""  # how the last proposal was chosen: "gain" (expected improvement) or "explore"
 
     @property
     def prior(self) -> SimulatorPrior:
@@ -143,14 +147,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         sd = np.stack([prior_sd(slope[idx, j]) for j in range(2)], axis=1)
         noise = np.full(2, DEFAULT_NOISE_SD)
         if len(rows):
-            regrid = len(rows) < REGRID_ALWAYS_BELOW or len(rows) >= self._regrid_at
-            if regrid:
-                self._regrid_at = len(rows) + max(1, len(rows) // REGRID_FRACTION)
-            for j in range(2):
-                fit: ResidualFit = fit_residual(prior.features[rows], slope[rows, j], prior.layout, res[:, j],
-                                                None if regrid else self._hyper[j])
+            for j in range(2):  # the full grid while the data are few, then a coordinate search from the last fit
+                start = self._hyper[j] if len(rows) >= FULL_GRID_BELOW else None
+                fit: ResidualFit = fit_residual(prior.features[rows], slope[rows, j], prior.layout, prior.group[rows],
+                                                res[:, j], start=start)
                 self._hyper[j] = fit.hyper
-                mean[:, j], sd[:, j] = fit.predict(prior.features[idx], slope[idx, j])
+                mean[:, j], sd[:, j] = fit.predict(prior.features[idx], slope[idx, j], prior.group[idx])
                 noise[j] = np.sqrt(fit.noise_var)
         self._track_disagreement(rows, res)
         return mean, sd * self._widening(), noise
@@ -168,6 +170,14 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         rms = float(np.sqrt(np.mean(np.square(recent))))
         return min(MAX_WIDEN, rms / DISAGREEMENT_Z) if rms > DISAGREEMENT_Z else 1.0
 
+    def _correlation(self, observed: _Observed) -> float:
+        """Correlation of the two objectives' residuals across measured configs (0.5 before 4 configs; kept in
+        [0, 0.9] so each objective keeps its own uncertainty)."""
+        _, res = self._residuals(observed)
+        if len(res) < 4 or np.std(res[:, 0]) < 1e-9 or np.std(res[:, 1]) < 1e-9:
+            return DEFAULT_CORRELATION
+        return float(np.clip(np.corrcoef(res[:, 0], res[:, 1])[0, 1], 0.0, 0.9))
+
     # -- the acquisition ----------------------------------------------------------------------------------
     def _best(self, observed: _Observed, free: np.ndarray, rng: np.random.Generator) -> int:
         prior = self.prior
@@ -182,7 +192,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         # sd, so configs the model calls twins of a measured one (same layout, same predicted curve) score 0
         lift = np.exp(noise)
         front_pts = np.array([(x * lift[0], y * lift[1]) for x, y in front]).reshape(len(front), 2)
-        eps = rng.standard_normal((MC_SAMPLES, len(free), 2))
+        # common random numbers: every config is scored at the same quantiles of its posterior, so configs are
+        # compared on their means and spreads, not on the luck of their own draws
+        eps = rng.standard_normal((MC_SAMPLES, 1, 2))
+        # a step-time factor moves both objectives together (rate and per-user speed): the draws share it
+        rho = self._correlation(observed)
+        eps[..., 1] = rho * eps[..., 0] + np.sqrt(1.0 - rho * rho) * eps[..., 1]
         eps[0] = 2.0  # one optimistic draw keeps rarely-likely configs visible when every sample ties at 0
         samples = [prior.predicted[free] * np.exp(mean + sd * e)[:, None, :] for e in eps]  # (free, levels, 2)
         x_max = max(float(front_pts[:, 0].max(initial=0.0)), max(float(p[..., 0].max()) for p in samples))
@@ -194,7 +209,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             hvi = np.clip(_heights(pts[..., 0], y, grid) - front_height, 0.0, None).sum(axis=1) * (x_max / GRID)
             gain += hvi * (0.25 if s == 0 else 1.0)
         current = float(np.sum(front_height) * (x_max / GRID))
+        self.last_mode = "gain"
         if gain.max() <= EXPLORE_BELOW * max(current, 1e-12):
+            self.last_mode = "explore"
             # the expected gains are exhausted (the model believes nothing unmeasured helps): look where the
             # model is least sure, with an optimistic draw of every config, so a wrong belief gets tested
             pts = prior.predicted[free] * np.exp(mean + EXPLORE_SDS * sd)[:, None, :]

@@ -38,6 +38,8 @@ class SimulatorPrior:
       knobs with a single choice left out; layout: which feature columns are layout knobs.
     predicted: (configs, levels, 2) objectives at each concurrency level of the workload; feasible: (configs,
       levels) the predicted point meets the space's latency limits.
+    group: (configs,) the parallel layout of each config (configs sharing every layout knob share an id): the
+      residual model gives each layout its own random effect.
     """
 
     phase: Phase
@@ -49,6 +51,7 @@ class SimulatorPrior:
     levels: tuple[int, ...]
     predicted: np.ndarray
     feasible: np.ndarray
+    group: np.ndarray
 
     @classmethod
     def build(cls, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
@@ -65,11 +68,14 @@ class SimulatorPrior:
             predicted.append([phase_values(phase, m) for m in curve])
             feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])
         varied = [k for k, v in choices.items() if len(v) > 1]
+        layouts: dict[tuple, int] = {}
+        group = [layouts.setdefault(tuple(c[k] for k in LAYOUT_KNOBS if k in c), len(layouts)) for c in candidates]
         features = np.array([[_position(choices[k], c[k]) for k in varied] for c in candidates], dtype=float)
         return cls(phase=phase, names=tuple(varied), choices=choices, candidates=candidates,
                    features=features.reshape(len(candidates), len(varied)),
                    layout=np.array([k in LAYOUT_KNOBS for k in varied]), levels=tuple(workload.concurrency),
-                   predicted=np.maximum(np.array(predicted, dtype=float), 1e-9), feasible=np.array(feasible))
+                   predicted=np.maximum(np.array(predicted, dtype=float), 1e-9), feasible=np.array(feasible),
+                   group=np.array(group, dtype=int))
 
     def index(self) -> dict[tuple, int]:
         return {params_key(c): i for i, c in enumerate(self.candidates)}
