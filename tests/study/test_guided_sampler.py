@@ -1,7 +1,9 @@
-"""The guided sampler: starts at the simulator's best, never repeats a config (also in parallel), follows the data."""
+"""The guided sampler: starts at the simulator's best, never repeats a config (also in parallel), follows the data;
+its residual model shares a layout's effect among the layout's configs and keeps untried layouts uncertain."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,9 @@ from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.space import load_space
 from tuner.study import PhaseRun, TuneOptions, make_sampler
-from tuner.study._guided import GuidedSampler
+from tuner.study._guided import GuidedSampler, _Observed
 from tuner.study._prior import SimulatorPrior, params_key
+from tuner.study._residual import LAYOUT_VARS, SIGNAL_VARS, Hyper, fit_residual
 
 MODEL = REFERENCE_MODEL
 SPACE = REFERENCE_SPACE
@@ -117,3 +120,77 @@ def test_guided_needs_a_prior() -> None:
     with pytest.raises(ConfigError) as err:
         make_sampler("guided", 0)
     assert err.value.field == "--sampler"
+
+
+def _two_layouts() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four configs: layouts 0 and 1 (neighbours in layout space), two engine variants each."""
+    features = np.array([[0.0, 0.0], [0.0, 1.0], [0.1, 0.0], [0.1, 1.0]])  # (layout knob, engine knob)
+    return features, np.array([True, False]), np.array([0, 0, 1, 1])
+
+
+def test_one_measurement_of_a_layout_moves_its_other_configs() -> None:
+    """The per-layout random effect: a residual measured on one config of a layout carries to that layout's
+    other engine variant, and much less to a neighbouring layout (no smooth kernel can tell them apart)."""
+    features, layout, group = _two_layouts()
+    hyper = Hyper(signal_var=0.004, layout_scale=1.0, engine_scale=3.0, noise_var=0.0004, layout_var=0.04)
+    fit = fit_residual(features[:1], np.zeros(1), layout, group[:1], np.array([0.3]), hyper)
+    mean, sd = fit.predict(features[1:], np.zeros(3), group[1:])
+    same, neighbour = mean[0], mean[1:]
+    assert same > 0.28, same  # the twin is predicted almost at the measured residual
+    assert (neighbour < same - 0.02).all(), mean  # the neighbouring layout keeps part of its own uncertainty
+    assert (sd[1:] > sd[0] + 0.05).all(), sd
+    without = dataclasses.replace(hyper, layout_var=0.0)
+    flat = fit_residual(features[:1], np.zeros(1), layout, group[:1], np.array([0.3]), without)
+    flat_mean, _ = flat.predict(features[1:], np.zeros(3), group[1:])
+    assert flat_mean[0] - flat_mean[1] < same - neighbour[0]  # the layout term is what separates them
+
+
+def test_an_untried_layout_stays_uncertain() -> None:
+    """However well the data fit elsewhere, a layout never measured keeps at least the smallest per-layout
+    effect of the grid as its sd: the search can still afford to try it."""
+    rng = np.random.default_rng(0)
+    n = 30
+    features = np.column_stack([rng.integers(0, 4, n) / 3, rng.random(n)])
+    group = (features[:, 0] * 3).astype(int)
+    fit = fit_residual(features, np.zeros(n), np.array([True, False]), group, np.full(n, 0.1))
+    assert fit.hyper.layout_var >= min(LAYOUT_VARS) > 0
+    _, sd = fit.predict(np.array([[0.5, 0.5], [1 / 3, 0.5]]), np.zeros(2), np.array([99, 1]))
+    assert sd[0] >= 0.9 * np.sqrt(min(LAYOUT_VARS)), sd
+    assert sd[1] < sd[0]  # a measured layout is known better
+
+
+def test_coordinate_search_never_loses_to_its_start() -> None:
+    rng = np.random.default_rng(1)
+    n = 40
+    features = rng.random((n, 3))
+    group = rng.integers(0, 6, n)
+    slope = rng.normal(0, 0.5, n)
+    y = 0.2 * slope + 0.1 * np.sin(4 * features[:, 0]) + rng.normal(0, 0.03, n)
+    layout = np.array([True, True, False])
+    full = fit_residual(features, slope, layout, group, y)
+    start = Hyper(SIGNAL_VARS[-1], 0.1, 10.0, 0.01, LAYOUT_VARS[-1], 0.0, 0.01)
+
+    def log_ml(fit) -> float:  # type: ignore[no-untyped-def]
+        return -0.5 * float(y @ fit.alpha) - float(np.sum(np.log(np.diag(fit.chol))))
+    searched = fit_residual(features, slope, layout, group, y, start=start)
+    assert log_ml(searched) > log_ml(fit_residual(features, slope, layout, group, y, start)) + 10.0
+    # as the sampler uses it: from the last fit (here the full grid's best), never worse than the start
+    again = fit_residual(features, slope, layout, group, y, start=full.hyper)
+    assert log_ml(again) >= log_ml(full)
+
+
+def test_objective_draws_follow_the_measured_correlation(setup) -> None:  # type: ignore[no-untyped-def]
+    """Residuals of rate and per-user speed that move together (a step-time factor) give correlated draws; before
+    4 measured configs the default holds; anti-correlated residuals are not trusted below 0."""
+    space, model, gpu = setup
+    prior = SimulatorPrior.build(space, "prefill", model, gpu)
+    sampler = GuidedSampler(lambda: prior)
+
+    def observed(residuals: list[tuple[float, float]]) -> _Observed:
+        points = {i: [(0, float(prior.predicted[i, 0, 0] * np.exp(a)), float(prior.predicted[i, 0, 1] * np.exp(b)),
+                       True)] for i, (a, b) in enumerate(residuals)}
+        return _Observed(points=points, taken=set(points), running=[])
+    assert sampler._correlation(observed([(0.1, 0.1), (0.2, 0.2)])) == 0.5
+    together = [(v, v + 0.01 * (-1) ** i) for i, v in enumerate((0.1, -0.2, 0.3, 0.0, -0.1))]
+    assert sampler._correlation(observed(together)) == pytest.approx(0.9)
+    assert sampler._correlation(observed([(v, -v) for v in (0.1, -0.2, 0.3, 0.0, -0.1)])) == 0.0
