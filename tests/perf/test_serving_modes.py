@@ -127,3 +127,23 @@ def test_moe_and_fp8_gemm_efficiencies_slow_only_their_gemms(reference: ModelSpe
     fp8_slow = Calibration(fp8_gemm_efficiency=0.5)  # the reference model has no FP8 GEMMs (BF16 + NVFP4)
     c = RooflineModel(reference, gb300, fp8_slow).prefill_step(Topology.parse("TEP8"), 4, isl=8192)
     assert c.compute_ms == pytest.approx(a.compute_ms)
+
+
+def test_prefill_attention_runs_at_its_own_efficiency(dense: ModelSpec, gb300: GpuSpec) -> None:
+    """Only the attention part of a prefill chunk moves with attention_flop_efficiency, and it grows with the
+    prompt; None keeps attention at prefill_flop_efficiency (the GB300 reference calibration)."""
+    topo = Topology.parse("TP4")
+    base = Calibration(prefill_flop_efficiency=0.4, step_overhead_ms=0.0, kernel_latency_us=0.0)
+    same = Calibration(prefill_flop_efficiency=0.4, attention_flop_efficiency=0.4, step_overhead_ms=0.0,
+                       kernel_latency_us=0.0)
+    fast = base.model_copy(update={"attention_flop_efficiency": 0.8})
+    for isl in (2048, 32768):
+        a = RooflineModel(dense, gb300, base).prefill_step(topo, 4, isl=isl)
+        assert RooflineModel(dense, gb300, same).prefill_step(topo, 4, isl=isl).compute_ms == pytest.approx(
+            a.compute_ms)
+    short = [RooflineModel(dense, gb300, c).prefill_step(topo, 4, isl=2048).compute_ms for c in (base, fast)]
+    long = [RooflineModel(dense, gb300, c).prefill_step(topo, 4, isl=32768).compute_ms for c in (base, fast)]
+    assert short[1] < short[0] and long[1] < long[0]
+    assert long[1] / long[0] < short[1] / short[0]  # attention is a larger share of a long prompt's chunk
+    decode = [RooflineModel(dense, gb300, c).decode_step(topo, 8, isl=32768, osl=2).compute_ms for c in (base, fast)]
+    assert decode[0] == pytest.approx(decode[1])  # decode attention stays at flop_efficiency

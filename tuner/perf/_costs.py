@@ -32,22 +32,31 @@ class FlopsByDtype:
     bf16: float = 0.0
     fp8: float = 0.0
     fp4: float = 0.0
+    attn: float = 0.0  # attention score/value FLOPs (BF16 tensor cores, flash-attention kernels)
 
     def add(self, dtype: str, flops: float) -> FlopsByDtype:
         if dtype == "bf16":
-            return FlopsByDtype(self.bf16 + flops, self.fp8, self.fp4)
+            return FlopsByDtype(self.bf16 + flops, self.fp8, self.fp4, self.attn)
         if dtype == "fp8":
-            return FlopsByDtype(self.bf16, self.fp8 + flops, self.fp4)
+            return FlopsByDtype(self.bf16, self.fp8 + flops, self.fp4, self.attn)
         if dtype == "fp4":
-            return FlopsByDtype(self.bf16, self.fp8, self.fp4 + flops)
+            return FlopsByDtype(self.bf16, self.fp8, self.fp4 + flops, self.attn)
         raise ValueError(f"unknown compute dtype {dtype!r}")
 
     def scaled(self, factor: float) -> FlopsByDtype:
-        return FlopsByDtype(self.bf16 * factor, self.fp8 * factor, self.fp4 * factor)
+        return FlopsByDtype(self.bf16 * factor, self.fp8 * factor, self.fp4 * factor, self.attn * factor)
 
-    def seconds(self, gpu: GpuSpec, efficiency: float, fp8_efficiency: float = 1.0) -> float:
-        """Time at `efficiency` of each dtype's peak; FP8 GEMMs reach a further `fp8_efficiency` of that."""
+    @property
+    def total(self) -> float:
+        return self.bf16 + self.fp8 + self.fp4 + self.attn
+
+    def seconds(self, gpu: GpuSpec, efficiency: float, fp8_efficiency: float = 1.0,
+                attention_efficiency: float | None = None) -> float:
+        """Time at `efficiency` of each dtype's peak; FP8 GEMMs reach a further `fp8_efficiency` of that;
+        attention runs at `attention_efficiency` of the BF16 peak (default: `efficiency`)."""
         total = 0.0
+        if self.attn:
+            total += self.attn / (gpu.tflops("bf16") * 1e12 * (attention_efficiency or efficiency))
         if self.bf16:
             total += self.bf16 / (gpu.tflops("bf16") * 1e12 * efficiency)
         if self.fp8:

@@ -134,12 +134,12 @@ def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_e
     mixer = tokens_rank * (p.attn_flops_per_token_ctx * attended + p.window_attn_flops_per_token_ctx * window
                            + p.gdn_flops_per_token)
     index = tokens_rank * p.index_flops_per_token_ctx * context
-    return FlopsByDtype(dense.bf16 + experts.bf16 + head.bf16 + mixer, dense.fp8 + experts.fp8 + head.fp8 + index,
-                        dense.fp4 + experts.fp4 + head.fp4)
+    return FlopsByDtype(dense.bf16 + experts.bf16 + head.bf16, dense.fp8 + experts.fp8 + head.fp8 + index,
+                        dense.fp4 + experts.fp4 + head.fp4, mixer)
 
 
 def _sum(a: FlopsByDtype, b: FlopsByDtype) -> FlopsByDtype:
-    return FlopsByDtype(a.bf16 + b.bf16, a.fp8 + b.fp8, a.fp4 + b.fp4)
+    return FlopsByDtype(a.bf16 + b.bf16, a.fp8 + b.fp8, a.fp4 + b.fp4, a.attn + b.attn)
 
 
 def _kv_read(p: PassCosts, costs: InstanceCosts, context: float, prompt_tokens: int | None = None) -> float:
@@ -247,14 +247,15 @@ def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens
     active = costs.expert_active_fraction(tokens_ep * load)
     expert_bytes = t.expert_bytes * active + (costs.draft.expert_bytes * active if costs.draft else 0.0)
     bytes_read = t.dense_bytes + costs.lm_head_bytes + expert_bytes + work.bytes_read
-    compute_s = work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
+    compute_s = work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency,
+                                   cal.attention_flop_efficiency)
     comm = pass_comm(tokens_per_rank, t.num_layers, t.num_moe_layers, costs, cal, load)
     comm_s = comm.visible_s(costs, cal, compute_s, tokens_per_rank, DBO_PREFILL_THRESHOLD)
     if costs.draft is not None:
         d = costs.draft
         comm_s += pass_comm(tokens_per_rank, d.num_layers, d.num_moe_layers, costs, cal, load).total_s
     return PrefillStep(
-        tokens=tokens_per_rank, bytes_read=bytes_read, flops=work.flops.bf16 + work.flops.fp8 + work.flops.fp4,
+        tokens=tokens_per_rank, bytes_read=bytes_read, flops=work.flops.total,
         memory_ms=(bytes_read + expert_bytes * (1 / cal.moe_gemm_efficiency - 1)) / hbm * 1e3,
         compute_ms=compute_s * 1e3, comm_ms=comm_s * 1e3,
         overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * (t.num_kernels + work.extra_layers_kernels),
@@ -284,7 +285,8 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
     compute_s = _pass_flops(t, costs, d_rank, dec_ep, context_tokens, d_rank, load,
                             cal.moe_gemm_efficiency).seconds(gpu, cal.flop_efficiency, cal.fp8_gemm_efficiency)
     if work is not None:
-        compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
+        compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency,
+                                        cal.attention_flop_efficiency)
     comm = pass_comm(d_rank + c, t.num_layers, t.num_moe_layers, costs, cal, load)
     threshold = DBO_PREFILL_THRESHOLD if c > 0 else DBO_DECODE_THRESHOLD
     draft_ms = 0.0
