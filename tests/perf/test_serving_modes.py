@@ -147,3 +147,23 @@ def test_prefill_attention_runs_at_its_own_efficiency(dense: ModelSpec, gb300: G
     assert long[1] / long[0] < short[1] / short[0]  # attention is a larger share of a long prompt's chunk
     decode = [RooflineModel(dense, gb300, c).decode_step(topo, 8, isl=32768, osl=2).compute_ms for c in (base, fast)]
     assert decode[0] == pytest.approx(decode[1])  # decode attention stays at flop_efficiency
+
+
+def test_aggregated_ttft_does_not_fall_as_concurrency_rises(dense: ModelSpec, gb300: GpuSpec) -> None:
+    """With --max-num-seqs = concurrency (InferenceX's recipes) every client runs: a KV-occupancy factor below 1
+    must not shrink max-num-seqs, which queued one client of four for a whole request (TTFT 2.9 s at c4 on Kimi)."""
+    perf = RooflineModel(dense, gb300, default_calibration("gb300").model_copy(update={"kv_occupancy": 0.95}))
+    previous = 0.0
+    for conc in (1, 2, 4, 8, 16, 32):
+        topo = Topology.parse("TP4", max_num_seqs=conc)
+        m = perf.predict(topo, Role.BOTH, isl=7372, osl=921, concurrency=conc)
+        assert m.running_requests == conc
+        assert m.ttft_ms_mean >= previous - 1e-6
+        previous = m.ttft_ms_mean
+    # one prompt alone: its TTFT is the front end plus the compute of its own chunk(s), nothing queued
+    topo = Topology.parse("TP4", max_num_seqs=1)
+    one = perf.predict(topo, Role.BOTH, isl=7372, osl=921, concurrency=1)
+    chunk = perf.aggregated_point(topo, 1, isl=7372, osl=921).chunk_step_ms
+    prefill = perf.prefill_step(topo, 1, isl=7372).step_ms
+    assert chunk == pytest.approx(prefill, rel=0.02)  # the chunk step is the prompt's prefill (+ 1 decode at most)
+    assert one.ttft_ms_mean == pytest.approx(perf.front_end_ms(7372) + chunk, rel=0.01)

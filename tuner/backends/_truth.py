@@ -118,7 +118,8 @@ class _TruthRoofline(RooflineModel):
 
     def state(self, topo: Topology, role: Role, *, isl: int, osl: int) -> InstanceState:
         found = super().state(topo, role, isl=isl, osl=osl)
-        return dataclasses.replace(found, cap_per_rank=max(1, int(found.cap_per_rank * self._kv_factor)))
+        return dataclasses.replace(found, cap_per_rank=max(1, int(found.cap_per_rank * self._kv_factor)),
+                                   kv_cap_per_rank=max(1, int(found.kv_cap_per_rank * self._kv_factor)))
 
 
 class HiddenTruthBackend(Backend):

@@ -33,6 +33,7 @@ class InstanceState:
     costs: InstanceCosts
     memory: MemoryBreakdown
     cap_per_rank: int  # requests one DP rank runs at once (KV cache, max-num-seqs, token budget)
+    kv_cap_per_rank: int = 0  # requests the KV cache alone holds (0: not known apart, use cap_per_rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,8 @@ class RooflineModel(PerformanceModel):
         cap = memory.running_requests_cap
         if role is not Role.PREFILL:  # verified tokens of every running request must fit one step's token budget
             cap = min(cap, topo.max_num_batched_tokens // (1 + topo.mtp))
-        state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, cap))
+        state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, cap),
+                              kv_cap_per_rank=max(1, int(memory.max_concurrency)))
         self._states[key] = state
         return state
 
@@ -104,8 +106,15 @@ class RooflineModel(PerformanceModel):
         return self.running_cap(self.state(topology, role, isl=isl, osl=osl)) * topology.dp
 
     def running_cap(self, state: InstanceState) -> int:
-        """Requests one DP rank holds at once in practice: the KV-cache cap x `kv_occupancy`."""
-        return max(1, int(state.cap_per_rank * self.calibration.kv_occupancy + 1e-9))
+        """Requests one DP rank holds at once in practice: the KV-cache cap x `kv_occupancy`, max-num-seqs and
+        the token budget.
+
+        `kv_occupancy` describes how full vLLM keeps the KV cache under a queue (block-granular admission,
+        preemption); it does not shrink max-num-seqs: with `--max-num-seqs 4` and room for hundreds of requests
+        in the KV cache, vLLM runs exactly 4 (scaling both made one of 4 clients queue for a whole request).
+        """
+        kv_cap = state.kv_cap_per_rank or state.cap_per_rank
+        return max(1, min(state.cap_per_rank, int(kv_cap * self.calibration.kv_occupancy + 1e-9)))
 
     def occupancy(self, state: InstanceState, topo: Topology, concurrency: int) -> Occupancy:
         """running = min(concurrency, cap per DP rank x DP); the rest waits in the queue."""
