@@ -239,21 +239,24 @@ def _factor_bounds(name: str) -> tuple[float, float]:
 
 
 def leave_one_source_out(replayer: Replayer, rows: Sequence[Row]) -> tuple[list[Scored], dict[str, str]]:
-    """Each vLLM source predicted by its class calibration fitted on the other sources only."""
+    """Each vLLM source predicted by its class calibration fitted on the other sources only.
+
+    A source whose rows span GPU classes (one post measuring B200 and H100) is held out of every class it has rows
+    in: each of its rows is predicted by its own class's fit on the other sources."""
     vllm = [r for r in rows if r.is_vllm]
     classes = {r.gpu: gpu_class(replayer.gpu(r.gpu)) for r in rows}
     held: list[Scored] = []
     notes: dict[str, str] = {}
     for source in sorted({r.source for r in vllm}):
-        target = [r for r in vllm if r.source == source]
-        cls = classes[target[0].gpu]
-        train = [r for r in vllm if r.source != source and classes[r.gpu] == cls]
-        prior = PRIORS[cls]
-        fitted = fit_class(replayer, train, prior) if train else prior
-        cal_for = {r.gpu: fitted for r in target}
-        notes[source] = (f"fitted on {len({r.source for r in train})} other {cls} source(s), {len(train)} rows"
-                         if train else f"no other {cls} source: documented defaults")
-        held += score(replayer, target, cal_for)
+        parts = []
+        for cls in sorted({classes[r.gpu] for r in vllm if r.source == source}):
+            target = [r for r in vllm if r.source == source and classes[r.gpu] == cls]
+            train = [r for r in vllm if r.source != source and classes[r.gpu] == cls]
+            fitted = fit_class(replayer, train, PRIORS[cls]) if train else PRIORS[cls]
+            parts.append(f"fitted on {len({r.source for r in train})} other {cls} source(s), {len(train)} rows"
+                         if train else f"no other {cls} source: physics priors")
+            held += score(replayer, target, {r.gpu: fitted for r in target})
+        notes[source] = "; ".join(parts)
     return held, notes
 
 

@@ -90,3 +90,19 @@ def test_row_serve_flags_reach_the_replay(fidelity, tmp_path: Path) -> None:
     table.write_text(table.read_text().replace("kv_cache_dtype: fp8", "kv_dtype: fp8"))
     with pytest.raises(SystemExit, match="unknown setting"):
         fidelity.load_table(table)
+
+
+def test_running_requests_hold_their_current_context_under_a_queue(fidelity) -> None:
+    """vLLM allocates KV blocks as tokens are computed and preempts the newest request when they run out, so a
+    saturated instance runs KV / (isl + osl/2) requests, not KV / (isl + osl): MiniMax-M2.5 TP4 on B200 (FP8 KV)
+    ran ~410 at 8k/1k where the full-length cap is 386."""
+    model = load_model(REPO / "examples" / "models" / "minimax-m2")
+    topo = Topology.parse("TP4", kv_cache_dtype="fp8", max_num_batched_tokens=16384)
+    perf = RooflineModel(model, get_gpu("b200"), Calibration(kv_occupancy=1.0))
+    state = perf.state(topo, Role.BOTH, isl=7372, osl=921)
+    full_length = int(state.memory.max_concurrency)
+    running = perf.capacity(topo, Role.BOTH, isl=7372, osl=921)
+    assert running == state.memory.num_gpu_blocks // state.memory.layout.blocks_per_request(7372 + 460, 16384)
+    assert 1.04 * full_length < running < 1.08 * full_length  # (7372 + 921) / (7372 + 460) = 1.059
+    capped = Topology.parse("TP4", kv_cache_dtype="fp8", max_num_batched_tokens=16384, max_num_seqs=64)
+    assert perf.capacity(capped, Role.BOTH, isl=7372, osl=921) == 64  # max-num-seqs still caps it

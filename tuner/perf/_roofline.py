@@ -94,11 +94,16 @@ class RooflineModel(PerformanceModel):
         if not memory.fits:
             raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
                                   fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
-        cap = memory.running_requests_cap
+        cap = memory.max_num_seqs
         if role is not Role.PREFILL:  # verified tokens of every running request must fit one step's token budget
             cap = min(cap, topo.max_num_batched_tokens // (1 + topo.mtp))
-        state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, cap),
-                              kv_cap_per_rank=max(1, int(memory.max_concurrency)))
+        # vLLM allocates KV blocks as tokens are computed and, when a step's blocks run out, preempts the newest
+        # running request (vllm/v1/core/sched/scheduler.py): under a queue the running requests hold their
+        # current context, isl + osl/2 on average, not isl + osl each.
+        held = memory.layout.blocks_per_request(isl + (mem_osl - 1) // 2, topo.max_num_batched_tokens)
+        kv_cap = int(memory.num_gpu_blocks / held) if held else int(memory.max_concurrency)
+        state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, min(cap, kv_cap)),
+                              kv_cap_per_rank=max(1, kv_cap))
         self._states[key] = state
         return state
 
