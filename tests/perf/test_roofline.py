@@ -132,8 +132,10 @@ def test_queueing_starts_exactly_past_the_memory_cap(reference: ModelSpec, gb300
     perf = RooflineModel(reference, gb300)
     topo = Topology.parse("TEP8")
     memory = compute_memory(reference, gb300, topo, MemoryInputs(8192, 1024))
-    cap = memory.running_requests_cap * topo.dp
-    assert cap == int(memory.max_concurrency)
+    # running requests hold their current context (isl + osl/2 on average): vLLM allocates blocks as tokens come
+    held = memory.layout.blocks_per_request(8192 + 511, topo.max_num_batched_tokens)
+    cap = memory.num_gpu_blocks // held * topo.dp
+    assert cap == perf.capacity(topo, Role.DECODE, isl=8192, osl=1024) > int(memory.max_concurrency)
     at = perf.predict(topo, Role.DECODE, isl=8192, osl=1024, concurrency=cap)
     past = perf.predict(topo, Role.DECODE, isl=8192, osl=1024, concurrency=cap + 1)
     below = perf.predict(topo, Role.DECODE, isl=8192, osl=1024, concurrency=cap - 1)
