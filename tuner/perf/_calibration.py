@@ -107,21 +107,25 @@ _DEFAULTS: dict[str, Calibration] = {
         allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, kernel_latency_us=3.3,
         step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5),
     # Fitted by benchmarks/fidelity.py on every vLLM row of benchmarks/data/public_measurements.yaml of the class
-    # (Blackwell: the GB200 and GB300 DeepSeek-R1 NVFP4 posts; Hopper below), rounded. The held-out
-    # (leave-one-source-out) error of this procedure is in docs/perf-model.md.
-    "gb200": Calibration(hbm_efficiency=0.76, flop_efficiency=0.5, prefill_flop_efficiency=0.35,
-                         moe_gemm_efficiency=0.89, kernel_latency_us=3.3, step_overhead_ms=1.5),
-    "b200": Calibration(hbm_efficiency=0.76, flop_efficiency=0.5, prefill_flop_efficiency=0.35,
-                        moe_gemm_efficiency=0.89, kernel_latency_us=3.3, step_overhead_ms=1.5),
-    # Hopper: refitted on the 31 vLLM rows of 8 H100/H200 sources (vLLM 0.10.2-0.13: Qwen3-8B/14B/235B, DeepSeek-R1
-    # and -V3.2, GLM-4.6, gpt-oss-20b/120b), bursts replayed as finite runs (predict_burst), rounded. Prefill
-    # attention (flash attention) reaches ~0.55 of the BF16 peak where the rest of a prefill chunk reaches ~0.30.
-    "h200": Calibration(hbm_efficiency=0.88, flop_efficiency=0.47, prefill_flop_efficiency=0.3,
-                        attention_flop_efficiency=0.55, moe_gemm_efficiency=0.74, fp8_gemm_efficiency=0.55,
-                        kv_occupancy=1.0, kernel_latency_us=3.8, step_overhead_ms=1.45, request_overhead_ms=26.7),
-    "h100": Calibration(hbm_efficiency=0.88, flop_efficiency=0.47, prefill_flop_efficiency=0.3,
-                        attention_flop_efficiency=0.55, moe_gemm_efficiency=0.74, fp8_gemm_efficiency=0.55,
-                        kv_occupancy=1.0, kernel_latency_us=3.8, step_overhead_ms=1.45, request_overhead_ms=26.7),
+    # (its full per-class fit), rounded. The held-out (leave-one-source-out) error of this procedure is in
+    # docs/perf-model.md. Blackwell: 19 rows of 5 sources (DeepSeek-R1 NVFP4 on GB200/GB300, Kimi-K2.5 INT4 and
+    # MiniMax-M2.5 FP8 on B200, Qwen3-Next BF16 on B200; the Qwen3-Next row alone pulls hbm from ~0.77 to 0.66).
+    "gb200": Calibration(hbm_efficiency=0.66, flop_efficiency=0.49, prefill_flop_efficiency=0.31,
+                         attention_flop_efficiency=0.39, moe_gemm_efficiency=0.87, fp8_gemm_efficiency=0.84,
+                         kernel_latency_us=3.5, step_overhead_ms=1.55),
+    "b200": Calibration(hbm_efficiency=0.66, flop_efficiency=0.49, prefill_flop_efficiency=0.31,
+                        attention_flop_efficiency=0.39, moe_gemm_efficiency=0.87, fp8_gemm_efficiency=0.84,
+                        kernel_latency_us=3.5, step_overhead_ms=1.55),
+    # Hopper: 39 rows of 10 sources (vLLM 0.10.2-0.21: Qwen3-8B/14B/235B, DeepSeek-R1 and -V3.2, GLM-4.6,
+    # gpt-oss-20b/120b on GPUStack's pages, bursts replayed as finite runs (predict_burst); Kimi-K2.5 INT4 on H200
+    # and MiniMax-M2.5 FP8 on H100 from InferenceX). Prefill attention (flash attention) reaches ~0.55 of the BF16
+    # peak where the rest of a prefill chunk reaches ~0.30.
+    "h200": Calibration(hbm_efficiency=0.87, flop_efficiency=0.47, prefill_flop_efficiency=0.29,
+                        attention_flop_efficiency=0.54, moe_gemm_efficiency=0.75, fp8_gemm_efficiency=0.55,
+                        kv_occupancy=1.0, kernel_latency_us=3.35, step_overhead_ms=1.42, request_overhead_ms=26.8),
+    "h100": Calibration(hbm_efficiency=0.87, flop_efficiency=0.47, prefill_flop_efficiency=0.29,
+                        attention_flop_efficiency=0.54, moe_gemm_efficiency=0.75, fp8_gemm_efficiency=0.55,
+                        kv_occupancy=1.0, kernel_latency_us=3.35, step_overhead_ms=1.42, request_overhead_ms=26.8),
 }
 
 
