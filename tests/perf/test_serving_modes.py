@@ -167,3 +167,28 @@ def test_aggregated_ttft_does_not_fall_as_concurrency_rises(dense: ModelSpec, gb
     prefill = perf.prefill_step(topo, 1, isl=7372).step_ms
     assert chunk == pytest.approx(prefill, rel=0.02)  # the chunk step is the prompt's prefill (+ 1 decode at most)
     assert one.ttft_ms_mean == pytest.approx(perf.front_end_ms(7372) + chunk, rel=0.01)
+
+
+def test_decode_kv_reads_do_not_hide_under_a_chunks_gemms(dense: ModelSpec, gb300: GpuSpec) -> None:
+    """A mixed step runs the attention kernels apart from the GEMMs: the decode requests' KV reads add to a
+    compute-bound chunk instead of hiding under its FLOPs (one roofline per kernel, not one per step)."""
+    from tuner.perf._steps import mixed_step
+
+    perf = RooflineModel(dense, gb300)
+    topo = Topology.parse("TP4", max_num_batched_tokens=16384)
+    state = perf.state(topo, Role.BOTH, isl=8192, osl=1024)
+    cal = perf.calibration
+
+    def step(decodes: float, chunk: float):
+        return mixed_step(state.costs, gb300, cal, decode_requests_per_rank=decodes, total_decode_requests=decodes,
+                          context_tokens=8704, mtp_depth=0, chunk_tokens_per_rank=chunk, busy_ranks=1,
+                          prompt_tokens=8192)
+
+    alone, with_decodes = step(0, 8192), step(512, 8192)
+    kv_ms = 512 * state.costs.target.kv_bytes_per_token * 8704 / (gb300.hbm_bandwidth_tb_s * 1e12
+                                                                  * cal.hbm_efficiency) * 1e3
+    assert with_decodes.compute_ms > with_decodes.memory_ms  # the chunk's GEMMs are compute-bound
+    assert with_decodes.attention_ms == pytest.approx(max(kv_ms, alone.attention_ms), rel=1e-6)
+    assert kv_ms > 1.5 * alone.attention_ms  # the decodes' KV reads outweigh the chunk's attention FLOPs
+    assert with_decodes.step_ms > alone.step_ms + 0.9 * (kv_ms - alone.attention_ms)
+    assert step(128, 0).attention_ms == 0.0  # a decode-only step keeps its single (memory-bound) roofline

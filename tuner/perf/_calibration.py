@@ -109,23 +109,23 @@ _DEFAULTS: dict[str, Calibration] = {
     # Fitted by benchmarks/fidelity.py on every vLLM row of benchmarks/data/public_measurements.yaml of the class
     # (its full per-class fit), rounded. The held-out (leave-one-source-out) error of this procedure is in
     # docs/perf-model.md. Blackwell: 19 rows of 5 sources (DeepSeek-R1 NVFP4 on GB200/GB300, Kimi-K2.5 INT4 and
-    # MiniMax-M2.5 FP8 on B200, Qwen3-Next BF16 on B200; the Qwen3-Next row alone pulls hbm from ~0.77 to 0.66).
-    "gb200": Calibration(hbm_efficiency=0.66, flop_efficiency=0.49, prefill_flop_efficiency=0.31,
-                         attention_flop_efficiency=0.39, moe_gemm_efficiency=0.87, fp8_gemm_efficiency=0.84,
-                         kernel_latency_us=3.5, step_overhead_ms=1.55),
-    "b200": Calibration(hbm_efficiency=0.66, flop_efficiency=0.49, prefill_flop_efficiency=0.31,
-                        attention_flop_efficiency=0.39, moe_gemm_efficiency=0.87, fp8_gemm_efficiency=0.84,
-                        kernel_latency_us=3.5, step_overhead_ms=1.55),
+    # MiniMax-M2.5 FP8 on B200, Qwen3-Next BF16 on B200; the Qwen3-Next row alone pulls hbm from ~0.75 to 0.6).
+    "gb200": Calibration(hbm_efficiency=0.6, flop_efficiency=0.49, prefill_flop_efficiency=0.32,
+                         attention_flop_efficiency=0.44, moe_gemm_efficiency=0.94, fp8_gemm_efficiency=0.89,
+                         kernel_latency_us=3.45, step_overhead_ms=1.5),
+    "b200": Calibration(hbm_efficiency=0.6, flop_efficiency=0.49, prefill_flop_efficiency=0.32,
+                        attention_flop_efficiency=0.44, moe_gemm_efficiency=0.94, fp8_gemm_efficiency=0.89,
+                        kernel_latency_us=3.45, step_overhead_ms=1.5),
     # Hopper: 39 rows of 10 sources (vLLM 0.10.2-0.21: Qwen3-8B/14B/235B, DeepSeek-R1 and -V3.2, GLM-4.6,
     # gpt-oss-20b/120b on GPUStack's pages, bursts replayed as finite runs (predict_burst); Kimi-K2.5 INT4 on H200
     # and MiniMax-M2.5 FP8 on H100 from InferenceX). Prefill attention (flash attention) reaches ~0.55 of the BF16
     # peak where the rest of a prefill chunk reaches ~0.30.
-    "h200": Calibration(hbm_efficiency=0.87, flop_efficiency=0.47, prefill_flop_efficiency=0.29,
-                        attention_flop_efficiency=0.54, moe_gemm_efficiency=0.75, fp8_gemm_efficiency=0.55,
-                        kv_occupancy=1.0, kernel_latency_us=3.35, step_overhead_ms=1.42, request_overhead_ms=26.8),
-    "h100": Calibration(hbm_efficiency=0.87, flop_efficiency=0.47, prefill_flop_efficiency=0.29,
-                        attention_flop_efficiency=0.54, moe_gemm_efficiency=0.75, fp8_gemm_efficiency=0.55,
-                        kv_occupancy=1.0, kernel_latency_us=3.35, step_overhead_ms=1.42, request_overhead_ms=26.8),
+    "h200": Calibration(hbm_efficiency=0.87, flop_efficiency=0.47, prefill_flop_efficiency=0.3,
+                        attention_flop_efficiency=0.55, moe_gemm_efficiency=0.75, fp8_gemm_efficiency=0.55,
+                        kv_occupancy=1.0, kernel_latency_us=3.3, step_overhead_ms=1.41, request_overhead_ms=26.9),
+    "h100": Calibration(hbm_efficiency=0.87, flop_efficiency=0.47, prefill_flop_efficiency=0.3,
+                        attention_flop_efficiency=0.55, moe_gemm_efficiency=0.75, fp8_gemm_efficiency=0.55,
+                        kv_occupancy=1.0, kernel_latency_us=3.3, step_overhead_ms=1.41, request_overhead_ms=26.9),
 }
 
 

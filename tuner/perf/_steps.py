@@ -86,10 +86,12 @@ class MixedStep:
     overhead_ms: float
     draft_ms: float
     ep_load_factor: float = 1.0
+    attention_ms: float = 0.0  # with a chunk: the attention kernels' own roofline (decode KV vs chunk attention)
 
     @property
     def step_ms(self) -> float:
-        return max(self.memory_ms, self.compute_ms) + self.comm_ms + self.overhead_ms + self.draft_ms
+        return (max(self.memory_ms, self.compute_ms) + self.attention_ms + self.comm_ms + self.overhead_ms
+                + self.draft_ms)
 
 
 def accepted_tokens(depth: int, acceptance: float) -> float:
@@ -279,14 +281,24 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
     load = ep_load_factor(costs, cal, tokens_ep)
     work = _chunk_work(costs, c, busy_ranks, prompt_tokens, load, cal.moe_gemm_efficiency) if c > 0 else None
     experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep * load)
-    decode_bytes = decode_requests_per_rank * (_kv_read(t, costs, context_tokens) + t.state_bytes * (1 + q))
+    decode_kv = decode_requests_per_rank * _kv_read(t, costs, context_tokens)
+    decode_bytes = decode_kv + decode_requests_per_rank * t.state_bytes * (1 + q)
     bytes_read = t.dense_bytes + costs.lm_head_bytes + experts + decode_bytes + (work.bytes_read if work else 0.0)
     dec_ep = _tokens_ep(costs, d_rank, total_decode_requests * q)
     compute_s = _pass_flops(t, costs, d_rank, dec_ep, context_tokens, d_rank, load,
                             cal.moe_gemm_efficiency).seconds(gpu, cal.flop_efficiency, cal.fp8_gemm_efficiency)
+    attention_ms = 0.0
     if work is not None:
         compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency,
                                         cal.attention_flop_efficiency)
+        # The attention kernels run apart from the GEMMs: the decode requests' KV reads cannot hide under the
+        # chunk's GEMM FLOPs (one roofline per kernel, not one for the whole step). The attention phase is
+        # its own roofline: the decode KV bytes vs the chunk's attention FLOPs.
+        chunk_attn_s = FlopsByDtype(attn=work.flops.attn).seconds(gpu, cal.prefill_flop_efficiency,
+                                                                  attention_efficiency=cal.attention_flop_efficiency)
+        attention_ms = max(decode_kv / hbm, chunk_attn_s) * 1e3
+        bytes_read -= decode_kv
+        compute_s -= chunk_attn_s
     comm = pass_comm(d_rank + c, t.num_layers, t.num_moe_layers, costs, cal, load)
     threshold = DBO_PREFILL_THRESHOLD if c > 0 else DBO_DECODE_THRESHOLD
     draft_ms = 0.0
@@ -299,4 +311,4 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
         memory_ms=(bytes_read + experts * (1 / cal.moe_gemm_efficiency - 1)) / hbm * 1e3,
         compute_ms=compute_s * 1e3, comm_ms=comm.visible_s(costs, cal, compute_s, d_rank + c, threshold) * 1e3,
         overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
-        ep_load_factor=load)
+        ep_load_factor=load, attention_ms=attention_ms)
