@@ -18,7 +18,9 @@ Goal (issue 13): the default sampler >= 95% within 10% on every truth and phase,
 
     python benchmarks/sample_efficiency.py [--truth hidden|exact] [--truths 5] [--seeds 5] [--parallel 1]
                                            [--phases prefill decode] [--samplers auto gp tpe nsga2 random]
-                                           [--budget-pct 10] [--json]
+                                           [--budget-pct 10] [--json] [--runs PATH]
+`--runs PATH`: every finished run is appended to PATH (JSON lines) and runs already there are read back instead of
+re-run, so a long campaign (decode at 194 trials takes minutes per run) keeps its partial results and resumes.
 `--truth exact`: the old benchmark, the tuner's own simulator with 5% noise fixed per deployment.
 """
 
@@ -32,7 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -220,6 +222,35 @@ def summarise(row: Row, n5: int, n10: int, budget: int) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class RunKey:
+    """What makes a run's score reusable: the same truth kind, phase, sampler, truth, seed, budget and parallelism."""
+
+    truth_kind: str
+    phase: str
+    sampler: str
+    truth: int
+    seed: int
+    budget: int
+    parallel: int
+
+
+def read_runs(path: Path) -> dict[RunKey, RunScore]:
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            out[RunKey(**entry["key"])] = RunScore(**entry["score"])
+    return out
+
+
+def append_run(path: Path, key: RunKey, score: RunScore) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({"key": asdict(key), "score": asdict(score)}) + "\n")
+
+
 def print_header(n5: int, n10: int, file: TextIO) -> None:
     header = ["sampler", f"HV@{n5} (5%)", f"HV@{n10} (10%)", "worst truth @10%", "trials to 95%",
               "trials / front config (1%)", "tuner CPU s/trial (wall)"]
@@ -249,11 +280,13 @@ def main() -> None:
     ap.add_argument("--budget-pct", type=float, default=10.0, help="trials per run, %% of the exhaustive count")
     ap.add_argument("--parallel", type=int, default=1, help="trials in flight (batched proposals)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (the tables go to stderr)")
+    ap.add_argument("--runs", type=Path, help="JSON-lines log of finished runs: appended to, and resumed from")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     space, model, gpu = load_space(SPACE), load_model(MODEL), get_gpu("gb300")
     out: dict[str, dict[str, dict[str, object]]] = {}
     chosen = truths(args.truth, args.truths, args.first_truth)
+    done = read_runs(args.runs) if args.runs else {}
     for phase in args.phases:
         t0 = time.perf_counter()
         grounds = {i: ground_truth(space, phase, model, gpu, b, noise) for i, b, noise in chosen}
@@ -271,7 +304,13 @@ def main() -> None:
             row = Row(sampler)
             for i, backend, _ in chosen:
                 for seed in range(args.seeds):
-                    s = run_one(space, phase, model, gpu, backend, sampler, seed, budget, args.parallel, grounds[i])
+                    key = RunKey(args.truth, phase, sampler, i, seed, budget, args.parallel)
+                    s = done.get(key)
+                    if s is None:
+                        s = run_one(space, phase, model, gpu, backend, sampler, seed, budget, args.parallel,
+                                    grounds[i])
+                        if args.runs:
+                            append_run(args.runs, key, s)
                     row.scores.append(s)
                     row.per_truth_10pct.setdefault(i, []).append(s.ratio_at(n10))
             summaries[sampler] = summarise(row, n5, n10, budget)
