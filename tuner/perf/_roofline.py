@@ -33,7 +33,7 @@ class InstanceState:
     costs: InstanceCosts
     memory: MemoryBreakdown
     cap_per_rank: int  # requests one DP rank runs at once (KV cache, max-num-seqs, token budget)
-    kv_cap_per_rank: int = 0  # requests the KV cache alone holds (0: not known apart, use cap_per_rank)
+    kv_cap_per_rank: int  # requests the KV cache alone holds (kv_occupancy scales this one only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +118,7 @@ class RooflineModel(PerformanceModel):
         preemption); it does not shrink max-num-seqs: with `--max-num-seqs 4` and room for hundreds of requests
         in the KV cache, vLLM runs exactly 4 (scaling both made one of 4 clients queue for a whole request).
         """
-        kv_cap = state.kv_cap_per_rank or state.cap_per_rank
-        return max(1, min(state.cap_per_rank, int(kv_cap * self.calibration.kv_occupancy + 1e-9)))
+        return max(1, min(state.cap_per_rank, int(state.kv_cap_per_rank * self.calibration.kv_occupancy + 1e-9)))
 
     def occupancy(self, state: InstanceState, topo: Topology, concurrency: int) -> Occupancy:
         """running = min(concurrency, cap per DP rank x DP); the rest waits in the queue."""

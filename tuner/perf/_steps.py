@@ -10,7 +10,7 @@ once for its decode tokens and its prefill chunk together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.hardware import GpuSpec
 from tuner.perf._calibration import Calibration
@@ -282,23 +282,20 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
     work = _chunk_work(costs, c, busy_ranks, prompt_tokens, load, cal.moe_gemm_efficiency) if c > 0 else None
     experts = t.expert_bytes * costs.expert_active_fraction(tokens_ep * load)
     decode_kv = decode_requests_per_rank * _kv_read(t, costs, context_tokens)
-    decode_bytes = decode_kv + decode_requests_per_rank * t.state_bytes * (1 + q)
-    bytes_read = t.dense_bytes + costs.lm_head_bytes + experts + decode_bytes + (work.bytes_read if work else 0.0)
+    bytes_read = (t.dense_bytes + costs.lm_head_bytes + experts + decode_requests_per_rank * t.state_bytes * (1 + q)
+                  + (work.bytes_read if work else decode_kv))
     dec_ep = _tokens_ep(costs, d_rank, total_decode_requests * q)
     compute_s = _pass_flops(t, costs, d_rank, dec_ep, context_tokens, d_rank, load,
                             cal.moe_gemm_efficiency).seconds(gpu, cal.flop_efficiency, cal.fp8_gemm_efficiency)
     attention_ms = 0.0
     if work is not None:
-        compute_s += work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency,
-                                        cal.attention_flop_efficiency)
         # The attention kernels run apart from the GEMMs: the decode requests' KV reads cannot hide under the
         # chunk's GEMM FLOPs (one roofline per kernel, not one for the whole step). The attention phase is
-        # its own roofline: the decode KV bytes vs the chunk's attention FLOPs.
+        # its own roofline: the decode KV bytes vs the chunk's attention FLOPs; the GEMM phase has the rest.
+        compute_s += replace(work.flops, attn=0.0).seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
         chunk_attn_s = FlopsByDtype(attn=work.flops.attn).seconds(gpu, cal.prefill_flop_efficiency,
                                                                   attention_efficiency=cal.attention_flop_efficiency)
         attention_ms = max(decode_kv / hbm, chunk_attn_s) * 1e3
-        bytes_read -= decode_kv
-        compute_s -= chunk_attn_s
     comm = pass_comm(d_rank + c, t.num_layers, t.num_moe_layers, costs, cal, load)
     threshold = DBO_PREFILL_THRESHOLD if c > 0 else DBO_DECODE_THRESHOLD
     draft_ms = 0.0
