@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -101,3 +102,20 @@ def test_truth_answers_differ_from_the_simulator_and_measurements_are_noisy() ->
     assert first.status is TrialStatus.OK and again.status is TrialStatus.OK
     assert first.points[0].total_tok_s_per_gpu != again.points[0].total_tok_s_per_gpu  # noise per measurement
     assert backend.run(request).points == first.points  # the same trial seed measures the same numbers
+
+
+def test_a_truths_kv_factor_moves_the_kv_cap_and_never_max_num_seqs() -> None:
+    """max-num-seqs is a flag the truth honours exactly: a KV cache 5% smaller must not run 4 seqs as 3."""
+    from tuner.backends._truth import _TruthRoofline
+
+    space, model, gpu = load_space(SPACE), load_model(MODEL), get_gpu("gb300")
+    workload = space.phase_workload("decode")
+    topo = space.topology("decode", {"tp": 4, "dp": 4, "ep": True, "mtp": 1, "gpu_memory_utilization": 0.9,
+                                     "max_num_seqs": 4, "max_num_batched_tokens": 8192})
+    modelled = RooflineModel(model, gpu).state(topo, topo.role, isl=workload.isl, osl=workload.osl)
+    assert modelled.cap_per_rank == 4 < modelled.kv_cap_per_rank  # the flag binds, not the KV cache
+    for factor in (0.95, 1.05):
+        truth = dataclasses.replace(HiddenTruth.draw(0), kv_capacity_factor=factor)
+        state = _TruthRoofline(model, gpu, truth).state(topo, topo.role, isl=workload.isl, osl=workload.osl)
+        assert state.kv_cap_per_rank == int(modelled.kv_cap_per_rank * factor)
+        assert state.cap_per_rank == 4

@@ -24,7 +24,14 @@ from tuner.hardware import GpuSpec, get_gpu
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.perf import FITTABLE_FACTORS, Calibration, InstanceState, RooflineModel, default_calibration
+from tuner.perf import (
+    FITTABLE_FACTORS,
+    Calibration,
+    InstanceState,
+    RooflineModel,
+    default_calibration,
+    flag_cap_per_rank,
+)
 from tuner.topology import Role, Topology
 
 # Bounds of each drawn deviation (documented so a truth is plausible, not adversarial).
@@ -118,8 +125,10 @@ class _TruthRoofline(RooflineModel):
 
     def state(self, topo: Topology, role: Role, *, isl: int, osl: int) -> InstanceState:
         found = super().state(topo, role, isl=isl, osl=osl)
-        return dataclasses.replace(found, cap_per_rank=max(1, int(found.cap_per_rank * self._kv_factor)),
-                                   kv_cap_per_rank=max(1, int(found.kv_cap_per_rank * self._kv_factor)))
+        # Only the KV cache is off: max-num-seqs and the token budget are flags the truth honours exactly.
+        kv_cap = max(1, int(found.kv_cap_per_rank * self._kv_factor))
+        return dataclasses.replace(found, kv_cap_per_rank=kv_cap,
+                                   cap_per_rank=max(1, min(flag_cap_per_rank(topo, role), kv_cap)))
 
 
 class HiddenTruthBackend(Backend):

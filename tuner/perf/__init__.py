@@ -4,7 +4,7 @@ from tuner.perf._aggregated import AggregatedPoint, BurstRun
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import FITTABLE_FACTORS, Calibration, default_calibration, known_calibrations
 from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
-from tuner.perf._roofline import InstanceState, Occupancy, RooflineModel
+from tuner.perf._roofline import InstanceState, Occupancy, RooflineModel, flag_cap_per_rank
 from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
 from tuner.perf._sweep import DECODE_LADDER, PREFILL_LADDER, Curves, candidate_topologies, sweep_curves
 
@@ -30,6 +30,7 @@ __all__ = [
     "candidate_topologies",
     "default_calibration",
     "fit_calibration",
+    "flag_cap_per_rank",
     "known_calibrations",
     "mean_relative_error",
     "sweep_curves",

@@ -48,6 +48,14 @@ class Occupancy:
         return self.running / self.busy_ranks
 
 
+def flag_cap_per_rank(topo: Topology, role: Role) -> int:
+    """Requests one DP rank may run by its flags alone: max-num-seqs and, outside prefill, the token budget
+    (every running request's verified tokens must fit one step). The KV cache is the other, separate limit."""
+    if role is Role.PREFILL:
+        return topo.max_num_seqs
+    return min(topo.max_num_seqs, topo.max_num_batched_tokens // (1 + topo.mtp))
+
+
 def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
     return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, redundant_experts(topo), topo.kv_cache_dtype,
             topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens,
@@ -94,9 +102,7 @@ class RooflineModel(PerformanceModel):
         if not memory.fits:
             raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
                                   fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
-        cap = memory.max_num_seqs
-        if role is not Role.PREFILL:  # verified tokens of every running request must fit one step's token budget
-            cap = min(cap, topo.max_num_batched_tokens // (1 + topo.mtp))
+        cap = flag_cap_per_rank(topo, role)
         # vLLM allocates KV blocks as tokens are computed and, when a step's blocks run out, preempts the newest
         # running request (vllm/v1/core/sched/scheduler.py): under a queue the running requests hold their
         # current context, isl + osl/2 on average, not isl + osl each.
