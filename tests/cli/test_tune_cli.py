@@ -111,3 +111,12 @@ def test_calibrate_fits_a_noisy_study(tmp_path: Path, capsys: pytest.CaptureFixt
     assert data["points"] > 8 and 0 < data["error_after"] <= data["error_before"]
     assert yaml.safe_load(out.read_text())["hbm_efficiency"] > 0
     assert main(["frontier", MODEL, "--gpus", "16", "--calibration", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", NAME, "--storage", storage, "--factors", "attention_flop_efficiency, hbm_efficiency",
+                 "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert set(chosen["factors"]) == {"attention_flop_efficiency", "hbm_efficiency"}
+    assert chosen["error_after"] <= chosen["error_before"]
+    assert main(["calibrate", NAME, "--storage", storage, "--factors", "warp_speed"]) == 2
+    err = capsys.readouterr().err
+    assert "--factors" in err and "attention_flop_efficiency" in err  # names the flag and the valid choices

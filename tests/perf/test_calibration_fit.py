@@ -57,3 +57,18 @@ def test_fit_rejects_bad_input(reference: ModelSpec, gb300: GpuSpec) -> None:
     with pytest.raises(ConfigError) as info:
         fit_calibration(reference, gb300, points, factors=("warp_speed",))
     assert info.value.field == "factors" and "hbm_efficiency" in (info.value.fix or "")
+
+
+def test_fit_recovers_the_prefill_attention_efficiency(reference: ModelSpec, gb300: GpuSpec) -> None:
+    """Long prompts spend most prefill time in attention: its efficiency is fittable on its own, starting
+    from the prefill one when the calibration leaves it unset."""
+    truth = RooflineModel(reference, gb300, default_calibration("gb300").model_copy(
+        update={"attention_flop_efficiency": 0.22}))
+    points = [MeasuredPoint(Topology.parse(name), Role.PREFILL,
+                            truth.predict(Topology.parse(name), Role.PREFILL, isl=isl, osl=1, concurrency=c))
+              for name in ("TP8", "TP4DP2+EP") for isl in (8192, 65536) for c in (1, 4)]
+    start = default_calibration("gb300").model_copy(update={"attention_flop_efficiency": None})
+    result = fit_calibration(reference, gb300, points, start, factors=("attention_flop_efficiency",))
+    assert result.error_before > 0.05
+    assert result.calibration.attention_flop_efficiency == pytest.approx(0.22, rel=0.02)
+    assert result.calibration.prefill_flop_efficiency == start.prefill_flop_efficiency  # untouched

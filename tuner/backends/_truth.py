@@ -55,6 +55,8 @@ def draw_calibration(base: Calibration, rng: np.random.Generator) -> Calibration
     (latencies, overheads, skews) x0.6-1.6, each kept inside the field's documented range."""
     update: dict[str, float] = {}
     for name in FITTABLE_FACTORS:
+        if name == "attention_flop_efficiency":
+            continue  # follows the prefill draw below (same tensor cores); drawing it would reshuffle the truths
         value = float(getattr(base, name))
         low, high = _bounds(name)
         if name == "mtp_acceptance":
@@ -64,6 +66,9 @@ def draw_calibration(base: Calibration, rng: np.random.Generator) -> Calibration
         else:
             drawn = value * float(rng.uniform(*COST_SPREAD))
         update[name] = min(max(drawn, low), high)
+    if base.attention_flop_efficiency is not None:
+        ratio = update["prefill_flop_efficiency"] / base.prefill_flop_efficiency
+        update["attention_flop_efficiency"] = min(base.attention_flop_efficiency * ratio, 1.0)
     return base.model_copy(update=update)
 
 

@@ -274,13 +274,17 @@ def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measure
               storage: StorageOpt = None,
               output: Annotated[Path | None, typer.Option(help="write the fitted factors here (YAML) for "
                                                                 "`topotune frontier --calibration`")] = None,
+              factors: Annotated[str | None, typer.Option(
+                  help="comma-separated factors to fit (default: hbm_efficiency, prefill_flop_efficiency, "
+                       "kernel_latency_us, mtp_acceptance); any of docs/perf-model.md's fittable factors, "
+                       "e.g. attention_flop_efficiency for long-prompt prefill")] = None,
               json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Fit the simulator's calibration factors to a study's measured points; report the error before and after."""
     import yaml
 
     from tuner.hardware import get_gpu
     from tuner.models import load_model
-    from tuner.perf import MeasuredPoint, fit_calibration
+    from tuner.perf import DEFAULT_FIT_FACTORS, MeasuredPoint, fit_calibration
     from tuner.space import phase_role
     from tuner.study import load_campaign
 
@@ -291,7 +295,13 @@ def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measure
     if not points:
         raise ConfigError(f"{study} has no measured point to fit", field="STUDY",
                           fix="run real trials first (topotune tune --backend vllm)")
-    fit = fit_calibration(load_model(meta.model_path), get_gpu(space.cluster.gpu), points)
+    chosen = DEFAULT_FIT_FACTORS if factors is None else tuple(f.strip() for f in factors.split(",") if f.strip())
+    try:
+        fit = fit_calibration(load_model(meta.model_path), get_gpu(space.cluster.gpu), points, factors=chosen)
+    except ConfigError as exc:
+        if exc.field != "factors":
+            raise
+        raise ConfigError(exc.message, field="--factors", fix=exc.fix) from exc
     factors = {name: getattr(fit.calibration, name) for name in fit.factors}
     if output is not None:
         try:

@@ -94,7 +94,7 @@ FITTABLE_FACTORS: tuple[str, ...] = (
     "allreduce_bw_efficiency", "alltoall_latency_us", "alltoall_bw_efficiency", "kernel_latency_us",
     "step_overhead_ms", "draft_overhead_ms", "mtp_acceptance", "kv_transfer_efficiency", "request_overhead_ms",
     "tokenize_us_per_token", "expert_popularity_cv", "eplb_residual_skew", "dbo_overlap", "moe_gemm_efficiency",
-    "fp8_gemm_efficiency", "kv_occupancy",
+    "fp8_gemm_efficiency", "kv_occupancy", "attention_flop_efficiency",
 )
 
 _GENERIC = Calibration()
