@@ -268,6 +268,26 @@ def test_hybrid_pd_pairs_across_tp_where_the_targeted_vllm_allows(tmp_path: Path
     assert all(p.prefill_topology.mtp == p.decode_topology.mtp == 3 for p in result.composed)  # MTP both sides
 
 
+def test_a_budget_beyond_the_space_stops_once_every_config_is_measured(tmp_path: Path) -> None:
+    """4 configs per phase and a budget of 8: each config is launched once, then the phase ends instead of asking
+    the sampler again and again for configs it can only repeat (it used to store ~200 duplicates per phase)."""
+    storage = f"sqlite:///{tmp_path}/s.db"
+    campaign = Campaign(model_path=str(MODEL), space=parse_space(_CAMPAIGN_PAIRS % ""), backend_name="simulated",
+                        executor=LocalExecutor(SimulatedBackend(noise=0.0)), storage_url=storage,
+                        options=TuneOptions(trials=8, sampler="random", seed=3), artifacts_dir=tmp_path)
+    result = campaign.run()
+    space, model, gpu = parse_space(_CAMPAIGN_PAIRS % ""), load_model(MODEL), get_gpu("gb300")
+    for phase in ("prefill", "decode"):
+        w = space.phase_workload(phase)
+        fitting = [t for t in space.expand(phase, model)
+                   if compute_memory(model, gpu, t, MemoryInputs(isl=w.isl, osl=w.osl)).fits]
+        assert 2 < len(fitting) < 8  # the budget is beyond the space
+        study = optuna.load_study(study_name=result.phases[phase].study_name, storage=storage)
+        launched = [t for t in study.get_trials() if t.user_attrs.get("kind") == "sampled"]
+        assert len({tuple(sorted(t.params.items())) for t in launched}) == len(launched) == len(fitting)
+        assert len(study.get_trials()) < 4 * 8, len(study.get_trials())  # asks stop with the space
+
+
 def test_every_phase_has_objectives_and_axes() -> None:
     from tuner.space import ALL_PHASES
     from tuner.study import PHASE_AXES, PHASE_METRICS

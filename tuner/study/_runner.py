@@ -142,6 +142,7 @@ class PhaseRun:
     on_event: ProgressCallback = lambda _event: None
     stop: StopSignal = field(default_factory=StopSignal)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
+    _launchable: frozenset[tuple] | None = field(default=None, init=False, repr=False)
 
     @property
     def sampler_name(self) -> str:
@@ -248,6 +249,9 @@ class PhaseRun:
                     return  # ask once a slot is free: the proposal then sees the result that freed it
                 if loop.screened >= self.options.max_screened_per_trial * self.options.trials:
                     return  # the sampler keeps proposing configs that cannot run
+                if self._launchable_keys() and self._launchable_keys() <= loop.taken():
+                    return  # every config that can run is measured or running: a budget beyond the space is spent
+                # (with none launchable the proposals are screened, so the study records why each cannot run)
                 loop.pending = self._next_candidate(study, loop)
                 if loop.pending is None:
                     continue
@@ -348,6 +352,13 @@ class PhaseRun:
             self._fitting = [t for t in self.space.expand(self.phase, self.model)
                              if compute_memory(self.model, self.gpu, t, MemoryInputs(isl=w.isl, osl=w.osl)).fits]
         return self._fitting
+
+    def _launchable_keys(self) -> frozenset[tuple]:
+        """Keys of the configs screening would launch (valid on this cluster, fitting in memory)."""
+        if self._launchable is None:
+            params = [topology_params(t) for t in self._fitting_configs()]
+            self._launchable = frozenset(_params_key(p) for p in params if self.screen(p)[1] is None)
+        return self._launchable
 
     def _nearest_unmeasured(self, params: dict[str, Any], taken: set[tuple]) -> dict[str, Any] | None:
         """L1 distance over each knob's position in its list of choices (normalised to [0, 1])."""
