@@ -354,10 +354,10 @@ class PhaseRun:
         return self._fitting
 
     def _launchable_keys(self) -> frozenset[tuple]:
-        """Keys of the configs screening would launch (valid on this cluster, fitting in memory)."""
+        """Keys of the configs screening would launch: the fitting ones (memory already checked) that are valid."""
         if self._launchable is None:
             params = [topology_params(t) for t in self._fitting_configs()]
-            self._launchable = frozenset(_params_key(p) for p in params if self.screen(p)[1] is None)
+            self._launchable = frozenset(_params_key(p) for p in params if self._validity(p)[0] is not None)
         return self._launchable
 
     def _nearest_unmeasured(self, params: dict[str, Any], taken: set[tuple]) -> dict[str, Any] | None:
@@ -385,6 +385,17 @@ class PhaseRun:
     # -- screening -------------------------------------------------------------------------------------
     def screen(self, params: dict[str, Any]) -> tuple[Topology | None, tuple[str, float, str] | None]:
         """(topology, None) when launchable, else (None, (constraint key, amount, reason))."""
+        topo, rejection = self._validity(params)
+        if topo is None:
+            return None, rejection
+        workload = self.space.phase_workload(self.phase)
+        memory = compute_memory(self.model, self.gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl))
+        if not memory.fits:
+            return None, ("memory", max(memory.shortfall_gib, 0.01), memory.verdict())
+        return topo, None
+
+    def _validity(self, params: dict[str, Any]) -> tuple[Topology | None, tuple[str, float, str] | None]:
+        """The screen's rules of vLLM and the cluster, memory aside: (topology, None) or (None, rejection)."""
         if params["ep"] and params["tp"] * params["dp"] == 1:
             return None, ("valid", 1.0, "EP on a single GPU")
         topo = self.space.topology(self.phase, params)
@@ -392,10 +403,6 @@ class PhaseRun:
             topo.check(self.model, cluster_gpus=self.space.cluster.num_gpus)
         except TopologyError as exc:
             return None, ("valid", 1.0, exc.message)
-        workload = self.space.phase_workload(self.phase)
-        memory = compute_memory(self.model, self.gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl))
-        if not memory.fits:
-            return None, ("memory", max(memory.shortfall_gib, 0.01), memory.verdict())
         return topo, None
 
     def _request(self, trial: optuna.Trial, topo: Topology) -> TrialRequest:
