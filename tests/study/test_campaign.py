@@ -293,3 +293,38 @@ def test_every_phase_has_objectives_and_axes() -> None:
     from tuner.study import PHASE_AXES, PHASE_METRICS
 
     assert set(ALL_PHASES) <= set(PHASE_METRICS) and set(ALL_PHASES) <= set(PHASE_AXES)
+
+
+_SMALL_CLUSTER = """
+name: small-cluster
+cluster: {gpu: gb300, num_gpus: 16, gpus_per_host: 4}
+workload: {isl: 8192, osl: 1024}
+phases:
+  prefill:
+    workload: {isl: 8192, osl: 2}
+    tp: [2, 4]
+    dp: [2, 4, 8]
+    ep: [true]
+    max_num_seqs: [16, 64]
+    concurrency: [8, 64]
+"""
+
+
+def test_a_rejected_proposal_is_repaired_with_a_config_that_launches(tmp_path: Path) -> None:
+    """TP2 x DP2 does not fit in memory and TP4 x DP8 needs 32 GPUs of a 16-GPU cluster: a proposal the screen
+    rejects (or of a config already measured) is told as it is and replaced by the nearest config that can run
+    here, never by another that screening rejects."""
+    space = parse_space(_SMALL_CLUSTER)
+    campaign = Campaign(model_path=str(MODEL), space=space, backend_name="simulated",
+                        executor=LocalExecutor(SimulatedBackend(noise=0.0)), storage_url=f"sqlite:///{tmp_path}/s.db",
+                        options=TuneOptions(trials=8, sampler="random", seed=1, warm_start=False),
+                        artifacts_dir=tmp_path)
+    result = campaign.run()
+    study = optuna.load_study(study_name=result.phases["prefill"].study_name, storage=f"sqlite:///{tmp_path}/s.db")
+    repairs = [t for t in study.trials if t.user_attrs.get("repaired_from") is not None]
+    assert repairs, "the random sampler proposed nothing to repair"
+    assert all(t.user_attrs.get("kind") == "sampled" for t in repairs), [
+        (t.params, t.user_attrs.get("kind"), t.user_attrs.get("reason")) for t in repairs]
+    screened = [t for t in study.trials if t.user_attrs.get("kind") == "screened"]
+    assert screened and all(t.user_attrs.get("repaired_from") is None for t in screened)
+    assert {r.user_attrs["repaired_from"] for r in repairs} <= {t.number for t in study.trials}
