@@ -48,6 +48,15 @@ class Occupancy:
         return self.running / self.busy_ranks
 
 
+@dataclass(frozen=True)
+class _Steady:
+    """An aggregated instance at one load: what a steady-state point and a burst both start from."""
+
+    state: InstanceState
+    occupancy: Occupancy
+    point: AggregatedPoint
+
+
 def flag_cap_per_rank(topo: Topology, role: Role) -> int:
     """Requests one DP rank may run by its flags alone: max-num-seqs and, outside prefill, the token budget
     (every running request's verified tokens must fit one step). The KV cache is the other, separate limit."""
@@ -177,20 +186,27 @@ class RooflineModel(PerformanceModel):
 
     def aggregated_point(self, topo: Topology, concurrency: int, *, isl: int, osl: int) -> AggregatedPoint:
         """The chunked-prefill steady state of an aggregated instance with `concurrency` clients."""
-        state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
-        occ = self.occupancy(state, topo, concurrency)
-        cal = self.calibration
-        return solve_aggregated(self._mixed(topo, isl, osl, occ.busy_ranks), requests_per_rank=occ.per_rank,
-                                isl=isl, osl=osl, accepted=accepted_tokens(topo.mtp, cal.mtp_acceptance),
-                                tokens_per_request=1 + topo.mtp, token_budget=topo.max_num_batched_tokens)
+        return self._steady(topo, concurrency, isl, osl).point
 
     def burst_run(self, topo: Topology, prompts: int, *, isl: int, osl: int) -> BurstRun:
         """`prompts` requests sent at once to an aggregated instance, run to the last token (per DP rank)."""
+        return self._burst(topo, prompts, isl, osl)[1]
+
+    def _steady(self, topo: Topology, concurrency: int, isl: int, osl: int) -> _Steady:
+        """State, occupancy and steady point of an aggregated instance, computed once per prediction."""
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
-        occ = self.occupancy(state, topo, prompts)
-        point = self.aggregated_point(topo, prompts, isl=isl, osl=osl)
-        return solve_burst(self._mixed(topo, isl, osl, occ.busy_ranks), point, prompts=prompts / occ.busy_ranks,
-                           isl=isl, token_budget=topo.max_num_batched_tokens, tokens_per_request=1 + topo.mtp)
+        occ = self.occupancy(state, topo, concurrency)
+        point = solve_aggregated(self._mixed(topo, isl, osl, occ.busy_ranks), requests_per_rank=occ.per_rank,
+                                 isl=isl, osl=osl, accepted=accepted_tokens(topo.mtp, self.calibration.mtp_acceptance),
+                                 tokens_per_request=1 + topo.mtp, token_budget=topo.max_num_batched_tokens)
+        return _Steady(state, occ, point)
+
+    def _burst(self, topo: Topology, prompts: int, isl: int, osl: int) -> tuple[_Steady, BurstRun]:
+        steady = self._steady(topo, prompts, isl, osl)
+        run = solve_burst(self._mixed(topo, isl, osl, steady.occupancy.busy_ranks), steady.point,
+                          prompts=prompts / steady.occupancy.busy_ranks, isl=isl,
+                          token_budget=topo.max_num_batched_tokens, tokens_per_request=1 + topo.mtp)
+        return steady, run
 
     def predict_burst(self, topology: Topology, *, isl: int, osl: int, prompts: int) -> ServingMetrics:
         """What `vllm bench serve --request-rate inf --num-prompts N` measures on an aggregated instance:
@@ -199,20 +215,17 @@ class RooflineModel(PerformanceModel):
         if isl < 1 or osl < 1 or prompts < 1:
             raise ConfigError(f"isl, osl and prompts must be >= 1 (got {isl}, {osl}, {prompts})",
                               field="workload", fix="give positive token counts and prompts")
-        state = self.state(topology, Role.BOTH, isl=isl, osl=osl)
-        occ = self.occupancy(state, topology, prompts)
-        run = self.burst_run(topology, prompts, isl=isl, osl=osl)
+        steady, run = self._burst(topology, prompts, isl, osl)
         rps = prompts / (run.duration_ms / 1e3)
         itl_ms = run.tpot_ms / accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
         return ServingMetrics.from_rates(
             concurrency=prompts, num_gpus=topology.num_gpus, isl=isl, osl=osl, request_rps=rps,
             ttft_ms=run.ttft_ms + self.front_end_ms(isl), itl_ms=itl_ms,
-            max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
+            max_concurrency=steady.state.memory.max_concurrency_instance, running=steady.occupancy.running)
 
     def _aggregated(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
-        state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
-        occ = self.occupancy(state, topo, concurrency)
-        point = self.aggregated_point(topo, concurrency, isl=isl, osl=osl)
+        steady = self._steady(topo, concurrency, isl, osl)
+        occ, point = steady.occupancy, steady.point
         gpu_rps = point.requests_per_s * occ.busy_ranks
         in_system_ms = max(concurrency / gpu_rps * 1e3, point.service_ms)  # Little's law, queue included
         front_ms = self.front_end_ms(isl)
@@ -221,7 +234,7 @@ class RooflineModel(PerformanceModel):
         itl_ms = point.mean_step_ms / accepted_tokens(topo.mtp, self.calibration.mtp_acceptance)
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=osl, request_rps=rps, ttft_ms=ttft_ms,
-            itl_ms=itl_ms, max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
+            itl_ms=itl_ms, max_concurrency=steady.state.memory.max_concurrency_instance, running=occ.running)
 
     def _decode(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
         state = self.state(topo, Role.DECODE, isl=isl, osl=osl)
