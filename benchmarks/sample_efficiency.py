@@ -9,7 +9,9 @@ noisy measurement earns nothing. Per phase and sampler, mean over truths x seeds
   HV@5% / HV@10%: hypervolume ratio to the exhaustive front after 5% / 10% of the exhaustive trial count,
   trials to 95%: launched trials until 95% (median over the runs that reached it within the budget),
   trials per front config: launched trials / true-front configs found, when the run first reaches 95% (or at
-    the budget). A config is on the true front when one of its points comes within the truth's measurement
+    the budget).
+  ± after a mean: its standard error over the runs (truths x seeds), so a gap to a target can be told from
+    the luck of the seeds. A config is on the true front when one of its points comes within the truth's measurement
     noise (4%; 5% for the exact truth) of it in both objectives: no single measurement can tell such a config
     from a front config. The same figure with a 1% tolerance is printed beside it.
   tuner CPU s/trial: the tuner's own CPU seconds per launched trial (sampler fit included, the backend's time
@@ -201,19 +203,27 @@ def run_one(space: SearchSpace, phase: str, model: ModelSpec, gpu: GpuSpec, back
                  time.perf_counter() - t0 - timed.seconds)
 
 
+def _standard_error(values: list[float]) -> float | None:
+    """Of the mean over runs: how far a figure would move with other seeds (a target within 2 of it is a tie)."""
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
 def summarise(row: Row, n5: int, n10: int, budget: int) -> dict[str, object]:
     reached = [s.trials_to(0.95) for s in row.scores]
     hits = [r for r in reached if r is not None]
     per_front = [s.trials_per_front_config(0.95) for s in row.scores]
     finite = [p for p in per_front if math.isfinite(p)]
     strict = [p for p in (s.trials_per_front_config(0.95, strict=True) for s in row.scores) if math.isfinite(p)]
+    at_10pct = [s.ratio_at(n10) for s in row.scores]
     return {
         "hv_ratio_at_5pct": statistics.mean(s.ratio_at(n5) for s in row.scores),
-        "hv_ratio_at_10pct": statistics.mean(s.ratio_at(n10) for s in row.scores),
+        "hv_ratio_at_10pct": statistics.mean(at_10pct),
+        "hv_ratio_at_10pct_se": _standard_error(at_10pct),
         "worst_truth_hv_ratio_at_10pct": min(statistics.mean(v) for v in row.per_truth_10pct.values()),
         "trials_to_95pct": statistics.median(hits) if hits else None,
         "runs_reaching_95pct": f"{len(hits)}/{len(reached)}",
         "trials_per_front_point": statistics.mean(finite) if finite else None,
+        "trials_per_front_point_se": _standard_error(finite),
         "trials_per_front_point_1pct": statistics.mean(strict) if strict else None,
         "tuner_cpu_s_per_trial": statistics.mean(s.tuner_cpu_s_per_trial for s in row.scores),
         "tuner_cpu_s_per_trial_max": max(s.tuner_cpu_s_per_trial for s in row.scores),
@@ -322,11 +332,20 @@ def main() -> None:
 
 def _cells(name: str, s: dict[str, object]) -> list[str]:
     to95, per_front, strict = s["trials_to_95pct"], s["trials_per_front_point"], s["trials_per_front_point_1pct"]
-    return [name, f"{s['hv_ratio_at_5pct']:.1%}", f"{s['hv_ratio_at_10pct']:.1%}",
+    return [name, f"{s['hv_ratio_at_5pct']:.1%}", _percent(s["hv_ratio_at_10pct"], s["hv_ratio_at_10pct_se"]),
             f"{s['worst_truth_hv_ratio_at_10pct']:.1%}",
             f"{to95:.0f} ({s['runs_reaching_95pct']} runs)" if to95 is not None else f"> {s['budget']}",
-            (f"{per_front:.2f}" if per_front is not None else "-") + (f" ({strict:.1f})" if strict else " (-)"),
+            (f"{per_front:.2f}" + _se(s["trials_per_front_point_se"]) if per_front is not None else "-")
+            + (f" ({strict:.1f})" if strict else " (-)"),
             f"{s['tuner_cpu_s_per_trial']:.3f} ({s['tuner_wall_s_per_trial']:.2f})"]
+
+
+def _se(se: object) -> str:
+    return f" ± {se:.2f}" if isinstance(se, float) else ""
+
+
+def _percent(mean: object, se: object) -> str:
+    return f"{float(mean):.1%}" if not isinstance(se, float) else f"{float(mean) * 100:.1f} ± {se * 100:.1f}%"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +120,25 @@ def test_a_truths_kv_factor_moves_the_kv_cap_and_never_max_num_seqs() -> None:
         state = _TruthRoofline(model, gpu, truth).state(topo, topo.role, isl=workload.isl, osl=workload.osl)
         assert state.kv_cap_per_rank == int(modelled.kv_cap_per_rank * factor)
         assert state.cap_per_rank == 4
+
+
+def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_runs(tmp_path: Path) -> None:
+    """`sample_efficiency.py --json` gives the figures scripts read (per phase and sampler, with their standard
+    errors); `--runs` keeps every finished run, and a second invocation reads them back instead of re-running."""
+    runs = tmp_path / "runs.jsonl"
+    argv = [sys.executable, str(REPO / "benchmarks" / "sample_efficiency.py"), "--json", "--phases", "prefill",
+            "--samplers", "auto", "random", "--truths", "1", "--first-truth", "3", "--seeds", "2", "--runs", str(runs)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    figures = json.loads(first.stdout)
+    assert set(figures) == {"prefill"} and set(figures["prefill"]) == {"auto", "random"}
+    for row in figures["prefill"].values():
+        assert 0.0 < row["hv_ratio_at_10pct"] <= 1.0 + 1e-9
+        assert row["hv_ratio_at_10pct_se"] is not None and row["hv_ratio_at_10pct_se"] >= 0.0
+        assert {"trials_to_95pct", "trials_per_front_point", "trials_per_front_point_se"} <= set(row)
+    assert len(runs.read_text().splitlines()) == 4  # 2 samplers x 1 truth x 2 seeds
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    assert len(runs.read_text().splitlines()) == 4  # nothing re-run
+    again = json.loads(second.stdout)
+    for sampler, row in figures["prefill"].items():  # the same runs give the same figures (timings aside)
+        assert {k: v for k, v in again["prefill"][sampler].items() if "_s_per_trial" not in k} == {
+            k: v for k, v in row.items() if "_s_per_trial" not in k}
