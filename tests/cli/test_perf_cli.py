@@ -38,6 +38,30 @@ def test_simulate_prefill_table(ref: str, capsys: pytest.CaptureFixture[str]) ->
     assert "TP4DP2+EP prefill" in out and "TTFT ms" in out
 
 
+def test_simulate_fp8_kv_cache_doubles_what_the_cache_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    """MiniMax-M2 keeps a BF16 KV cache by default; `--kv-cache-dtype fp8` halves its bytes per token, so the same
+    free memory holds twice the requests (the weights and the activation peak do not change)."""
+    held = {}
+    for dtype in ("auto", "fp8"):
+        code = main(["simulate", "examples/models/minimax-m2", "--hardware", "b200", "--topology", "TP2",
+                     "--role", "aggregated", "--isl", "7372", "--osl", "921", "--concurrency", "8",
+                     "--gpu-memory-utilization", "0.9", "--kv-cache-dtype", dtype, "--json"])
+        assert code == 0
+        data = json.loads(capsys.readouterr().out)
+        held[dtype] = data["points"][0]["max_concurrency"]
+        assert ("kv=fp8" in data["topology"]) == (dtype == "fp8")
+    assert held["fp8"] == pytest.approx(2 * held["auto"], rel=0.01)
+
+
+@pytest.mark.parametrize("command", ["simulate", "frontier"])
+def test_an_unknown_kv_cache_dtype_names_the_flag_and_the_choices(ref: str, command: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([command, ref, "--kv-cache-dtype", "fp9"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "kv-cache-dtype" in err and "fp9" in err and "use auto" in err
+
+
 @pytest.mark.parametrize(("args", "field"), [
     (["--role", "mixed"], "--role"),
     (["--concurrency", "1,x"], "--concurrency"),

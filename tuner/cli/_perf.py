@@ -42,6 +42,8 @@ from tuner.topology import (
 CalibrationOpt = Annotated[Path | None, typer.Option(
     help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+KvCacheDtypeOpt = Annotated[str, typer.Option(
+    help="vLLM --kv-cache-dtype: auto, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, nvfp4, ...")]
 
 
 def _positive(**values: int | float | None) -> None:
@@ -97,27 +99,41 @@ def _role(text: str) -> Role:
     return _ROLE_NAMES[key]
 
 
+@dataclass(frozen=True)
+class _StepParts:
+    """Where one point's step time goes (an aggregated point: its mean step, prefill chunks included)."""
+
+    step_ms: float
+    memory_ms: float = 0.0
+    compute_ms: float = 0.0
+    comm_ms: float = 0.0
+    overhead_ms: float = 0.0
+    draft_ms: float = 0.0
+    chunk_step_ms: float | None = None
+    chunk_share: float | None = None
+    chunk_tokens: float | None = None
+    decode_requests_per_rank: float | None = None
+
+    def as_json(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
 def _breakdown(perf: RooflineModel, topo: Topology, role: Role, curve: list[ServingMetrics], *, isl: int,
-               osl: int) -> list[dict[str, float]]:
-    """Where each point's step time goes (an aggregated point: its mean step, prefill chunks included)."""
+               osl: int) -> list[_StepParts]:
     out = []
     for m in curve:
         running = int(m.running_requests)
         if role is Role.DECODE:
             s = perf.decode_step(topo, running, isl=isl, osl=osl)
-            parts = (s.memory_ms, s.compute_ms, s.comm_ms, s.overhead_ms, s.draft_ms, s.step_ms)
+            out.append(_StepParts(s.step_ms, s.memory_ms, s.compute_ms, s.comm_ms, s.overhead_ms, s.draft_ms))
         elif role is Role.PREFILL:
             p = perf.prefill_step(topo, running, isl=isl)
-            parts = (p.memory_ms, p.compute_ms, p.comm_ms, p.overhead_ms, 0.0, p.step_ms)
+            out.append(_StepParts(p.step_ms, p.memory_ms, p.compute_ms, p.comm_ms, p.overhead_ms))
         else:
             point = perf.aggregated_point(topo, m.concurrency, isl=isl, osl=osl)
-            out.append({"step_ms": point.mean_step_ms, "chunk_step_ms": point.chunk_step_ms,
-                        "chunk_share": point.chunk_share, "chunk_tokens": point.chunk_tokens,
-                        "decode_requests_per_rank": point.decode_requests, **dict.fromkeys(
-                            ("memory_ms", "compute_ms", "comm_ms", "overhead_ms", "draft_ms"), 0.0)})
-            continue
-        out.append(dict(zip(("memory_ms", "compute_ms", "comm_ms", "overhead_ms", "draft_ms", "step_ms"), parts,
-                            strict=True)))
+            out.append(_StepParts(point.mean_step_ms, chunk_step_ms=point.chunk_step_ms,
+                                  chunk_share=point.chunk_share, chunk_tokens=point.chunk_tokens,
+                                  decode_requests_per_rank=point.decode_requests))
     return out
 
 
@@ -143,6 +159,7 @@ def simulate(
     gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    kv_cache_dtype: KvCacheDtypeOpt = "auto",
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     json_out: JsonOpt = False,
@@ -154,7 +171,8 @@ def simulate(
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
     topo = Topology.parse(topology, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
-                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, role=the_role)
+                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, role=the_role,
+                          kv_cache_dtype=kv_cache_dtype)
     topo.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
     curve = perf.predict_curve(topo, the_role, isl=isl, osl=osl, concurrencies=levels)
@@ -163,7 +181,7 @@ def simulate(
     if json_out:
         print_json({"model": spec.name, "gpu": gpu.name, "topology": topo.label(), "role": role_name,
                     "isl": isl, "osl": osl, "calibration": perf.calibration.model_dump(),
-                    "points": [{**m.model_dump(), "step": b} for m, b in zip(curve, breakdown, strict=True)]})
+                    "points": [{**m.model_dump(), "step": b.as_json()} for m, b in zip(curve, breakdown, strict=True)]})
         return
     table = Table(title=f"{spec.name} on {topo.num_gpus} x {gpu.name}, {topo.name}"
                         f"{f' MTP{mtp}' if mtp else ''} {role_name}, {isl}/{osl}", title_justify="left")
@@ -173,13 +191,12 @@ def simulate(
         table.add_column(col, justify="right")
     for m, b in zip(curve, breakdown, strict=True):
         queued = m.running_requests < m.concurrency
-        fixed = b["overhead_ms"] + b["draft_ms"]
-        detail = (f"{b['chunk_share']:.2f} / {b['chunk_tokens']:,.0f}" if the_role is Role.BOTH else
-                  f"{b['memory_ms']:.1f}/{b['compute_ms']:.1f}/{b['comm_ms']:.1f}/{fixed:.1f}")
+        detail = (f"{b.chunk_share:.2f} / {b.chunk_tokens:,.0f}" if the_role is Role.BOTH else
+                  f"{b.memory_ms:.1f}/{b.compute_ms:.1f}/{b.comm_ms:.1f}/{b.overhead_ms + b.draft_ms:.1f}")
         table.add_row(str(m.concurrency), f"{m.running_requests:.0f}" + (" [yellow](queue)[/]" if queued else ""),
                       f"{m.total_tok_s_per_gpu:,.0f}", f"{m.output_tok_s_per_gpu:,.0f}", f"{m.tok_s_per_user:.1f}",
                       f"{m.ttft_ms_mean:,.0f}", f"{m.itl_ms_mean:.2f}", f"{m.request_throughput_rps:.2f}",
-                      f"{b['step_ms']:.1f}", detail)
+                      f"{b.step_ms:.1f}", detail)
     console.print(table)
     tokens = isl + (1 if the_role is Role.PREFILL else osl)
     console.print(f"KV cache holds {curve[0].max_concurrency:,.1f} requests of {tokens:,} tokens per instance; "
@@ -218,6 +235,7 @@ def frontier(
     gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    kv_cache_dtype: KvCacheDtypeOpt = "auto",
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     serving: Annotated[str, typer.Option(
@@ -242,10 +260,10 @@ def frontier(
     constraints = Constraints(max_gpus=gpus, max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms,
                               percentile=percentile, same_tp=pair_rules, same_mtp=pair_rules)  # type: ignore[arg-type]
     depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
-    Topology.create(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-                    max_num_batched_tokens=max_num_batched_tokens)  # one clear message for bad engine flags
-    topologies = candidate_topologies(perf, gpus, mtp_depths=depths, gpu_memory_utilization=gpu_memory_utilization,
-                                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+              "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype}
+    Topology.create(**engine)  # one clear message for bad engine flags
+    topologies = candidate_topologies(perf, gpus, mtp_depths=depths, **engine)
     if not topologies:
         raise ConfigError(f"no topology of up to {gpus} GPUs is valid for {spec.name}", field="--gpus",
                           fix="allow more GPUs")
