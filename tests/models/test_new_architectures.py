@@ -175,8 +175,9 @@ def test_unknown_quant_method_names_the_field(models_dir: Path, tmp_path: Path) 
 
 
 def test_gpt_oss_mxfp4_padding_follows_vllms_backends(models_dir: Path) -> None:
-    """Mxfp4MoEMethod.create_weights: FlashInfer on Blackwell rounds I and H to 256 (2880 -> 3072); the Triton
-    kernels on Hopper round the per-partition I to 64 (2880 stays, 1440 at TP2 becomes 1472)."""
+    """vLLM 0.32 fused_moe/oracle/mxfp4.py: FlashInfer TRT-LLM on Blackwell rounds I to 128 and H to 256
+    (2880 -> 2944 and 3072); the Triton kernels on Hopper round the per-partition I to 64 (2880 stays, 1440 at
+    TP2 becomes 1472). The slow test below checks these against vLLM's own function."""
     big = load_model(models_dir / "gpt-oss-120b")
 
     def per_expert(i: int, h: int) -> float:
@@ -185,7 +186,7 @@ def test_gpt_oss_mxfp4_padding_follows_vllms_backends(models_dir: Path) -> None:
     h100 = compute_memory(big, get_gpu("h100"), Topology(tp=1))
     assert h100.weights.expert_bytes == big.expert_bytes
     b200 = compute_memory(big, get_gpu("b200"), Topology(tp=1))
-    assert b200.weights.expert_bytes == pytest.approx(big.expert_bytes * per_expert(3072, 3072)
+    assert b200.weights.expert_bytes == pytest.approx(big.expert_bytes * per_expert(2944, 3072)
                                                       / per_expert(2880, 2880), rel=1e-9)
     tp2 = compute_memory(big, get_gpu("h100"), Topology(tp=2))
     assert tp2.weights.expert_bytes == pytest.approx(big.expert_bytes / 2 * per_expert(1472, 2880)

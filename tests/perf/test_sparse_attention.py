@@ -52,19 +52,40 @@ def test_decode_reads_topk_latents_and_every_indexer_key(v32: RooflineModel) -> 
     assert long - short == pytest.approx(16000 * 61 * 132)
 
 
+def _flops_per_prompt_token(perf: RooflineModel, topo: Topology, isl: int) -> float:
+    return perf.prefill_step(topo, 16, isl=isl).flops / 8192  # a full 8192-token chunk
+
+
 def test_long_prompts_pay_the_indexer_and_topk_attention(v32: RooflineModel, v3: RooflineModel) -> None:
     """Per prompt token, V3's dense attention grows with the whole prompt; V3.2's sparse attention stops growing
     at top-k and what keeps growing is the indexer (FP8 logits over every earlier token, replicated on each TP
-    rank: vLLM's Indexer is ReplicatedLinear)."""
-    def flops_per_token(perf: RooflineModel, isl: int) -> float:
-        return perf.prefill_step(TOPO, 4, isl=isl).flops / 8192
-
-    v3_growth = flops_per_token(v3, 32000) - flops_per_token(v3, 4000)
+    rank: vLLM's Indexer is ReplicatedLinear). On the FP8 (fp8_ds_mla) cache the sparse kernel reads only the
+    valid top-k slots of the rank's 16 heads."""
+    v3_growth = _flops_per_prompt_token(v3, TOPO, 32000) - _flops_per_prompt_token(v3, TOPO, 4000)
     assert v3_growth == pytest.approx(61 * 2 * 16 * (128 + 64 + 128) * (16000 - 2000), rel=1e-4)  # + lm_head
-    v32_growth = flops_per_token(v32, 32000) - flops_per_token(v32, 4000)
     indexer = 61 * 2 * 64 * 128 * (16000 - 2000)  # logits over the extra mean context, every layer, not split
     attention = 61 * 2 * 16 * (2 * 512 + 64) * ((2048 - 2048**2 / 64000) - (2048 - 2048**2 / 8000))
-    assert v32_growth == pytest.approx(indexer + attention, rel=1e-4)
+    fp8 = TOPO.model_copy(update={"kv_cache_dtype": "fp8"})
+    assert (_flops_per_prompt_token(v32, fp8, 32000) - _flops_per_prompt_token(v32, fp8, 4000)
+            == pytest.approx(indexer + attention, rel=1e-4))
+    # the BF16 cache's kernel already runs every top-k slot at 4K: only the indexer grows
+    assert (_flops_per_prompt_token(v32, TOPO, 32000) - _flops_per_prompt_token(v32, TOPO, 4000)
+            == pytest.approx(indexer, rel=1e-4))
+
+
+@pytest.mark.parametrize(("gpu", "padded_heads"), [("h200", 64), ("b200", 128)])
+def test_bf16_cache_pads_heads_and_runs_every_topk_slot(models_dir: Path, gpu: str, padded_heads: int) -> None:
+    """vLLM's BF16-cache sparse path (flashmla_sparse.py `_forward_bf16_kv`, every token) pads the rank's heads to
+    64 on Hopper and 128 on Blackwell, and FlashMLA's kernel masks, not skips, the top-k slots a short context
+    leaves empty: a 1K prompt costs the same attention per token as a 2K one, for 16 heads x 4 (or x 8)."""
+    perf = RooflineModel(load_model(models_dir / "deepseek-v3.2-exp"), get_gpu(gpu), NO_FIXED)
+    fp8 = TOPO.model_copy(update={"kv_cache_dtype": "fp8"})
+    per_slot = 61 * 2 * (2 * 512 + 64)
+    bf16_1k, bf16_2k = (_flops_per_prompt_token(perf, TOPO, isl) for isl in (1000, 2000))
+    indexer_1k_to_2k = 61 * 2 * 64 * 128 * (1000 - 500)
+    assert bf16_2k - bf16_1k == pytest.approx(indexer_1k_to_2k, rel=1e-3)  # + lm_head of prompts ending
+    fp8_1k = _flops_per_prompt_token(perf, fp8, 1000)
+    assert bf16_1k - fp8_1k == pytest.approx(per_slot * (padded_heads * 2048 - 16 * 500), rel=1e-4)
 
 
 def test_indexer_kernels_are_counted(v32: RooflineModel, v3: RooflineModel) -> None:

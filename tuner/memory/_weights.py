@@ -57,23 +57,33 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | None) -> float:
-    """Bytes vLLM allocates for MXFP4 experts over the checkpoint's bytes (quantization/mxfp4.py create_weights).
+# What vLLM rounds MXFP4 experts' (intermediate, hidden) sizes to, per GPU architecture's default backend.
+_MXFP4_ALIGN = {"blackwell": (128, 256), "hopper": (64, 1)}
 
-    The default backend pads the per-partition intermediate size and the hidden size before allocating
-    w13 [2I, H/2 + H/32], w2 [H, I/2 + I/32] and the bf16 biases: FlashInfer on data-centre Blackwell (SM100
-    family) rounds both to 256 (gpt-oss 2880 -> 3072), the Triton kernels on Hopper round I to 64.
-    """
-    if model.moe is None or not model.quantization.startswith("mxfp4") or architecture not in ("blackwell", "hopper"):
+
+def mxfp4_padded_sizes(architecture: str, hidden: int, intermediate: int) -> tuple[int, int]:
+    """(hidden, per-partition intermediate) as the default MXFP4 MoE backend allocates them, in the order of vLLM
+    0.32's `mxfp4_round_up_hidden_size_and_intermediate_size` (fused_moe/oracle/mxfp4.py): gpt-oss's first choice
+    on data-centre Blackwell, FlashInfer TRT-LLM, rounds I to 128 and H to 256 (gpt-oss 2880 -> 2944 and 3072);
+    the Triton kernels on Hopper round I to 64. (Older releases differ: vLLM 0.10 rounded both to 256 on
+    Blackwell, and on Hopper fell back to Marlin, I to 128 and H to 256, when triton_kernels was not installed.)"""
+    align_i, align_h = _MXFP4_ALIGN[architecture]
+    return _round_up(hidden, align_h), _round_up(intermediate, align_i)
+
+
+def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | None) -> float:
+    """Bytes vLLM allocates for MXFP4 experts over the checkpoint's bytes (quantization/mxfp4.py create_weights):
+    w13 [2I, H/2 + H/32], w2 [H, I/2 + I/32] and the bf16 biases, at the sizes `mxfp4_padded_sizes` gives."""
+    if model.moe is None or not model.quantization.startswith("mxfp4") or architecture not in _MXFP4_ALIGN:
         return 1.0
-    align_i, align_h = (256, 256) if architecture == "blackwell" else (64, 1)
     hidden = model.hidden_size
     inter = model.moe.expert_intermediate_size if topo.ep else model.moe.expert_intermediate_size // topo.ep_size
 
     def per_expert(i: int, h: int) -> float:
         return 3 * i * h * (1 / 2 + 1 / 32) + 2 * (2 * i + h)
 
-    return per_expert(_round_up(inter, align_i), _round_up(hidden, align_h)) / per_expert(inter, hidden)
+    padded_h, padded_i = mxfp4_padded_sizes(architecture, hidden, inter)
+    return per_expert(padded_i, padded_h) / per_expert(inter, hidden)
 
 
 def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None = None) -> WeightsPerGpu:

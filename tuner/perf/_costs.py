@@ -5,6 +5,7 @@ Computed once per topology so that evaluating a concurrency level is a handful o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tuner.hardware import GpuSpec
@@ -86,6 +87,7 @@ class PassCosts:
     state_bytes: float  # GDN / mamba state per request over these layers (this GPU)
     num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
     sparse_topk: int | None = None  # DSA: context tokens the attention reads per query (None = all)
+    sparse_math_all_slots: bool = False  # DSA on a BF16 KV cache: the kernel's math runs over every top-k slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +177,24 @@ def _heads(model: ModelSpec) -> tuple[WeightTensor, ...]:
     return hit[1]
 
 
+# FlashMLA's sparse prefill kernel needs the heads of a rank in a multiple of 64 on Hopper and 128 on Blackwell:
+# vLLM pads q with empty heads (v1/attention/backends/mla/flashmla_sparse.py `_bf16_flash_mla_kernel`,
+# `self.padding = 128 if is_device_capability_family(100) else 64`, v0.13.0).
+_SPARSE_HEAD_MULTIPLE = {"hopper": 64, "blackwell": 128}
+
+
+def _sparse_heads(num_heads_rank: float, architecture: str, kv_cache_is_fp8: bool) -> float:
+    """Heads the sparse MLA kernel computes on one rank: the BF16-cache path pads them; the FP8 (fp8_ds_mla)
+    path's decode kernel is not padded there."""
+    multiple = _SPARSE_HEAD_MULTIPLE.get(architecture)
+    if kv_cache_is_fp8 or not multiple:
+        return num_heads_rank
+    return multiple * math.ceil(num_heads_rank / multiple)
+
+
 def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
                 moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float,
-                index_bytes_per_layer: float = 0.0) -> PassCosts:
+                index_bytes_per_layer: float = 0.0, architecture: str = "other") -> PassCosts:
     dense_bytes = expert_bytes = 0.0
     dense_flops = FlopsByDtype()
     expert_flops = FlopsByDtype()
@@ -204,13 +221,19 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
         per_layer = 2.0 * m.num_heads / topo.tp * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
     index = 0.0
     topk = None
+    all_slots = False
     if model.mla and model.mla.index_head_dim and model.mla.index_n_heads and model.mla.index_topk:
         m = model.mla
         # DeepSeek Sparse Attention: FlashMLA's sparse kernels run MLA in its absorbed (MQA) form on the latent
         # cache (QK over kv_lora + rope dims, PV over kv_lora) for prefill and decode alike, over index_topk
         # tokens only; the indexer scores every context token (fp8_mqa_logits) with its heads replicated on
-        # every TP rank (vLLM's Indexer is ReplicatedLinear).
-        per_layer = 2.0 * m.num_heads / topo.tp * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        # every TP rank (vLLM's Indexer is ReplicatedLinear). With a BF16 cache every token, prefill and decode,
+        # goes through the sparse prefill kernel (`_forward_bf16_kv`), which pads the rank's heads and runs its
+        # masked math over all index_topk slots even when the context is shorter (FlashMLA
+        # csrc/sm90/prefill/sparse/fwd.cu: num_topk_blocks = topk / B_TOPK; invalid slots are masked, not skipped).
+        heads = _sparse_heads(m.num_heads / topo.tp, architecture, topo.kv_cache_is_fp8)
+        per_layer = 2.0 * heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+        all_slots = not topo.kv_cache_is_fp8
         index = 2.0 * m.index_n_heads * m.index_head_dim
         topk = m.index_topk
     gdn = 0.0
@@ -227,7 +250,8 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
                      index_kv_bytes_per_token=index_bytes_per_layer * full,
                      window_kv_bytes_per_token=kv_bytes_per_layer * window,
                      state_bytes=state_bytes_per_layer * recurrent,
-                     num_kernels=pass_kernels(model, kinds, moe_flags), sparse_topk=topk)
+                     num_kernels=pass_kernels(model, kinds, moe_flags), sparse_topk=topk,
+                     sparse_math_all_slots=all_slots)
 
 
 def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
@@ -245,13 +269,13 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
     index_per_token = layout.indexer_bytes_per_token
     target = _pass_costs(model, topo, mtp=False, kinds=model.layer_kinds, moe_flags=model.moe_layers,
                          kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer,
-                         index_bytes_per_layer=index_per_token)
+                         index_bytes_per_layer=index_per_token, architecture=gpu.architecture)
     draft = None
     if topo.mtp and model.num_mtp_layers and model.mtp_layer_kind is not None:
         kinds = (model.mtp_layer_kind,) * model.num_mtp_layers
         draft = _pass_costs(model, topo, mtp=True, kinds=kinds, moe_flags=(model.moe is not None,) * len(kinds),
                             kv_bytes_per_layer=attn_per_token, state_bytes_per_layer=state_per_layer,
-                            index_bytes_per_layer=index_per_token)
+                            index_bytes_per_layer=index_per_token, architecture=gpu.architecture)
     lm_bytes = 0.0
     lm_flops = FlopsByDtype()
     for t in _heads(model):

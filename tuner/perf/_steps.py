@@ -132,7 +132,7 @@ def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_e
     experts = p.expert_flops_per_token.scaled(tokens_ep * load / costs.ep_size / moe_efficiency)
     head = costs.lm_head_flops_per_token.scaled(logits_tokens)
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
-    attended = attended_context(p, context, prompt_tokens)
+    attended = p.sparse_topk if p.sparse_math_all_slots else attended_context(p, context, prompt_tokens)
     mixer = tokens_rank * (p.attn_flops_per_token_ctx * attended + p.window_attn_flops_per_token_ctx * window
                            + p.gdn_flops_per_token)
     index = tokens_rank * p.index_flops_per_token_ctx * context
