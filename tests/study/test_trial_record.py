@@ -100,3 +100,39 @@ def test_an_asked_trial_of_a_dead_driver_is_reclaimed_and_asked_again(tmp_path: 
     assert [t.state for t in study.get_trials()] == [TrialState.FAIL, TrialState.WAITING]
     again = study.ask(run.distributions())  # the next ask takes the enqueued config first
     assert again.params == asked.params and study.get_trials()[-1].user_attrs == {"retry_of": asked.number}
+
+
+def test_an_unclaimed_trial_of_a_driver_killed_inside_ask_is_reclaimed(tmp_path: Path) -> None:
+    """A driver killed between `study.ask` and its claim leaves a RUNNING trial with no driver (and maybe only
+    some params): the next driver fails it as reclaimed without re-enqueueing the partial params; an unclaimed
+    trial asked after that driver started (another live driver inside its ask) is left alone."""
+    from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
+
+    from tuner.backends._simulated import SimulatedBackend
+    from tuner.executors import LocalExecutor
+    from tuner.space import load_space
+    from tuner.study import Campaign, PhaseRun, TuneOptions, open_storage
+
+    c = Campaign(model_path=str(REFERENCE_MODEL), space=load_space(REFERENCE_SPACE), backend_name="simulated",
+                 executor=LocalExecutor(SimulatedBackend()),
+                 storage_url=f"sqlite:///{tmp_path / 's.db'}", options=TuneOptions(trials=2),
+                 artifacts_dir=tmp_path / "a")
+
+    def phase_run() -> PhaseRun:
+        return PhaseRun(phase="decode", space=c.space, model=c.model, model_path=str(REFERENCE_MODEL), gpu=c.gpu,
+                        storage=open_storage(c.storage_url), study_name=c.phase_study_name("decode"),
+                        backend_name="simulated", executor=c.executor, options=c.options,
+                        artifacts_dir=c.artifacts_dir)
+
+    killed = phase_run()
+    study = killed.open_study()
+    first = next(iter(killed.distributions().items()))
+    study.ask(dict([first]))  # the killed driver's ask: one param set, never claimed
+    resumed = phase_run()
+    inside_ask = study.ask(dict([first]))  # a live driver's ask, after the resumed driver started
+    assert resumed.reclaim_stale(study) == 1
+    states = [t.state for t in study.get_trials()]
+    assert states == [TrialState.FAIL, TrialState.RUNNING]  # nothing enqueued from the partial params
+    orphan = TrialRecord.read(study.get_trials()[0])
+    assert orphan.attrs.outcome is TrialOutcome.RECLAIMED and "unclaimed" in (orphan.attrs.reason or "")
+    assert study.get_trials()[1].number == inside_ask.number

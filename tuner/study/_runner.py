@@ -143,6 +143,7 @@ class PhaseRun:
     stop: StopSignal = field(default_factory=StopSignal)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
     _launchable: frozenset[tuple] | None = field(default=None, init=False, repr=False)
+    _started_at: float = field(default_factory=time.time, init=False, repr=False)  # orphans predate it
 
     @property
     def sampler_name(self) -> str:
@@ -188,12 +189,17 @@ class PhaseRun:
             driver = record.attrs.driver or ""
             host, _, pid = driver.rpartition(":")
             dead_here = host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))
-            if not (dead_here or now - record.last_beat() > self.options.stale_after_s) or driver == DRIVER_ID:
+            # A driver claims its trial in the write right after `study.ask`; one killed between the two leaves an
+            # unclaimed trial (often with only some params set). Asked before this driver started, it is an orphan.
+            orphan = not driver and (record.started_at or 0.0) < self._started_at
+            if not (dead_here or orphan or now - record.last_beat() > self.options.stale_after_s) \
+                    or driver == DRIVER_ID:
                 continue
-            TrialAttrs(reason=f"driver {driver} stopped mid-trial", outcome=TrialOutcome.RECLAIMED
+            TrialAttrs(reason=f"driver {driver or '(unclaimed)'} stopped mid-trial", outcome=TrialOutcome.RECLAIMED
                        ).write_stored(study, t)
             fail_stored_trial(study, t)
-            if record.kind in (TrialKind.SAMPLED, None):  # launched, or asked and not yet screened
+            if record.kind is TrialKind.SAMPLED or (record.kind is None and not orphan):
+                # launched, or asked and not yet screened (an orphan's params may be partial: not re-enqueued)
                 study.enqueue_trial(record.params, user_attrs=TrialAttrs(retry_of=t.number).user_attrs())
             reclaimed += 1
             self.on_event(TrialEvent(self.phase, t.number, EventKind.RECLAIMED, _label(t.params), f"from {driver}"))
