@@ -183,8 +183,11 @@ def test_live_view_shows_trials_in_flight_with_their_log(app_client):
     deadline = time.monotonic() + 120
     while True:
         live = app_client.get(f"/ui/studies/{sid}/live").json()
-        if live["in_flight"] and live["in_flight"][0]["logs"] and live["in_flight"][0]["logs"][0]["tail"]:
-            break  # (the file may exist a moment before its first line is written)
+        # the trial's thread may write its log before the driver records the launch event (and the file may
+        # exist a moment before its first line): wait for the view to show all three
+        if (live["in_flight"] and live["in_flight"][0]["logs"] and live["in_flight"][0]["logs"][0]["tail"]
+                and any(e["kind"] == "launched" for e in live["events"])):
+            break
         assert time.monotonic() < deadline, live
         time.sleep(0.2)
     trial = live["in_flight"][0]

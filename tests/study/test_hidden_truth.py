@@ -15,7 +15,7 @@ import optuna
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE, REPO
 
 from tuner.backends import TrialRequest, TrialStatus
-from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
+from tuner.backends._truth import LATER_FACTORS, HiddenTruth, HiddenTruthBackend, draw_calibration
 from tuner.deployment import Deployment
 from tuner.executors import LocalExecutor
 from tuner.hardware import get_gpu
@@ -142,3 +142,18 @@ def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_run
     for sampler, row in figures["prefill"].items():  # the same runs give the same figures (timings aside)
         assert {k: v for k, v in again["prefill"][sampler].items() if "_s_per_trial" not in k} == {
             k: v for k, v in row.items() if "_s_per_trial" not in k}
+
+
+def test_factors_added_later_leave_every_earlier_draw_alone() -> None:
+    """A factor added to Calibration after the truths were fixed is drawn from its own generator: the other
+    factors (and so every truth and the benchmark's published figures) do not move, whatever it draws."""
+    import numpy as np
+
+    base = default_calibration("h200")  # a class where the later factor is not zero
+    a = draw_calibration(base, np.random.default_rng(7), np.random.default_rng(1))
+    b = draw_calibration(base, np.random.default_rng(7), np.random.default_rng(2))
+    for name in type(base).model_fields:
+        if name in LATER_FACTORS:
+            assert getattr(a, name) != getattr(b, name) and getattr(a, name) > 0
+        else:
+            assert getattr(a, name) == getattr(b, name), name

@@ -50,13 +50,21 @@ def _seeded(*key: object) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
-def draw_calibration(base: Calibration, rng: np.random.Generator) -> Calibration:
+# Factors added after the truths were fixed: drawn from their own generator, so every earlier draw (and with it
+# every truth, and the benchmark's published figures) stays what it was.
+LATER_FACTORS = ("request_step_us",)
+
+
+def draw_calibration(base: Calibration, rng: np.random.Generator,
+                     later_rng: np.random.Generator | None = None) -> Calibration:
     """Every fittable factor moved within its bound: fractions (fields capped at 1) by +-25%, other factors
     (latencies, overheads, skews) x0.6-1.6, each kept inside the field's documented range."""
     update: dict[str, float] = {}
     for name in FITTABLE_FACTORS:
         if name == "attention_flop_efficiency":
             continue  # follows the prefill draw below (same tensor cores); drawing it would reshuffle the truths
+        if name in LATER_FACTORS:
+            continue
         value = float(getattr(base, name))
         low, high = _bounds(name)
         if name == "mtp_acceptance":
@@ -66,6 +74,10 @@ def draw_calibration(base: Calibration, rng: np.random.Generator) -> Calibration
         else:
             drawn = value * float(rng.uniform(*COST_SPREAD))
         update[name] = min(max(drawn, low), high)
+    later = later_rng or np.random.default_rng(0)
+    for name in LATER_FACTORS:
+        low, high = _bounds(name)
+        update[name] = min(max(float(getattr(base, name)) * float(later.uniform(*COST_SPREAD)), low), high)
     if base.attention_flop_efficiency is not None:
         ratio = update["prefill_flop_efficiency"] / base.prefill_flop_efficiency
         update["attention_flop_efficiency"] = min(base.attention_flop_efficiency * ratio, 1.0)
@@ -102,7 +114,8 @@ class HiddenTruth:
     @classmethod
     def draw(cls, seed: int, gpu_name: str = "gb300") -> HiddenTruth:
         rng = _seeded("truth", seed)
-        return cls(seed=seed, calibration=draw_calibration(default_calibration(gpu_name), rng),
+        later = _seeded("truth-later-factors", seed)
+        return cls(seed=seed, calibration=draw_calibration(default_calibration(gpu_name), rng, later),
                    expert_imbalance=float(rng.uniform(*IMBALANCE)), layout_sigma=LAYOUT_SIGMA,
                    kv_capacity_factor=float(rng.uniform(*KV_CAPACITY)), noise=NOISE,
                    launch_failure_rate=LAUNCH_FAILURE_RATE)

@@ -205,7 +205,8 @@ def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, request
         expert_bytes=experts, kv_bytes=kv, state_bytes=state,
         memory_ms=(weights + experts / cal.moe_gemm_efficiency + kv + state) / hbm * 1e3, compute_ms=compute_s * 1e3,
         comm_ms=comm.visible_s(costs, cal, compute_s, tokens_rank, DBO_DECODE_THRESHOLD) * 1e3,
-        overhead_ms=cal.step_overhead_ms + _fixed_ms(cal, t), draft_ms=draft_ms, ep_load_factor=load)
+        overhead_ms=cal.step_overhead_ms + cal.request_step_us * 1e-3 * requests_per_rank + _fixed_ms(cal, t),
+        draft_ms=draft_ms, ep_load_factor=load)
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,5 +308,6 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
         decode_requests=decode_requests_per_rank, chunk_tokens=c,
         memory_ms=(bytes_read + experts * (1 / cal.moe_gemm_efficiency - 1)) / hbm * 1e3,
         compute_ms=compute_s * 1e3, comm_ms=comm.visible_s(costs, cal, compute_s, d_rank + c, threshold) * 1e3,
-        overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
+        overhead_ms=cal.step_overhead_ms + cal.request_step_us * 1e-3 * decode_requests_per_rank
+        + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
         ep_load_factor=load, attention_ms=attention_ms)
