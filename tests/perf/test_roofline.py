@@ -94,8 +94,10 @@ def test_request_step_cost_adds_per_running_request(reference: ModelSpec, gb300:
     base = RooflineModel(reference, gb300, default_calibration("gb300").model_copy(update={"request_step_us": 0.0}))
     slow = base.with_calibration(base.calibration.model_copy(update={"request_step_us": 50.0}))
     a, b = base.decode_step(topo, 64, isl=8192, osl=1024), slow.decode_step(topo, 64, isl=8192, osl=1024)
-    assert b.overhead_ms - a.overhead_ms == pytest.approx(50e-3 * 64 / 16)  # 4 requests on each of 16 ranks
-    assert (b.memory_ms, b.compute_ms, b.comm_ms) == (a.memory_ms, a.compute_ms, a.comm_ms)
+    assert b.requests_ms - a.requests_ms == pytest.approx(50e-3 * 64 / 16)  # 4 requests on each of 16 ranks
+    assert b.step_ms - a.step_ms == pytest.approx(b.requests_ms)
+    assert (b.memory_ms, b.compute_ms, b.comm_ms, b.overhead_ms) == (a.memory_ms, a.compute_ms, a.comm_ms,
+                                                                     a.overhead_ms)
 
 
 def test_mtp_tokens_per_step_and_draft_cost(reference: ModelSpec, gb300: GpuSpec) -> None:

@@ -109,6 +109,7 @@ class _StepParts:
     comm_ms: float = 0.0
     overhead_ms: float = 0.0
     draft_ms: float = 0.0
+    requests_ms: float = 0.0
     chunk_step_ms: float | None = None
     chunk_share: float | None = None
     chunk_tokens: float | None = None
@@ -125,7 +126,8 @@ def _breakdown(perf: RooflineModel, topo: Topology, role: Role, curve: list[Serv
         running = int(m.running_requests)
         if role is Role.DECODE:
             s = perf.decode_step(topo, running, isl=isl, osl=osl)
-            out.append(_StepParts(s.step_ms, s.memory_ms, s.compute_ms, s.comm_ms, s.overhead_ms, s.draft_ms))
+            out.append(_StepParts(s.step_ms, s.memory_ms, s.compute_ms, s.comm_ms, s.overhead_ms, s.draft_ms,
+                                  s.requests_ms))
         elif role is Role.PREFILL:
             p = perf.prefill_step(topo, running, isl=isl)
             out.append(_StepParts(p.step_ms, p.memory_ms, p.compute_ms, p.comm_ms, p.overhead_ms))
@@ -185,14 +187,15 @@ def simulate(
         return
     table = Table(title=f"{spec.name} on {topo.num_gpus} x {gpu.name}, {topo.name}"
                         f"{f' MTP{mtp}' if mtp else ''} {role_name}, {isl}/{osl}", title_justify="left")
-    last = "chunk share / chunk tokens" if the_role is Role.BOTH else "mem/compute/comm/ovh ms"
+    last = "chunk share / chunk tokens" if the_role is Role.BOTH else "mem/compute/comm/ovh/req ms"
     for col in ("conc", "running", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "req/s",
                 "step ms", last):
         table.add_column(col, justify="right")
     for m, b in zip(curve, breakdown, strict=True):
         queued = m.running_requests < m.concurrency
         detail = (f"{b.chunk_share:.2f} / {b.chunk_tokens:,.0f}" if the_role is Role.BOTH else
-                  f"{b.memory_ms:.1f}/{b.compute_ms:.1f}/{b.comm_ms:.1f}/{b.overhead_ms + b.draft_ms:.1f}")
+                  f"{b.memory_ms:.1f}/{b.compute_ms:.1f}/{b.comm_ms:.1f}/{b.overhead_ms + b.draft_ms:.1f}"
+                  f"/{b.requests_ms:.1f}")
         table.add_row(str(m.concurrency), f"{m.running_requests:.0f}" + (" [yellow](queue)[/]" if queued else ""),
                       f"{m.total_tok_s_per_gpu:,.0f}", f"{m.output_tok_s_per_gpu:,.0f}", f"{m.tok_s_per_user:.1f}",
                       f"{m.ttft_ms_mean:,.0f}", f"{m.itl_ms_mean:.2f}", f"{m.request_throughput_rps:.2f}",

@@ -42,6 +42,7 @@ class DecodeStep:
     overhead_ms: float
     draft_ms: float  # MTP draft passes (their own roofline, comm and overhead)
     ep_load_factor: float = 1.0  # busiest EP rank's routed tokens over the mean
+    requests_ms: float = 0.0  # request_step_us x the rank's running requests
 
     @property
     def bytes_read(self) -> float:
@@ -49,7 +50,7 @@ class DecodeStep:
 
     @property
     def step_ms(self) -> float:
-        return max(self.memory_ms, self.compute_ms) + self.comm_ms + self.overhead_ms + self.draft_ms
+        return max(self.memory_ms, self.compute_ms) + self.comm_ms + self.overhead_ms + self.requests_ms + self.draft_ms
 
     @property
     def itl_ms(self) -> float:
@@ -87,11 +88,12 @@ class MixedStep:
     draft_ms: float
     ep_load_factor: float = 1.0
     attention_ms: float = 0.0  # with a chunk: the attention kernels' own roofline (decode KV vs chunk attention)
+    requests_ms: float = 0.0  # request_step_us x the rank's decoding requests
 
     @property
     def step_ms(self) -> float:
         return (max(self.memory_ms, self.compute_ms) + self.attention_ms + self.comm_ms + self.overhead_ms
-                + self.draft_ms)
+                + self.requests_ms + self.draft_ms)
 
 
 def accepted_tokens(depth: int, acceptance: float) -> float:
@@ -205,8 +207,8 @@ def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, request
         expert_bytes=experts, kv_bytes=kv, state_bytes=state,
         memory_ms=(weights + experts / cal.moe_gemm_efficiency + kv + state) / hbm * 1e3, compute_ms=compute_s * 1e3,
         comm_ms=comm.visible_s(costs, cal, compute_s, tokens_rank, DBO_DECODE_THRESHOLD) * 1e3,
-        overhead_ms=cal.step_overhead_ms + cal.request_step_us * 1e-3 * requests_per_rank + _fixed_ms(cal, t),
-        draft_ms=draft_ms, ep_load_factor=load)
+        overhead_ms=cal.step_overhead_ms + _fixed_ms(cal, t), draft_ms=draft_ms, ep_load_factor=load,
+        requests_ms=cal.request_step_us * 1e-3 * requests_per_rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,6 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
         decode_requests=decode_requests_per_rank, chunk_tokens=c,
         memory_ms=(bytes_read + experts * (1 / cal.moe_gemm_efficiency - 1)) / hbm * 1e3,
         compute_ms=compute_s * 1e3, comm_ms=comm.visible_s(costs, cal, compute_s, d_rank + c, threshold) * 1e3,
-        overhead_ms=cal.step_overhead_ms + cal.request_step_us * 1e-3 * decode_requests_per_rank
-        + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
-        ep_load_factor=load, attention_ms=attention_ms)
+        overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
+        ep_load_factor=load, attention_ms=attention_ms,
+        requests_ms=cal.request_step_us * 1e-3 * decode_requests_per_rank)
