@@ -107,12 +107,14 @@ FITTABLE_FACTORS: tuple[str, ...] = (
 _GENERIC = Calibration()
 
 # GB300 NVL72 with vLLM 0.2x: calibrated so the reference model's PD frontier lands on the campaign's
-# published ends (about 5,000 total tok/s/GPU and 180 tok/s/user); see docs/perf-model.md for the reasoning.
+# published ends (about 5,000 total tok/s/GPU and 180 tok/s/user); see docs/perf-model.md for the reasoning. The
+# per-request cost is the Blackwell class's fit on public measurements (below), not a campaign figure.
 _DEFAULTS: dict[str, Calibration] = {
     "gb300": Calibration(
         hbm_efficiency=0.8, flop_efficiency=0.5, prefill_flop_efficiency=0.42, allreduce_latency_us=3.0,
         allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, kernel_latency_us=3.3,
-        step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5),
+        step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5,
+        request_step_us=59.0),
     # Fitted by benchmarks/fidelity.py on every vLLM row of benchmarks/data/public_measurements.yaml of the class
     # (its full per-class fit), rounded. The held-out (leave-one-source-out) error of this procedure is in
     # docs/perf-model.md. Blackwell: 19 rows of 5 sources (DeepSeek-R1 NVFP4 on GB200/GB300, Kimi-K2.5 INT4 and
