@@ -23,7 +23,7 @@ from tuner.space import load_space
 from tuner.study import PhaseRun, TuneOptions, make_sampler
 from tuner.study._guided import GuidedSampler, _Observed
 from tuner.study._prior import SimulatorPrior, params_key
-from tuner.study._residual import LAYOUT_VARS, SIGNAL_VARS, Hyper, fit_residual
+from tuner.study._residual import KNOB_VARS, LAYOUT_VARS, SIGNAL_VARS, Hyper, fit_residual
 
 MODEL = REFERENCE_MODEL
 SPACE = REFERENCE_SPACE
@@ -194,3 +194,16 @@ def test_objective_draws_follow_the_measured_correlation(setup) -> None:  # type
     together = [(v, v + 0.01 * (-1) ** i) for i, v in enumerate((0.1, -0.2, 0.3, 0.0, -0.1))]
     assert sampler._correlation(observed(together)) == pytest.approx(0.9)
     assert sampler._correlation(observed([(v, -v) for v in (0.1, -0.2, 0.3, 0.0, -0.1)])) == 0.0
+
+
+def test_a_knobs_deviation_measured_on_one_layout_carries_to_untried_layouts() -> None:
+    """The additive per-knob term never drops out: after two layouts, one with EP measured 0.4 below the model
+    and one without EP on it, an untried EP layout is predicted lower than an untried layout without EP (the
+    marginal likelihood of two points would explain both by the offset and per-layout effects alone, and the
+    search would keep proposing EP layouts that share the measured one's deficit)."""
+    features = np.array([[0.0, 1.0], [0.0, 0.0]])  # (tp position, ep): layout knobs only
+    group = np.array([0, 1])
+    fit = fit_residual(features, np.zeros(2), np.array([True, True]), group, np.array([-0.4, 0.0]))
+    assert fit.hyper.knob_var >= min(KNOB_VARS) > 0
+    mean, _ = fit.predict(np.array([[2 / 3, 1.0], [2 / 3, 0.0]]), np.zeros(2), np.array([7, 8]))
+    assert mean[0] < mean[1] - 0.05, mean
