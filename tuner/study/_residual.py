@@ -17,9 +17,10 @@ The hyper-parameters are picked by marginal likelihood on a small grid, or (once
 coordinate search from the last pick: ~40 Cholesky factorisations of at most a few hundred rows per objective.
 The per-layout variance never goes to 0: with a dozen trials the likelihood would happily explain every layout
 by the smooth terms, leave an untried layout with an sd of 0.02 and the search would never try it. Nor does the
-per-knob variance: two trials would be explained without it, and a deficit of one EP layout would not carry to
-the other EP layouts (benchmarks/sample_efficiency.py: prefill worst truth 91.2% -> 95.6%, trials per true-front
-config 2.33 -> 1.87; README).
+per-knob variance: a few trials would be explained by the offset and per-layout terms alone, a deficit measured
+on one EP layout would not carry to the other EP layouts, and the search would keep proposing layouts that share
+a measured layout's mis-modelled knob (EP's all-to-all and imbalance, MTP's acceptance: the knobs public
+measurements find the simulator most wrong on, docs/perf-model.md; the benchmark figures are in the README).
 """
 
 from __future__ import annotations
@@ -39,11 +40,7 @@ LAYOUT_SCALES = (0.1, 0.3, 1.0)
 ENGINE_SCALES = (1.0, 3.0, 10.0)  # engine knobs move the residual smoothly (the simulator models them)
 NOISE_VARS = (0.0004, 0.0025, 0.01)
 LAYOUT_VARS = (0.01, 0.02, 0.04)  # per-layout effect: log-sd 0.1 / 0.14 / 0.2 (never 0: see the docstring)
-# additive per-knob deviation, shared out among the layout knobs; never 0, like the per-layout effect: with a
-# handful of trials the likelihood explains every measurement by the offset and per-layout terms, and the search
-# keeps proposing layouts that share a measured layout's mis-modelled knob (EP's all-to-all and imbalance, MTP's
-# acceptance: the knobs public measurements find the simulator most wrong on, docs/perf-model.md)
-KNOB_VARS = (0.04, 0.16)
+KNOB_VARS = (0.04, 0.16)  # additive per-knob deviation, shared out among the layout knobs (never 0: docstring)
 KNOB_SCALE = 0.5  # of each layout knob's 1-D kernel (positions in [0, 1])
 LAYOUT_VAR_PRIOR = 0.015  # the per-layout effect assumed before the data pick one (log-sd ~0.12)
 
