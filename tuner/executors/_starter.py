@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,33 +26,54 @@ from tuner.backends import HostAssignment, TrialStatus
 from tuner.launch import Failure, LaunchSpec, ProcessHandle, ProcessPolicy
 
 log = logging.getLogger(__name__)
-CALL_TIMEOUT_S = 60.0  # an agent call (start, status, log) that takes longer: the agent is lost
+# A slow answer is not a lost agent: on a loaded host (the trial's own servers pin its cores) one call can wait
+# for minutes. A call that times out is asked again at the next poll; the agent is lost when Ray reports its
+# actor dead (at once) or when it has answered nothing for SILENCE_LIMIT_S (a hung agent Ray still sees alive;
+# usually the trial's own timeout ends the trial first).
+CALL_TIMEOUT_S = 30.0
+SILENCE_LIMIT_S = 600.0
 
 
 class AgentProcess:
     """A process a host agent started: status and log come from that agent."""
 
-    def __init__(self, agent: Any, token: str, spec: LaunchSpec, record: dict) -> None:
+    def __init__(self, agent: Any, token: str, spec: LaunchSpec, record: dict, *,
+                 call_timeout_s: float = CALL_TIMEOUT_S, silence_limit_s: float = SILENCE_LIMIT_S) -> None:
         self.agent = agent
+        self.call_timeout_s = call_timeout_s
+        self.silence_limit_s = silence_limit_s
         self.token = token
         self.spec = spec
         self.record = record
         self.node_id: str = record["node_id"]
         self.pid: int = record["pid"]
         self.log_path = Path(record["log_path"])
+        self.answered_at = time.monotonic()
 
     def log_text(self, max_bytes: int = 4_000_000) -> str:
+        """The log as the agent's host has it; "" only when the agent is gone (a slow one is waited for: the
+        startup figures are read from this text)."""
         try:
-            return ray.get(self.agent.log_text.remote(self.token, self.spec.name, max_bytes), timeout=CALL_TIMEOUT_S)
+            return ray.get(self.agent.log_text.remote(self.token, self.spec.name, max_bytes),
+                           timeout=self.silence_limit_s)
         except (RayError, GetTimeoutError):
             return ""
 
     def failure(self) -> Failure | None:
         try:
-            status = ray.get(self.agent.status.remote(self.token, self.spec.name), timeout=CALL_TIMEOUT_S)
-        except (RayError, GetTimeoutError) as exc:
+            status = ray.get(self.agent.status.remote(self.token, self.spec.name), timeout=self.call_timeout_s)
+        except GetTimeoutError:  # before RayError, its base class
+            silent_s = time.monotonic() - self.answered_at
+            if silent_s < self.silence_limit_s:
+                log.warning("%s: host agent on node %s slow (no answer for %.0f s); asking again",
+                            self.spec.name, self.node_id[:8], silent_s)
+                return None
+            return Failure(TrialStatus.CRASHED, f"{self.spec.name}: host agent on node {self.node_id[:8]} "
+                                                f"answered nothing for {silent_s:.0f} s")
+        except RayError as exc:
             return Failure(TrialStatus.CRASHED, f"{self.spec.name}: host agent on node {self.node_id[:8]} lost "
-                                                f"({type(exc).__name__})")
+                                                f"({type(exc).__name__}: {str(exc)[:200]})")
+        self.answered_at = time.monotonic()
         found = status["failure"]
         return None if found is None else Failure(TrialStatus(found["status"]), found["reason"])
 
@@ -83,8 +105,8 @@ class AgentStarter:
               policy: ProcessPolicy | None = None) -> AgentProcess:
         node = self.node_for(spec, host)
         agent = self.agents[node]
-        record = ray.get(agent.launch.remote(self.token, spec, str(log_dir), policy),
-                         timeout=CALL_TIMEOUT_S)
+        # one call, not polled: wait as long as a silent agent is given (the trial's timeout usually ends first)
+        record = ray.get(agent.launch.remote(self.token, spec, str(log_dir), policy), timeout=SILENCE_LIMIT_S)
         record["planned_node_id"] = host.node_id if host is not None else None
         self.launched.append(record)
         if self.record_path is not None:

@@ -125,7 +125,7 @@ def _complete(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s
 Completion = tuple[str | None, str, int]  # text (None when the request failed), why it failed, tokens generated
 
 
-def _ask(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> Completion:
+def ask_completion(endpoint: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> Completion:
     """The completion and its token count, or None and why the request failed."""
     try:
         text, tokens = _complete(endpoint, model, prompt, max_tokens, timeout_s)
@@ -167,5 +167,5 @@ def run_gsm8k(endpoint: str, model: str, *, num_questions: int = 200, max_tokens
     chosen = load_questions(dataset)[:num_questions]
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         completions = list(pool.map(
-            lambda q: _ask(endpoint, model, build_prompt(q, prefix), max_tokens, timeout_s), chosen))
+            lambda q: ask_completion(endpoint, model, build_prompt(q, prefix), max_tokens, timeout_s), chosen))
     return score(chosen, completions, confidence=confidence)

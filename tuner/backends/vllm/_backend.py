@@ -26,7 +26,7 @@ from tuner.backends._base import (
     TrialResult,
     TrialStatus,
 )
-from tuner.backends.vllm._accuracy import AccuracyResult, run_gsm8k
+from tuner.backends.vllm._accuracy import AccuracyResult, ask_completion, run_gsm8k
 from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
 from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
 from tuner.backends.vllm._process import (
@@ -64,10 +64,14 @@ def scrape(url: str, timeout_s: float = 10.0) -> str:
 _PROM = re.compile(r"^(?P<name>[\w:]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>[-+\d.eE]+|NaN)\s*$")
 
 
+KV_TRANSFER_COUNTERS = ("pd_external_kv_tokens", "pd_local_compute_tokens", "pd_nixl_bytes",
+                        "pd_nixl_failed_transfers")
+PD_CONNECT_REQUESTS = 4  # first-contact requests before a PD deployment without KV transfer is a failure
+
+
 def kv_transfer_counters(metrics_text: str) -> dict[str, float]:
     """Decode-side KV-transfer evidence from vLLM's Prometheus text (summed over engines)."""
-    out = {"pd_external_kv_tokens": 0.0, "pd_local_compute_tokens": 0.0, "pd_nixl_bytes": 0.0,
-           "pd_nixl_failed_transfers": 0.0}
+    out = dict.fromkeys(KV_TRANSFER_COUNTERS, 0.0)
     for line in metrics_text.splitlines():
         m = _PROM.match(line)
         if m is None:
@@ -321,13 +325,14 @@ class VllmBackend(Backend):
                 self._start_stage(trial, plan)
             memory_note = self._memory_stage(trial)
             max_conc = self._deployment_concurrency(trial.processes, request)
+            pd_baseline = self._connect_pd(request, plan) if request.deployment.is_disaggregated else {}
             with trial.timings.timed("measure"):
                 for level in request.workload.concurrency:
                     with trial.timings.timed("level"):
                         trial.points.append(self._measure(request, plan, level, artifacts, trial.processes,
                                                           trial.deadline, max_conc))
             if request.deployment.is_disaggregated:
-                trial.observed.update(self._verify_kv_transfer(plan))
+                trial.observed.update(self._verify_kv_transfer(plan, pd_baseline))
             if request.min_accuracy is not None:
                 with trial.timings.timed("accuracy"):
                     trial.accuracy_gate = self._accuracy_gate(plan, request.min_accuracy, artifacts)
@@ -526,21 +531,53 @@ class VllmBackend(Backend):
                     TrialStatus.TIMEOUT, f"AIPerf at concurrency {level} ran over {timeout_s:.0f} s"))
 
     @staticmethod
-    def _verify_kv_transfer(plan: LaunchPlan) -> dict[str, float]:
-        """A 200 from the router proves nothing: decode must have received prompt tokens over the connector."""
-        totals = {"pd_external_kv_tokens": 0.0, "pd_local_compute_tokens": 0.0, "pd_nixl_bytes": 0.0,
-                  "pd_nixl_failed_transfers": 0.0}
+    def _decode_kv_counters(plan: LaunchPlan) -> dict[str, float]:
+        """KV-transfer counters summed over the decode servers (vLLM's /metrics); cumulative since start."""
+        totals = dict.fromkeys(KV_TRANSFER_COUNTERS, 0.0)
         for spec in plan.servers:
             if spec.role != "decode" or not spec.port:
                 continue
-            text = scrape(f"http://{spec.host}:{spec.port}/metrics")
+            try:
+                text = scrape(f"http://{spec.host}:{spec.port}/metrics", timeout_s=30.0)
+            except OSError as exc:
+                raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
+                                           f"{spec.name}: /metrics unreadable ({exc})")) from None
             for key, value in kv_transfer_counters(text).items():
                 totals[key] += value
-        if totals["pd_external_kv_tokens"] <= 0 or totals["pd_nixl_failed_transfers"] > 0:
-            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
-                "PD without KV transfer: decode received {pd_external_kv_tokens:g} external prompt tokens, "
-                "{pd_nixl_failed_transfers:g} failed NIXL transfers").format(**totals)))
         return totals
+
+    def _connect_pd(self, request: TrialRequest, plan: LaunchPlan) -> dict[str, float]:
+        """First contact: requests through the router until decode has received prompt KV over the connector.
+
+        NIXL's handshake is lazy (made by the first request, with a 5 s zmq timeout in vLLM's nixl worker) and
+        one that fails is made again by the next request, whose prompt the failed one had decode recompute. So
+        the connection is made here, before any measurement, like a server's other lazy start-up; the
+        counters returned are the baseline the measured window is judged from (_verify_kv_transfer)."""
+        prompt = " ".join(["hello"] * max(16, min(request.workload.isl // 2, 1024)))
+        why = ""
+        for attempt in range(1, PD_CONNECT_REQUESTS + 1):
+            _, why, _ = ask_completion(plan.endpoint, self.settings.served_model_name, prompt, max_tokens=2,
+                                       timeout_s=120.0)
+            counters = self._decode_kv_counters(plan)
+            if counters["pd_external_kv_tokens"] > 0:
+                return {**counters, "pd_connect_requests": float(attempt)}
+        raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
+            f"PD without KV transfer: decode received no prompt KV over the connector after "
+            f"{PD_CONNECT_REQUESTS} requests through the router ({counters['pd_nixl_failed_transfers']:g} failed "
+            f"NIXL transfers{'; last request: ' + why if why else ''})")))
+
+    def _verify_kv_transfer(self, plan: LaunchPlan, baseline: dict[str, float]) -> dict[str, float]:
+        """A 200 from the router proves nothing: over the measured window decode must have received prompt
+        tokens over the connector, and no transfer may have failed (a failed one is a recomputed prompt).
+        Returns the window's counters and what first contact took."""
+        totals = self._decode_kv_counters(plan)
+        window = {key: totals[key] - baseline.get(key, 0.0) for key in KV_TRANSFER_COUNTERS}
+        if window["pd_external_kv_tokens"] <= 0 or window["pd_nixl_failed_transfers"] > 0:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, (
+                "PD without KV transfer: while measured, decode received {pd_external_kv_tokens:g} external "
+                "prompt tokens, {pd_nixl_failed_transfers:g} failed NIXL transfers").format(**window)))
+        return {**window, "pd_connect_requests": baseline.get("pd_connect_requests", 0.0),
+                "pd_connect_failed_transfers": baseline.get("pd_nixl_failed_transfers", 0.0)}
 
     @staticmethod
     def _server_failure(processes: list[ProcessHandle]) -> Failure | None:

@@ -1,0 +1,90 @@
+"""The runner's view of a host agent (AgentProcess): a slow agent is asked again, a dead one is lost at once.
+
+A real Ray actor stands in for the host's HostAgent (same method names, answers on demand), so the timeouts are
+Ray's own: a loaded CI host once took over a minute to answer one status call while the trial's servers pinned
+both cores, and the old rule (no answer within 60 s: lost) crashed a trial that was healthy.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from tuner.backends import TrialStatus
+from tuner.executors._starter import AgentProcess
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def _agent_process(agent: object, *, call_timeout_s: float, silence_limit_s: float) -> AgentProcess:
+    record = {"node_id": "n" * 16, "pid": 1, "log_path": "/nonexistent/server.log"}
+    spec = SimpleNamespace(name="prefill0")  # AgentProcess reads only the name
+    return AgentProcess(agent, "tok", spec, record, call_timeout_s=call_timeout_s,  # type: ignore[arg-type]
+                        silence_limit_s=silence_limit_s)
+
+
+def _slow_agent(delay_s: float) -> object:
+    import ray
+
+    class SlowAgent:
+        """Answers status/log_text after `delay_s`, like a starved host agent (a local class: Ray pickles it
+        by value, as workers cannot import the tests)."""
+
+        def __init__(self) -> None:
+            self.delay_s = 0.0
+
+        def set_delay(self, delay_s: float) -> None:
+            self.delay_s = delay_s
+
+        def status(self, token: str, name: str) -> dict:
+            time.sleep(self.delay_s)
+            return {"returncode": None, "failure": None}
+
+        def log_text(self, token: str, name: str, max_bytes: int) -> str:
+            time.sleep(self.delay_s)
+            return f"log of {name}"
+
+    agent = ray.remote(SlowAgent).options(num_cpus=0, max_concurrency=4).remote()
+    ray.get(agent.set_delay.remote(delay_s))
+    return agent
+
+
+def test_an_agent_slower_than_one_call_is_asked_again_not_lost() -> None:
+    proc = _agent_process(_slow_agent(1.5), call_timeout_s=0.2, silence_limit_s=120.0)
+    assert proc.failure() is None  # timed out, but silent for far less than the limit
+    assert proc.log_text() == "log of prefill0"  # waited for, not read as empty
+
+
+def test_an_agent_silent_past_the_limit_is_lost() -> None:
+    proc = _agent_process(_slow_agent(30.0), call_timeout_s=0.2, silence_limit_s=1.0)
+    assert proc.failure() is None
+    time.sleep(1.0)
+    failure = proc.failure()
+    assert failure is not None and failure.status is TrialStatus.CRASHED
+    assert "prefill0" in failure.reason and "answered nothing for" in failure.reason
+
+
+def test_an_answer_restarts_the_silence_clock() -> None:
+    import ray
+
+    agent = _slow_agent(0.0)
+    proc = _agent_process(agent, call_timeout_s=0.3, silence_limit_s=1.5)
+    time.sleep(1.6)  # silent that long only because nobody asked
+    assert proc.failure() is None  # answered: the clock starts again
+    ray.get(agent.set_delay.remote(30.0))
+    assert proc.failure() is None  # slow now, silent for less than the limit since the last answer
+
+
+def test_a_dead_agent_is_lost_at_once() -> None:
+    import ray
+
+    agent = _slow_agent(0.0)
+    ray.kill(agent, no_restart=True)
+    proc = _agent_process(agent, call_timeout_s=30.0, silence_limit_s=600.0)
+    started = time.monotonic()
+    failure = proc.failure()
+    assert failure is not None and failure.status is TrialStatus.CRASHED and "lost" in failure.reason
+    assert time.monotonic() - started < 30.0  # Ray said so; no timeout was waited out
+    assert proc.log_text() == ""
