@@ -77,7 +77,7 @@ def test_cli_missing_model_and_missing_binary_exit_2(tmp_path: Path) -> None:
     missing_model = tmp_path / "no-such-model"
     argv = [sys.executable, "-c", "from tuner.cli import run; run()", "doctor", "--space", str(CPU_SPACE),
             "--model", str(missing_model), "--json"]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800, check=False)
     assert done.returncode == 2, done.stderr[-2000:]
     report = json.loads(done.stdout)
     failed = {c["check"]: c for c in report["checks"] if c["status"] == "fail"}

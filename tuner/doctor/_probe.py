@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,7 +35,7 @@ class ProbeRequest(_Frozen):
     tools: dict[str, tuple[str, ...]]  # name -> argv prefix ("vllm", "aiperf", "vllm-router")
     port_base: int | None = None  # the settings' fixed block, else any free block is looked for
     port_block: int = 200
-    timeout_s: float = 180.0
+    timeout_s: float = 900.0  # wall clock cap per tool run (its CPU use decides first: _run)
 
 
 class ToolFacts(_Frozen):
@@ -85,15 +86,47 @@ class NodeFacts(_Frozen):
     ports: PortFacts
 
 
-def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+# A tool's run is judged by its CPU use, not by the clock: on a loaded host `vllm --version` (an import of ~12 CPU
+# seconds) took over 180 s of wall time, and a wall-clock limit called a working vLLM broken. A run is stopped
+# when it has used TOOL_CPU_LIMIT_S of CPU (a loop), or used none for TOOL_STALL_S (it waits on something that
+# does not come: a lock, a network); ProbeRequest.timeout_s caps it in any case.
+TOOL_CPU_LIMIT_S = 180.0
+TOOL_STALL_S = 180.0
+_PROGRESS_CPU_S = 0.05  # CPU used since the last check that counts as progress
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc; 0 where unreadable: then only the clock limits it)."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        return -1, f"timed out after {timeout_s:.0f} s"
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _run(argv: list[str], timeout_s: float, cpu_limit_s: float = TOOL_CPU_LIMIT_S,
+         stall_s: float = TOOL_STALL_S) -> tuple[int, str]:
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True)
     except OSError as exc:
         return -1, f"{type(exc).__name__}: {exc}"
-    return done.returncode, (done.stdout + "\n" + done.stderr).strip()
+    started = progressed = time.monotonic()
+    cpu_seen = 0.0
+    while True:
+        try:
+            out, err = proc.communicate(timeout=1.0)
+            return proc.returncode, (out + "\n" + err).strip()
+        except subprocess.TimeoutExpired:
+            now, cpu_s = time.monotonic(), _cpu_seconds(proc.pid)
+            if cpu_s - cpu_seen >= _PROGRESS_CPU_S:
+                cpu_seen, progressed = cpu_s, now
+            why = ("its CPU budget" if cpu_s >= cpu_limit_s else f"no CPU use for {now - progressed:.0f} s"
+                   if now - progressed >= stall_s else "the time limit" if now - started >= timeout_s else "")
+            if why:
+                proc.kill()
+                proc.communicate()
+                return -1, f"timed out after {now - started:.0f} s ({cpu_s:.0f} CPU s): {why}"
 
 
 def _gpus() -> tuple[tuple[str, ...], str]:

@@ -20,7 +20,7 @@ from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.space import SearchSpace
 
-PROBE_TIMEOUT_S = 300.0
+PROBE_TIMEOUT_S = 2000.0  # the tools run in parallel, then NIXL's check: twice ProbeRequest.timeout_s, and more
 
 
 class PlannedProcess(BaseModel):
