@@ -1,4 +1,4 @@
-"""The runner's view of a host agent (AgentProcess): a slow agent is asked again, a dead one is lost at once.
+"""The runner's view of a host agent (AgentProcess): a slow agent is asked again, a dead one is lost when Ray says so.
 
 A real Ray actor stands in for the host's HostAgent (same method names, answers on demand), so the timeouts are
 Ray's own: a loaded CI host once took over a minute to answer one status call while the trial's servers pinned
@@ -58,9 +58,8 @@ def test_an_agent_slower_than_one_call_is_asked_again_not_lost() -> None:
 
 
 def test_an_agent_silent_past_the_limit_is_lost() -> None:
-    proc = _agent_process(_slow_agent(30.0), call_timeout_s=0.2, silence_limit_s=1.0)
-    assert proc.failure() is None
-    time.sleep(1.0)
+    proc = _agent_process(_slow_agent(60.0), call_timeout_s=0.2, silence_limit_s=1.0)
+    time.sleep(1.2)  # no answer since the process was started
     failure = proc.failure()
     assert failure is not None and failure.status is TrialStatus.CRASHED
     assert "prefill0" in failure.reason and "answered nothing for" in failure.reason
@@ -70,21 +69,24 @@ def test_an_answer_restarts_the_silence_clock() -> None:
     import ray
 
     agent = _slow_agent(0.0)
-    proc = _agent_process(agent, call_timeout_s=0.3, silence_limit_s=1.5)
-    time.sleep(1.6)  # silent that long only because nobody asked
+    proc = _agent_process(agent, call_timeout_s=120.0, silence_limit_s=10.0)
+    time.sleep(10.5)  # silent that long only because nobody asked
     assert proc.failure() is None  # answered: the clock starts again
-    ray.get(agent.set_delay.remote(30.0))
-    assert proc.failure() is None  # slow now, silent for less than the limit since the last answer
+    ray.get(agent.set_delay.remote(60.0))
+    proc.call_timeout_s = 0.3
+    assert proc.failure() is None  # slow now, but silent for far less than the limit since the last answer
 
 
-def test_a_dead_agent_is_lost_at_once() -> None:
+def test_a_dead_agent_is_lost_when_ray_says_so_not_at_the_silence_limit() -> None:
     import ray
 
     agent = _slow_agent(0.0)
     ray.kill(agent, no_restart=True)
-    proc = _agent_process(agent, call_timeout_s=30.0, silence_limit_s=600.0)
-    started = time.monotonic()
-    failure = proc.failure()
-    assert failure is not None and failure.status is TrialStatus.CRASHED and "lost" in failure.reason
-    assert time.monotonic() - started < 30.0  # Ray said so; no timeout was waited out
+    proc = _agent_process(agent, call_timeout_s=5.0, silence_limit_s=3600.0)
+    failure = None
+    deadline = time.monotonic() + 600.0
+    while failure is None and time.monotonic() < deadline:
+        failure = proc.failure()  # None while Ray has not told this caller yet (seconds; more on a loaded host)
+    assert failure is not None and failure.status is TrialStatus.CRASHED
+    assert "lost (" in failure.reason  # Ray's verdict (its error named), not the hour-long silence limit's
     assert proc.log_text() == ""
