@@ -121,12 +121,17 @@ def _run(argv: list[str], timeout_s: float, cpu_limit_s: float = TOOL_CPU_LIMIT_
             now, cpu_s = time.monotonic(), _cpu_seconds(proc.pid)
             if cpu_s - cpu_seen >= _PROGRESS_CPU_S:
                 cpu_seen, progressed = cpu_s, now
-            why = ("its CPU budget" if cpu_s >= cpu_limit_s else f"no CPU use for {now - progressed:.0f} s"
-                   if now - progressed >= stall_s else "the time limit" if now - started >= timeout_s else "")
-            if why:
-                proc.kill()
-                proc.communicate()
-                return -1, f"timed out after {now - started:.0f} s ({cpu_s:.0f} CPU s): {why}"
+            if cpu_s >= cpu_limit_s:
+                why = "its CPU budget"
+            elif now - progressed >= stall_s:
+                why = f"no CPU use for {now - progressed:.0f} s"
+            elif now - started >= timeout_s:
+                why = "the time limit"
+            else:
+                continue
+            proc.kill()
+            proc.communicate()
+            return -1, f"timed out after {now - started:.0f} s ({cpu_s:.0f} CPU s): {why}"
 
 
 def _gpus() -> tuple[tuple[str, ...], str]:

@@ -56,7 +56,7 @@ class AgentProcess:
         try:
             return ray.get(self.agent.log_text.remote(self.token, self.spec.name, max_bytes),
                            timeout=self.silence_limit_s)
-        except (RayError, GetTimeoutError):
+        except RayError:  # GetTimeoutError included
             return ""
 
     def failure(self) -> Failure | None:
