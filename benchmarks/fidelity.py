@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from tuner.hardware import GpuSpec, get_gpu
+from tuner.memory import Mxfp4Backend
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
 from tuner.perf import DECODE_LADDER, Calibration, RooflineModel, default_calibration
@@ -135,7 +136,7 @@ class Replayer:
     def __init__(self) -> None:
         self._models: dict[str, ModelSpec] = {}
         self._gpus: dict[str, GpuSpec] = {}
-        self._perf: dict[tuple[str, str, float | None], RooflineModel] = {}
+        self._perf: dict[tuple[str, str, float | None, Mxfp4Backend | None], RooflineModel] = {}
 
     def gpu(self, name: str) -> GpuSpec:
         if name not in self._gpus:
@@ -144,13 +145,14 @@ class Replayer:
 
     def perf(self, row: Row, cal: Calibration) -> RooflineModel:
         graphs = 0.0 if _version(row.engine_version) < (0, 21) else None
-        key = (row.model, row.gpu, graphs)
+        mxfp4 = _mxfp4_backend(row, self.gpu(row.gpu))
+        key = (row.model, row.gpu, graphs, mxfp4)
         base = self._perf.get(key)
         if base is None:
             if row.model not in self._models:
                 self._models[row.model] = load_model(REPO / row.model)
             base = self._perf[key] = RooflineModel(self._models[row.model], self.gpu(row.gpu), cal,
-                                                   cuda_graph_gib=graphs)
+                                                   cuda_graph_gib=graphs, mxfp4_backend=mxfp4)
         return base.with_calibration(cal)
 
     def predict(self, row: Row, cal: Calibration) -> Prediction:
@@ -181,6 +183,16 @@ def _version(text: str) -> tuple[int, int]:
         return int(parts[0]), int(parts[1])
     except (ValueError, IndexError):
         return (99, 0)
+
+
+def _mxfp4_backend(row: Row, gpu: GpuSpec) -> Mxfp4Backend | None:
+    """vLLM before 0.12 ran MXFP4 experts on Hopper with Marlin: triton_kernels was not a dependency yet ("users
+    have to install `triton_kernels` manually", vLLM PR #27370; bundled by #28788), and Marlin's padded experts
+    are what vLLM 0.10.1 and 0.11.2 logged for gpt-oss-120b on one H100 ("Model loading took 65.9651 GiB",
+    vllm#23278 and a v0.11.2 start-up log; the memory model gives 65.9). None: vLLM's default for the GPU."""
+    if row.is_vllm and gpu.architecture == "hopper" and _version(row.engine_version) < (0, 12):
+        return Mxfp4Backend.MARLIN
+    return None
 
 
 def _throughput(m: ServingMetrics, counts: str) -> float:

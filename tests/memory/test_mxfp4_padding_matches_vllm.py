@@ -1,6 +1,6 @@
 """MXFP4 expert padding checked against vLLM's own rounding function, run in the installed CPU vLLM (0.32):
-the memory model's Blackwell and Hopper sizes must be what `mxfp4_round_up_hidden_size_and_intermediate_size`
-returns for the backend vLLM picks there (FlashInfer TRT-LLM, Triton)."""
+each backend the memory model knows must pad as `mxfp4_round_up_hidden_size_and_intermediate_size` does for it
+(FlashInfer TRT-LLM and Triton: vLLM's defaults on Blackwell and Hopper; Marlin: Hopper before vLLM 0.12)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 from _support.cpu_vllm import needs_envs
 
 from tuner.backends.vllm import default_envs_dir
-from tuner.memory._weights import mxfp4_padded_sizes
+from tuner.memory._weights import Mxfp4Backend, mxfp4_padded_sizes
 
 pytestmark = [pytest.mark.slow, needs_envs]
 
-BACKENDS = {"blackwell": "FLASHINFER_TRTLLM_MXFP4_BF16", "hopper": "TRITON"}
+BACKENDS = {Mxfp4Backend.FLASHINFER_TRTLLM: "FLASHINFER_TRTLLM_MXFP4_BF16", Mxfp4Backend.TRITON: "TRITON",
+            Mxfp4Backend.MARLIN: "MARLIN", Mxfp4Backend.FLASHINFER_CUTLASS: "FLASHINFER_CUTLASS_MXFP4_BF16"}
 # gpt-oss (hidden 2880, expert intermediate 2880) at TP1/2/4/8, and shapes off every alignment
 SHAPES = [(2880, 2880), (2880, 1440), (2880, 720), (2880, 360), (4096, 1000), (1000, 4100)]
 
@@ -29,11 +30,11 @@ print(json.dumps([list(round_up(Mxfp4MoeBackend[b], h, i)) for b, h, i in cases]
 
 
 def test_padding_is_vllms() -> None:
-    cases = [(arch, backend, h, i) for arch, backend in BACKENDS.items() for h, i in SHAPES]
+    cases = [(ours, theirs, h, i) for ours, theirs in BACKENDS.items() for h, i in SHAPES]
     python = default_envs_dir() / "vllm" / "bin" / "python"
     out = subprocess.run([str(python), "-c", _PROBE, json.dumps([[b, h, i] for _, b, h, i in cases])],
                          capture_output=True, text=True, timeout=600, check=True)
     theirs = json.loads(out.stdout.strip().splitlines()[-1])
-    ours = [list(mxfp4_padded_sizes(arch, h, i)) for arch, _, h, i in cases]
+    ours = [list(mxfp4_padded_sizes(backend, h, i)) for backend, _, h, i in cases]
     assert ours == theirs
     assert theirs[0] == [3072, 2944]  # gpt-oss on B200: H 2880 -> 3072, I 2880 -> 2944

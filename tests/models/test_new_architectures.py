@@ -10,7 +10,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.hardware import get_gpu
-from tuner.memory import GIB, MemoryInputs, compute_memory
+from tuner.memory import GIB, MemoryInputs, Mxfp4Backend, compute_memory
 from tuner.models import LayerKind, Sharding, TensorGroup, WeightFormat, load_model
 from tuner.topology import Topology
 
@@ -191,4 +191,20 @@ def test_gpt_oss_mxfp4_padding_follows_vllms_backends(models_dir: Path) -> None:
     tp2 = compute_memory(big, get_gpu("h100"), Topology(tp=2))
     assert tp2.weights.expert_bytes == pytest.approx(big.expert_bytes / 2 * per_expert(1472, 2880)
                                                      / per_expert(1440, 2880), rel=1e-9)
-    assert "MXFP4 kernel padding" in next(line.how for line in b200.lines if line.label == "expert weights")
+    assert "MXFP4 padding of flashinfer-trtllm" in next(line.how for line in b200.lines
+                                                        if line.label == "expert weights")
+
+
+@pytest.mark.parametrize(("name", "logged_gib"), [("gpt-oss-120b", 65.9651), ("gpt-oss-20b", 13.7153)])
+def test_marlin_weights_match_vllms_logged_figures(models_dir: Path, name: str, logged_gib: float) -> None:
+    """vLLM before 0.12 ran MXFP4 experts on Hopper with Marlin (triton_kernels was not installed): its start-up
+    log says "Model loading took 65.9651 GiB" for gpt-oss-120b on one H100 (vllm#23278, v0.10.1; the same figure
+    in a v0.11.2 log) and 13.7153 GiB for gpt-oss-20b (A100, Marlin-padded w13 [32, 5888, 1536]). The memory
+    model with `mxfp4_backend=marlin` must land within 0.5% of both; vLLM's current default (Triton) pads nothing
+    for these shapes, and is smaller."""
+    spec = load_model(models_dir / name)
+    marlin = compute_memory(spec, get_gpu("h100"), Topology(tp=1), MemoryInputs(mxfp4_backend=Mxfp4Backend.MARLIN))
+    assert marlin.weights.total_bytes / GIB == pytest.approx(logged_gib, rel=0.005)
+    triton = compute_memory(spec, get_gpu("h100"), Topology(tp=1))
+    assert triton.weights.total_bytes < marlin.weights.total_bytes * 0.95
+    assert "MXFP4 padding of marlin" in next(line.how for line in marlin.lines if line.label == "expert weights")

@@ -10,7 +10,7 @@ from rich.table import Table
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
 from tuner.errors import ConfigError
 from tuner.hardware import get_gpu
-from tuner.memory import GIB, MemoryBreakdown, MemoryInputs, compute_memory, sweep_topologies
+from tuner.memory import GIB, MemoryBreakdown, MemoryInputs, Mxfp4Backend, compute_memory, sweep_topologies
 from tuner.models import load_model
 from tuner.topology import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -57,6 +57,8 @@ def memory(
     non_torch_gib: Annotated[float | None, typer.Option(help="Measured non-torch memory per GPU.")] = None,
     activation_gib: Annotated[float | None, typer.Option(help="Measured peak activation memory.")] = None,
     cuda_graph_gib: Annotated[float | None, typer.Option(help="Measured CUDA-graph memory.")] = None,
+    mxfp4_backend: Annotated[Mxfp4Backend | None, typer.Option(
+        help="MXFP4 MoE kernels (their padding): marlin, triton, ...; default: vLLM's for the GPU.")] = None,
     sweep: Annotated[bool, typer.Option(help="Every valid topology for --gpus, sorted by concurrency.")] = False,
     gpus: Annotated[int, typer.Option(help="GPU count for --sweep (and the cluster limit).")] = 72,
     all_sizes: Annotated[bool, typer.Option(
@@ -75,7 +77,7 @@ def memory(
         kv_cache_memory_bytes=parse_bytes(kv_cache_memory_bytes, "--kv-cache-memory-bytes")
         if kv_cache_memory_bytes else None,
         non_torch_gib=non_torch_gib, activation_gib=activation_gib, cuda_graph_gib=cuda_graph_gib,
-        block_size=block_size)
+        block_size=block_size, mxfp4_backend=mxfp4_backend)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
               "num_redundant_experts": num_redundant_experts}

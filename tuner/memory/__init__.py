@@ -3,7 +3,7 @@
 from tuner.memory._breakdown import GIB, Line, MemoryBreakdown, MemoryInputs, compute_memory
 from tuner.memory._layout import KVLayout, attention_bytes_per_token, kv_element_bytes, kv_layout
 from tuner.memory._sweep import SweepRow, sweep_topologies
-from tuner.memory._weights import WeightsPerGpu, local_experts, shard_fraction, weights_per_gpu
+from tuner.memory._weights import Mxfp4Backend, WeightsPerGpu, local_experts, shard_fraction, weights_per_gpu
 
 __all__ = [
     "GIB",
@@ -11,6 +11,7 @@ __all__ = [
     "Line",
     "MemoryBreakdown",
     "MemoryInputs",
+    "Mxfp4Backend",
     "SweepRow",
     "WeightsPerGpu",
     "attention_bytes_per_token",

@@ -9,7 +9,14 @@ from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
 from tuner.memory._estimates import activation_peak_bytes, cuda_graph_bytes, cudagraph_capture_sizes
 from tuner.memory._layout import KVLayout, kv_layout
-from tuner.memory._weights import WeightsPerGpu, local_experts, mxfp4_padding_factor, weights_per_gpu
+from tuner.memory._weights import (
+    Mxfp4Backend,
+    WeightsPerGpu,
+    local_experts,
+    mxfp4_backend,
+    mxfp4_padding_factor,
+    weights_per_gpu,
+)
 from tuner.models import ModelSpec
 from tuner.topology import Topology
 from tuner.workload import served_context_tokens
@@ -31,6 +38,7 @@ class MemoryInputs:
     cuda_graph_gib: float | None = None  # measured CUDA-graph reserve; default: estimate
     block_size: int | None = None  # --block-size; default: the attention backend's
     kv_cache_dtype: str | None = None  # default: the topology's --kv-cache-dtype
+    mxfp4_backend: Mxfp4Backend | None = None  # MXFP4 MoE kernels (their padding); default: vLLM's for the GPU
 
     def __post_init__(self) -> None:
         for name in ("isl", "max_model_len", "block_size"):
@@ -182,20 +190,21 @@ class MemoryBreakdown:
         }
 
 
-def _expert_how(model: ModelSpec, topo: Topology, arch: str) -> str:
+def _expert_how(model: ModelSpec, topo: Topology, arch: str, backend: Mxfp4Backend | None) -> str:
     if model.moe is None:
         return "dense model"
+    note = _padding_note(model, topo, arch, backend)
     if not topo.ep:
-        return f"{model.expert_bytes / GIB:.2f} GiB over MoE-TP{topo.ep_size}" + _padding_note(model, topo, arch)
+        return f"{model.expert_bytes / GIB:.2f} GiB over MoE-TP{topo.ep_size}" + note
     physical = model.moe.num_experts + topo.num_redundant_experts
     extra = f" ({topo.num_redundant_experts} redundant, EPLB)" if topo.num_redundant_experts else ""
     return (f"{model.expert_bytes / GIB:.2f} GiB over EP{topo.ep_size}: {physical} physical experts{extra}, "
-            f"{local_experts(model.moe.num_experts, topo)} on the fullest rank" + _padding_note(model, topo, arch))
+            f"{local_experts(model.moe.num_experts, topo)} on the fullest rank" + note)
 
 
-def _padding_note(model: ModelSpec, topo: Topology, arch: str) -> str:
-    factor = mxfp4_padding_factor(model, topo, arch)
-    return f"; MXFP4 kernel padding x{factor:.3f}" if factor != 1.0 else ""
+def _padding_note(model: ModelSpec, topo: Topology, arch: str, backend: Mxfp4Backend | None) -> str:
+    factor = mxfp4_padding_factor(model, topo, arch, backend)
+    return f"; MXFP4 padding of {mxfp4_backend(arch, backend)} x{factor:.3f}" if factor != 1.0 else ""
 
 
 def compute_memory(
@@ -209,7 +218,7 @@ def compute_memory(
     inputs = inputs or MemoryInputs()
     total_bytes = gpu.memory_bytes
     requested = math.ceil(total_bytes * topo.gpu_memory_utilization)
-    weights = weights_per_gpu(model, topo, gpu.architecture)
+    weights = weights_per_gpu(model, topo, gpu.architecture, inputs.mxfp4_backend)
     non_torch = inputs.non_torch_gib if inputs.non_torch_gib is not None else gpu.non_torch_memory_gib
     activation = (inputs.activation_gib if inputs.activation_gib is not None
                   else activation_peak_bytes(model, topo) / GIB)
@@ -233,7 +242,8 @@ def compute_memory(
         Line("non-expert weights", weights.non_expert_bytes / GIB,
              f"{model.non_expert_bytes / GIB:.2f} GiB split by TP{topo.tp} (norms, router replicated; "
              f"KV heads max(1, kv/TP))"),
-        Line("expert weights", weights.expert_bytes / GIB, _expert_how(model, topo, gpu.architecture)),
+        Line("expert weights", weights.expert_bytes / GIB,
+             _expert_how(model, topo, gpu.architecture, inputs.mxfp4_backend)),
         Line("MTP weights", weights.mtp_bytes / GIB,
              f"{model.num_mtp_layers} MTP layer(s), loaded with MTP{topo.mtp}" if topo.mtp else "MTP off"),
         Line("non-torch memory", non_torch, "measured input" if inputs.non_torch_gib is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from tuner.models import ModelSpec, Sharding
 from tuner.topology import Topology
@@ -57,24 +58,45 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-# What vLLM rounds MXFP4 experts' (intermediate, hidden) sizes to, per GPU architecture's default backend.
-_MXFP4_ALIGN = {"blackwell": (128, 256), "hopper": (64, 1)}
+class Mxfp4Backend(StrEnum):
+    """vLLM's MXFP4 MoE kernels (fused_moe/oracle/mxfp4.py Mxfp4MoeBackend): each allocates padded experts."""
+
+    MARLIN = "marlin"  # weight-only, dequantised to BF16; any GPU
+    TRITON = "triton"  # OpenAI triton_kernels (SM90-SM100)
+    FLASHINFER_TRTLLM = "flashinfer-trtllm"  # SM100
+    FLASHINFER_CUTLASS = "flashinfer-cutlass"
 
 
-def mxfp4_padded_sizes(architecture: str, hidden: int, intermediate: int) -> tuple[int, int]:
-    """(hidden, per-partition intermediate) as the default MXFP4 MoE backend allocates them, in the order of vLLM
-    0.32's `mxfp4_round_up_hidden_size_and_intermediate_size` (fused_moe/oracle/mxfp4.py): gpt-oss's first choice
-    on data-centre Blackwell, FlashInfer TRT-LLM, rounds I to 128 and H to 256 (gpt-oss 2880 -> 2944 and 3072);
-    the Triton kernels on Hopper round I to 64. (Older releases differ: vLLM 0.10 rounded both to 256 on
-    Blackwell, and on Hopper fell back to Marlin, I to 128 and H to 256, when triton_kernels was not installed.)"""
-    align_i, align_h = _MXFP4_ALIGN[architecture]
+# (intermediate, hidden) multiples each backend rounds MXFP4 experts up to, as vLLM 0.32's
+# `mxfp4_round_up_hidden_size_and_intermediate_size` does (tests/memory/test_mxfp4_padding_matches_vllm.py runs it)
+_MXFP4_ALIGN = {Mxfp4Backend.MARLIN: (128, 256), Mxfp4Backend.TRITON: (64, 1),
+                Mxfp4Backend.FLASHINFER_TRTLLM: (128, 256), Mxfp4Backend.FLASHINFER_CUTLASS: (128, 128)}
+# What vLLM picks for gpt-oss without overrides: FlashInfer TRT-LLM on data-centre Blackwell, the Triton kernels on
+# Hopper. Before triton_kernels became a vLLM dependency (vLLM PRs #27370, #28788; 0.12) a stock install on Hopper
+# fell back to Marlin: benchmarks/fidelity.py replays such rows with MARLIN (docs/perf-model.md, gpt-oss).
+DEFAULT_MXFP4_BACKEND = {"blackwell": Mxfp4Backend.FLASHINFER_TRTLLM, "hopper": Mxfp4Backend.TRITON}
+
+
+def mxfp4_backend(architecture: str | None, chosen: Mxfp4Backend | None = None) -> Mxfp4Backend | None:
+    """The backend whose padding applies: the chosen one, else vLLM's default for the GPU (None: no padding
+    modelled, e.g. the CPU build)."""
+    return chosen if chosen is not None else DEFAULT_MXFP4_BACKEND.get(architecture or "")
+
+
+def mxfp4_padded_sizes(backend: Mxfp4Backend, hidden: int, intermediate: int) -> tuple[int, int]:
+    """(hidden, per-partition intermediate) as `backend` allocates them: gpt-oss's 2880 x 2880 becomes 3072 x 2944
+    on FlashInfer TRT-LLM and Marlin, stays 2880 x 2880 on Triton."""
+    align_i, align_h = _MXFP4_ALIGN[backend]
     return _round_up(hidden, align_h), _round_up(intermediate, align_i)
 
 
-def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | None) -> float:
+def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | None,
+                         backend: Mxfp4Backend | None = None) -> float:
     """Bytes vLLM allocates for MXFP4 experts over the checkpoint's bytes (quantization/mxfp4.py create_weights):
-    w13 [2I, H/2 + H/32], w2 [H, I/2 + I/32] and the bf16 biases, at the sizes `mxfp4_padded_sizes` gives."""
-    if model.moe is None or not model.quantization.startswith("mxfp4") or architecture not in _MXFP4_ALIGN:
+    w13 [2I, H/2 + H/32], w2 [H, I/2 + I/32] and the bf16 biases, at the sizes `mxfp4_padded_sizes` gives.
+    Marlin on gpt-oss-120b: x1.090, 65.9 GiB on one GPU, as vLLM 0.10.1 and 0.11.2 logged (65.97 GiB)."""
+    chosen = mxfp4_backend(architecture, backend)
+    if model.moe is None or not model.quantization.startswith("mxfp4") or chosen is None:
         return 1.0
     hidden = model.hidden_size
     inter = model.moe.expert_intermediate_size if topo.ep else model.moe.expert_intermediate_size // topo.ep_size
@@ -82,12 +104,13 @@ def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | N
     def per_expert(i: int, h: int) -> float:
         return 3 * i * h * (1 / 2 + 1 / 32) + 2 * (2 * i + h)
 
-    padded_h, padded_i = mxfp4_padded_sizes(architecture, hidden, inter)
+    padded_h, padded_i = mxfp4_padded_sizes(chosen, hidden, inter)
     return per_expert(padded_i, padded_h) / per_expert(inter, hidden)
 
 
-def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None = None) -> WeightsPerGpu:
-    """Bytes on the fullest GPU; `architecture` applies the padding a GPU's MoE kernels add (MXFP4)."""
+def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None = None,
+                    mxfp4: Mxfp4Backend | None = None) -> WeightsPerGpu:
+    """Bytes on the fullest GPU; `architecture` (or the `mxfp4` backend) applies the padding MoE kernels add."""
     non_expert = expert = mtp = 0.0
     for (sharding, is_mtp), nbytes in model.bytes_by_sharding.items():
         share = nbytes * shard_fraction(sharding, model, topo)
@@ -97,6 +120,6 @@ def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None =
             expert += share
         else:
             non_expert += share
-    expert *= mxfp4_padding_factor(model, topo, architecture)
+    expert *= mxfp4_padding_factor(model, topo, architecture, mxfp4)
     return WeightsPerGpu(non_expert_bytes=round(non_expert), expert_bytes=round(expert),
                          mtp_bytes=round(mtp) if topo.mtp else 0)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tuner.errors import ConfigError, DoesNotFitError
 from tuner.hardware import GpuSpec
-from tuner.memory import MemoryBreakdown, MemoryInputs, compute_memory
+from tuner.memory import MemoryBreakdown, MemoryInputs, Mxfp4Backend, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
 from tuner.perf._aggregated import AggregatedPoint, BurstRun, solve_aggregated, solve_burst
@@ -78,17 +78,20 @@ class RooflineModel(PerformanceModel):
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None, *,
-                 cuda_graph_gib: float | None = None) -> None:
+                 cuda_graph_gib: float | None = None, mxfp4_backend: Mxfp4Backend | None = None) -> None:
         """`cuda_graph_gib` replaces the memory model's CUDA-graph reserve: a measured figure, or 0 for vLLM
-        before 0.21, which sized the KV cache without reserving graph memory first."""
+        before 0.21, which sized the KV cache without reserving graph memory first. `mxfp4_backend` replaces
+        vLLM's default MXFP4 MoE kernels (Marlin for vLLM before 0.12 on Hopper)."""
         super().__init__(model, gpu, calibration)
         self.cuda_graph_gib = cuda_graph_gib
+        self.mxfp4_backend = mxfp4_backend
         self._states: dict[tuple[object, ...], InstanceState] = {}
         self._costs: dict[tuple[object, ...], InstanceCosts] = {}
 
     def with_calibration(self, calibration: Calibration) -> RooflineModel:
         """Same model and GPU, other factors; shares the calibration-independent caches (fast refits)."""
-        twin = RooflineModel(self.model, self.gpu, calibration, cuda_graph_gib=self.cuda_graph_gib)
+        twin = RooflineModel(self.model, self.gpu, calibration, cuda_graph_gib=self.cuda_graph_gib,
+                             mxfp4_backend=self.mxfp4_backend)
         twin._states = self._states
         twin._costs = self._costs
         return twin
@@ -107,7 +110,8 @@ class RooflineModel(PerformanceModel):
         if costs is None:
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
         memory = compute_memory(self.model, self.gpu, topo,
-                                MemoryInputs(isl=isl, osl=mem_osl, cuda_graph_gib=self.cuda_graph_gib))
+                                MemoryInputs(isl=isl, osl=mem_osl, cuda_graph_gib=self.cuda_graph_gib,
+                                             mxfp4_backend=self.mxfp4_backend))
         if not memory.fits:
             raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
                                   fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
