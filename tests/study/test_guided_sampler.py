@@ -111,9 +111,11 @@ def test_data_override_the_simulator(setup, tmp_path: Path) -> None:  # type: ig
                       for i in free])
     assert twins.any() and (~twins).any()
     # log(measured / predicted): the measured 3x (rates x3, latencies / 3) carries over to the unmeasured
-    # configs of that layout; elsewhere the simulator, right so far, stays the prior
+    # configs of that layout; elsewhere the simulator, right so far, stays the prior but for the common offset,
+    # which takes about the mean of the measured residuals (log 3 over the configs measured)
     assert np.allclose(mean[twins], np.log(3.0), atol=0.25), mean[twins]
-    assert np.abs(np.median(mean[~twins], axis=0)).max() < 0.15, np.median(mean[~twins], axis=0)
+    offset_share = np.log(3.0) / len(observed.points)
+    assert np.abs(np.median(mean[~twins], axis=0)).max() < 1.5 * offset_share, np.median(mean[~twins], axis=0)
 
 
 def test_guided_needs_a_prior() -> None:

@@ -40,7 +40,7 @@ LAYOUT_SCALES = (0.1, 0.3, 1.0)
 ENGINE_SCALES = (1.0, 3.0, 10.0)  # engine knobs move the residual smoothly (the simulator models them)
 NOISE_VARS = (0.0004, 0.0025, 0.01)
 LAYOUT_VARS = (0.01, 0.02, 0.04)  # per-layout effect: log-sd 0.1 / 0.14 / 0.2 (never 0: see the docstring)
-KNOB_VARS = (0.04, 0.16)  # additive per-knob deviation, shared out among the layout knobs (never 0: docstring)
+KNOB_VARS = (0.02, 0.08)  # additive deviation of each layout knob: log-sd 0.14 / 0.28 (never 0: docstring)
 KNOB_SCALE = 0.5  # of each layout knob's 1-D kernel (positions in [0, 1])
 LAYOUT_VAR_PRIOR = 0.015  # the per-layout effect assumed before the data pick one (log-sd ~0.12)
 
@@ -81,12 +81,14 @@ class ResidualFit:
         k = self.cross(x, slope, group)
         mean = k @ self.alpha
         v = solve_triangular(self.chol, k.T, lower=True)
-        return mean, np.sqrt(np.maximum(prior_var(slope, self.hyper) - np.sum(v * v, axis=0), 1e-8))
+        knobs = max(1, int(self.layout.sum()))
+        return mean, np.sqrt(np.maximum(prior_var(slope, self.hyper, knobs) - np.sum(v * v, axis=0), 1e-8))
 
 
-def prior_var(slope: np.ndarray, hyper: Hyper) -> np.ndarray:
-    """The residual's variance before any trial (kernel diagonal)."""
-    return hyper.signal_var + hyper.layout_var + hyper.knob_var + OFFSET_VAR + hyper.slope_var * slope**2
+def prior_var(slope: np.ndarray, hyper: Hyper, layout_knobs: int = 1) -> np.ndarray:
+    """The residual's variance before any trial (kernel diagonal: each layout knob adds its own knob_var)."""
+    return (hyper.signal_var + hyper.layout_var + layout_knobs * hyper.knob_var + OFFSET_VAR
+            + hyper.slope_var * slope**2)
 
 
 def prior_sd(slope: np.ndarray) -> np.ndarray:
@@ -100,14 +102,14 @@ class _Parts:
 
     d_layout: np.ndarray
     d_engine: np.ndarray
-    knobs: np.ndarray  # mean over layout knobs of the 1-D kernels
+    knobs: np.ndarray  # sum over layout knobs of the 1-D kernels
     same: np.ndarray  # 1.0 where both configs share a parallel layout
 
     @classmethod
     def of(cls, a: np.ndarray, ga: np.ndarray, b: np.ndarray, gb: np.ndarray, layout: np.ndarray) -> _Parts:
         la, lb = a[:, layout], b[:, layout]
         if la.shape[1]:
-            knobs = np.mean(np.exp(-0.5 * np.square(la[:, None, :] - lb[None, :, :]) / KNOB_SCALE**2), axis=2)
+            knobs = np.sum(np.exp(-0.5 * np.square(la[:, None, :] - lb[None, :, :]) / KNOB_SCALE**2), axis=2)
         else:
             knobs = np.ones((len(a), len(b)))
         return cls(d_layout=_sqdist(la, lb), d_engine=_sqdist(a[:, ~layout], b[:, ~layout]), knobs=knobs,
