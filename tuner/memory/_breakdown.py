@@ -190,10 +190,10 @@ class MemoryBreakdown:
         }
 
 
-def _expert_how(model: ModelSpec, topo: Topology, arch: str, backend: Mxfp4Backend | None) -> str:
+def _expert_how(model: ModelSpec, topo: Topology, backend: Mxfp4Backend | None) -> str:
     if model.moe is None:
         return "dense model"
-    note = _padding_note(model, topo, arch, backend)
+    note = _padding_note(model, topo, backend)
     if not topo.ep:
         return f"{model.expert_bytes / GIB:.2f} GiB over MoE-TP{topo.ep_size}" + note
     physical = model.moe.num_experts + topo.num_redundant_experts
@@ -202,9 +202,9 @@ def _expert_how(model: ModelSpec, topo: Topology, arch: str, backend: Mxfp4Backe
             f"{local_experts(model.moe.num_experts, topo)} on the fullest rank" + note)
 
 
-def _padding_note(model: ModelSpec, topo: Topology, arch: str, backend: Mxfp4Backend | None) -> str:
-    factor = mxfp4_padding_factor(model, topo, arch, backend)
-    return f"; MXFP4 padding of {mxfp4_backend(arch, backend)} x{factor:.3f}" if factor != 1.0 else ""
+def _padding_note(model: ModelSpec, topo: Topology, backend: Mxfp4Backend | None) -> str:
+    factor = mxfp4_padding_factor(model, topo, backend)
+    return f"; MXFP4 padding of {backend} x{factor:.3f}" if factor != 1.0 else ""
 
 
 def compute_memory(
@@ -218,7 +218,8 @@ def compute_memory(
     inputs = inputs or MemoryInputs()
     total_bytes = gpu.memory_bytes
     requested = math.ceil(total_bytes * topo.gpu_memory_utilization)
-    weights = weights_per_gpu(model, topo, gpu.architecture, inputs.mxfp4_backend)
+    mxfp4 = mxfp4_backend(gpu.architecture, inputs.mxfp4_backend)
+    weights = weights_per_gpu(model, topo, mxfp4)
     non_torch = inputs.non_torch_gib if inputs.non_torch_gib is not None else gpu.non_torch_memory_gib
     activation = (inputs.activation_gib if inputs.activation_gib is not None
                   else activation_peak_bytes(model, topo) / GIB)
@@ -243,7 +244,7 @@ def compute_memory(
              f"{model.non_expert_bytes / GIB:.2f} GiB split by TP{topo.tp} (norms, router replicated; "
              f"KV heads max(1, kv/TP))"),
         Line("expert weights", weights.expert_bytes / GIB,
-             _expert_how(model, topo, gpu.architecture, inputs.mxfp4_backend)),
+             _expert_how(model, topo, mxfp4)),
         Line("MTP weights", weights.mtp_bytes / GIB,
              f"{model.num_mtp_layers} MTP layer(s), loaded with MTP{topo.mtp}" if topo.mtp else "MTP off"),
         Line("non-torch memory", non_torch, "measured input" if inputs.non_torch_gib is not None

@@ -90,13 +90,11 @@ def mxfp4_padded_sizes(backend: Mxfp4Backend, hidden: int, intermediate: int) ->
     return _round_up(hidden, align_h), _round_up(intermediate, align_i)
 
 
-def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | None,
-                         backend: Mxfp4Backend | None = None) -> float:
+def mxfp4_padding_factor(model: ModelSpec, topo: Topology, backend: Mxfp4Backend | None) -> float:
     """Bytes vLLM allocates for MXFP4 experts over the checkpoint's bytes (quantization/mxfp4.py create_weights):
     w13 [2I, H/2 + H/32], w2 [H, I/2 + I/32] and the bf16 biases, at the sizes `mxfp4_padded_sizes` gives.
     Marlin on gpt-oss-120b: x1.090, 65.9 GiB on one GPU, as vLLM 0.10.1 and 0.11.2 logged (65.97 GiB)."""
-    chosen = mxfp4_backend(architecture, backend)
-    if model.moe is None or not model.quantization.startswith("mxfp4") or chosen is None:
+    if model.moe is None or not model.quantization.startswith("mxfp4") or backend is None:
         return 1.0
     hidden = model.hidden_size
     inter = model.moe.expert_intermediate_size if topo.ep else model.moe.expert_intermediate_size // topo.ep_size
@@ -104,13 +102,12 @@ def mxfp4_padding_factor(model: ModelSpec, topo: Topology, architecture: str | N
     def per_expert(i: int, h: int) -> float:
         return 3 * i * h * (1 / 2 + 1 / 32) + 2 * (2 * i + h)
 
-    padded_h, padded_i = mxfp4_padded_sizes(chosen, hidden, inter)
+    padded_h, padded_i = mxfp4_padded_sizes(backend, hidden, inter)
     return per_expert(padded_i, padded_h) / per_expert(inter, hidden)
 
 
-def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None = None,
-                    mxfp4: Mxfp4Backend | None = None) -> WeightsPerGpu:
-    """Bytes on the fullest GPU; `architecture` (or the `mxfp4` backend) applies the padding MoE kernels add."""
+def weights_per_gpu(model: ModelSpec, topo: Topology, mxfp4: Mxfp4Backend | None = None) -> WeightsPerGpu:
+    """Bytes on the fullest GPU; `mxfp4` (see `mxfp4_backend`) applies the padding its MoE kernels add."""
     non_expert = expert = mtp = 0.0
     for (sharding, is_mtp), nbytes in model.bytes_by_sharding.items():
         share = nbytes * shard_fraction(sharding, model, topo)
@@ -120,6 +117,6 @@ def weights_per_gpu(model: ModelSpec, topo: Topology, architecture: str | None =
             expert += share
         else:
             non_expert += share
-    expert *= mxfp4_padding_factor(model, topo, architecture, mxfp4)
+    expert *= mxfp4_padding_factor(model, topo, mxfp4)
     return WeightsPerGpu(non_expert_bytes=round(non_expert), expert_bytes=round(expert),
                          mtp_bytes=round(mtp) if topo.mtp else 0)

@@ -119,8 +119,9 @@ _DEFAULTS: dict[str, Calibration] = {
     # (its full per-class fit), rounded. The held-out (leave-one-source-out) error of this procedure is in
     # docs/perf-model.md. Blackwell: 19 rows of 5 sources (DeepSeek-R1 NVFP4 on GB200/GB300, Kimi-K2.5 INT4 and
     # MiniMax-M2.5 FP8 on B200, Qwen3-Next BF16 on B200). Both classes carry a cost per running request per step
-    # (request_step_us, ~60 us Blackwell, ~55 us Hopper) that the data identify: fits from priors of 1, 10 or 30 us
-    # land on the same value; docs/perf-model.md gives the evidence and what it is not yet known to be.
+    # (request_step_us, ~60 us Blackwell, ~55 us Hopper). On Blackwell the data identify it (fits from priors of 1,
+    # 10 or 30 us land on the same value); on Hopper they no longer do since the gpt-oss rows replay with Marlin
+    # (2, 55 and 58 us); docs/perf-model.md gives the evidence and what it is not yet known to be.
     "gb200": Calibration(hbm_efficiency=0.82, flop_efficiency=0.5, prefill_flop_efficiency=0.34,
                          attention_flop_efficiency=0.41, moe_gemm_efficiency=0.93, fp8_gemm_efficiency=0.98,
                          kv_occupancy=0.99, kernel_latency_us=3.56, step_overhead_ms=1.54, request_step_us=59.0),
@@ -129,9 +130,9 @@ _DEFAULTS: dict[str, Calibration] = {
                         kv_occupancy=0.99, kernel_latency_us=3.56, step_overhead_ms=1.54, request_step_us=59.0),
     # Hopper: 41 rows of 11 sources (vLLM 0.10.2-0.21: Qwen3-8B/14B/235B, DeepSeek-R1 and -V3.2, GLM-4.6,
     # gpt-oss-20b/120b on GPUStack's pages (vLLM < 0.12: Marlin MXFP4 experts), bursts replayed as finite runs
-    # (predict_burst); Kimi-K2.5 INT4 on H200
-    # and MiniMax-M2.5 FP8 on H100 and H200 from InferenceX). Prefill attention (flash attention) reaches ~0.5 of
-    # the BF16 peak where the rest of a prefill chunk reaches ~0.3; HBM streaming sits at the 0.9 a fit may reach.
+    # (predict_burst); Kimi-K2.5 INT4 on H200 and MiniMax-M2.5 FP8 on H100 and H200 from InferenceX). Prefill
+    # attention (flash attention) reaches ~0.5 of the BF16 peak where the rest of a prefill chunk reaches ~0.3; HBM
+    # streaming sits at the 0.9 a fit may reach.
     "h200": Calibration(hbm_efficiency=0.9, flop_efficiency=0.49, prefill_flop_efficiency=0.30,
                         attention_flop_efficiency=0.5, moe_gemm_efficiency=0.71, fp8_gemm_efficiency=0.76,
                         kv_occupancy=1.0, kernel_latency_us=3.12, step_overhead_ms=1.45, request_overhead_ms=26.9,
