@@ -208,3 +208,10 @@ def test_marlin_weights_match_vllms_logged_figures(models_dir: Path, name: str, 
     triton = compute_memory(spec, get_gpu("h100"), Topology(tp=1))
     assert triton.weights.total_bytes < marlin.weights.total_bytes * 0.95
     assert "MXFP4 padding of marlin" in next(line.how for line in marlin.lines if line.label == "expert weights")
+
+
+def test_unknown_mxfp4_backend_names_the_field() -> None:
+    assert MemoryInputs(mxfp4_backend="marlin").mxfp4_backend is Mxfp4Backend.MARLIN  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as err:
+        MemoryInputs(mxfp4_backend="cutlass")  # type: ignore[arg-type]
+    assert err.value.field == "--mxfp4-backend" and "flashinfer-cutlass" in err.value.fix

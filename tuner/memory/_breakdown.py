@@ -54,6 +54,12 @@ class MemoryInputs:
                               fix="raise --max-model-len or shorten --isl/--osl")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ConfigError("must be positive", field="--kv-cache-memory-bytes", fix="give e.g. 40G")
+        if self.mxfp4_backend is not None:
+            try:
+                object.__setattr__(self, "mxfp4_backend", Mxfp4Backend(self.mxfp4_backend))
+            except ValueError:
+                raise ConfigError(f"unknown MXFP4 MoE backend {self.mxfp4_backend!r}", field="--mxfp4-backend",
+                                  fix="one of " + ", ".join(b.value for b in Mxfp4Backend)) from None
 
     @property
     def tokens_per_request(self) -> int:
