@@ -21,8 +21,8 @@ from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.space import load_space
 from tuner.study import PhaseRun, TuneOptions, make_sampler
-from tuner.study._guided import GuidedSampler, _Observed
-from tuner.study._prior import SimulatorPrior, params_key
+from tuner.study._guided import GuidedSampler, _Observed, measured_front
+from tuner.study._prior import EP_SIZE_FEATURE, SimulatorPrior, params_key
 from tuner.study._residual import KNOB_VARS, LAYOUT_VARS, SIGNAL_VARS, Hyper, fit_residual
 
 MODEL = REFERENCE_MODEL
@@ -209,3 +209,32 @@ def test_a_knobs_deviation_measured_on_one_layout_carries_to_untried_layouts() -
     assert fit.hyper.knob_var >= min(KNOB_VARS) > 0
     mean, _ = fit.predict(np.array([[2 / 3, 1.0], [2 / 3, 0.0]]), np.zeros(2), np.array([7, 8]))
     assert mean[0] < mean[1] - 0.05, mean
+
+
+def test_the_measured_front_is_moved_to_the_posterior() -> None:
+    """A config measured above what the model pools from its twins (a lucky draw: a trial's noise moves all its
+    levels) enters the front at the posterior estimate, so a new layout is not asked to beat the luckiest twin;
+    a config measured where the model expects it stays put, and infeasible points stay out."""
+    observed = _Observed(points={3: [(0, 100.0, 10.0, True), (1, 200.0, 5.0, True)],
+                                 7: [(0, 150.0, 8.0, True), (1, 300.0, 2.0, False)]}, taken={3, 7}, running=[])
+    rows, residual = np.array([3, 7]), np.array([[0.2, 0.2], [0.0, -0.1]])
+    posterior = np.array([[0.1, 0.05], [0.0, -0.1]])
+    front = measured_front(observed, rows, residual, posterior)
+    expected = [(100 * np.exp(-0.1), 10 * np.exp(-0.15)), (200 * np.exp(-0.1), 5 * np.exp(-0.15)), (150.0, 8.0)]
+    np.testing.assert_allclose(np.array(front), np.array(expected))
+
+
+def test_the_ep_groups_size_is_a_layout_feature(setup) -> None:  # type: ignore[no-untyped-def]
+    """EP's all-to-all and load imbalance grow with the EP group (tp x dp): the residual model sees its size, so
+    a deficit measured at one EP size is carried to that size, not to every layout of the same dp."""
+    space, model, gpu = setup
+    prior = SimulatorPrior.build(space, "decode", model, gpu)
+    col = prior.names.index(EP_SIZE_FEATURE)
+    assert prior.layout[col]
+    sizes = {}
+    for c, f in zip(prior.candidates, prior.features[:, col], strict=True):
+        sizes.setdefault((c["tp"] * c["dp"]) if c["ep"] else 0, set()).add(round(float(f), 9))
+    assert sizes[0] == {0.0}
+    assert all(len(v) == 1 for v in sizes.values())  # one value per EP size
+    ordered = [next(iter(sizes[k])) for k in sorted(sizes)]
+    assert ordered == sorted(ordered) and ordered[-1] == 1.0 and len(ordered) >= 4

@@ -24,6 +24,7 @@ from tuner.topology import Topology
 #: Knobs describing the parallel layout (a cluster's deviations from the model mostly follow these);
 #: the rest are engine knobs. The residual model gives each group its own length scale.
 LAYOUT_KNOBS = ("tp", "dp", "ep", "mtp", "num_redundant_experts")
+EP_SIZE_FEATURE = "ep_size"  # derived layout feature: log2 of the EP group's size, 0 without EP
 
 
 def params_key(params: dict[str, Any]) -> tuple:
@@ -35,7 +36,8 @@ class SimulatorPrior:
     """Candidates (launchable configs) of one phase with ordinal features and predicted objectives per level.
 
     features: (configs, knobs) in [0, 1], each knob's position in its ordered list of choices (tp 1 < 2 < 4 ...),
-      knobs with a single choice left out; layout: which feature columns are layout knobs.
+      knobs with a single choice left out, then (where EP is a knob) the EP group's size, derived; layout: which
+      feature columns are layout knobs.
     predicted: (configs, levels, 2) objectives at each concurrency level of the workload; feasible: (configs,
       levels) the predicted point meets the space's latency limits.
     group: (configs,) the parallel layout of each config (configs sharing every layout knob share an id): the
@@ -71,9 +73,19 @@ class SimulatorPrior:
         layouts: dict[tuple, int] = {}
         group = [layouts.setdefault(tuple(c[k] for k in LAYOUT_KNOBS if k in c), len(layouts)) for c in candidates]
         features = np.array([[_position(choices[k], c[k]) for k in varied] for c in candidates], dtype=float)
-        return cls(phase=phase, names=tuple(varied), choices=choices, candidates=candidates,
-                   features=features.reshape(len(candidates), len(varied)),
-                   layout=np.array([k in LAYOUT_KNOBS for k in varied]), levels=tuple(workload.concurrency),
+        features = features.reshape(len(candidates), len(varied))
+        names, layout = list(varied), [k in LAYOUT_KNOBS for k in varied]
+        if "ep" in varied:
+            # the EP group's size (log2 of tp x dp with EP, 0 without): all-to-all and expert load imbalance grow
+            # with it (docs/perf-model.md), so a deficit measured on one EP size carries to that size, not to
+            # every layout of the same dp (decode, held-out truths: README, sample efficiency)
+            size = np.array([np.log2(c.get("tp", 1) * c.get("dp", 1)) if c["ep"] else 0.0 for c in candidates])
+            features = np.hstack([features, (size / max(1.0, float(size.max(initial=0.0))))[:, None]])
+            names.append(EP_SIZE_FEATURE)
+            layout.append(True)
+        return cls(phase=phase, names=tuple(names), choices=choices, candidates=candidates,
+                   features=features,
+                   layout=np.array(layout), levels=tuple(workload.concurrency),
                    predicted=np.maximum(np.array(predicted, dtype=float), 1e-9), feasible=np.array(feasible),
                    group=np.array(group, dtype=int))
 
