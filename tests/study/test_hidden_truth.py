@@ -136,12 +136,16 @@ def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_run
         assert row["hv_ratio_at_10pct_se"] is not None and row["hv_ratio_at_10pct_se"] >= 0.0
         assert {"trials_to_95pct", "trials_per_front_point", "trials_per_front_point_se"} <= set(row)
     assert len(runs.read_text().splitlines()) == 4  # 2 samplers x 1 truth x 2 seeds
-    second = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    second = subprocess.run([*argv, "--per-truth"], capture_output=True, text=True, timeout=600, check=True)
     assert len(runs.read_text().splitlines()) == 4  # nothing re-run
     again = json.loads(second.stdout)
     for sampler, row in figures["prefill"].items():  # the same runs give the same figures (timings aside)
-        assert {k: v for k, v in again["prefill"][sampler].items() if "_s_per_trial" not in k} == {
+        assert {k: v for k, v in again["prefill"][sampler].items() if "_s_per_trial" not in k and k != "per_truth"} == {
             k: v for k, v in row.items() if "_s_per_trial" not in k}
+        truth = again["prefill"][sampler]["per_truth"]["3"]  # one truth: its figures are the whole row's
+        assert truth["runs"] == 2 and truth["hv_ratio_at_10pct"] == row["hv_ratio_at_10pct"]
+        assert truth["trials_per_front_point"] == row["trials_per_front_point"]
+    assert "| auto | 3 |" in second.stderr  # the per-truth table, beside the JSON
 
 
 def test_factors_added_later_leave_every_earlier_draw_alone() -> None:
