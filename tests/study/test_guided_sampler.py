@@ -106,7 +106,7 @@ def test_data_override_the_simulator(setup, tmp_path: Path) -> None:  # type: ig
     assert isinstance(sampler, GuidedSampler)
     observed = sampler._observe(study)
     free = np.array([i for i in range(len(prior.candidates)) if i not in observed.taken])
-    mean, _, _ = sampler._posterior(observed, free)
+    mean, _, _ = sampler._posterior(*sampler._residuals(observed), free)
     twins = np.array([(prior.candidates[i]["tp"], prior.candidates[i]["dp"], prior.candidates[i]["ep"]) == slow
                       for i in free])
     assert twins.any() and (~twins).any()
@@ -192,10 +192,13 @@ def test_objective_draws_follow_the_measured_correlation(setup) -> None:  # type
         points = {i: [(0, float(prior.predicted[i, 0, 0] * np.exp(a)), float(prior.predicted[i, 0, 1] * np.exp(b)),
                        True)] for i, (a, b) in enumerate(residuals)}
         return _Observed(points=points, taken=set(points), running=[])
-    assert sampler._correlation(observed([(0.1, 0.1), (0.2, 0.2)])) == 0.5
+
+    def correlation(residuals: list[tuple[float, float]]) -> float:
+        return sampler._correlation(sampler._residuals(observed(residuals))[1])
+    assert correlation([(0.1, 0.1), (0.2, 0.2)]) == 0.5
     together = [(v, v + 0.01 * (-1) ** i) for i, v in enumerate((0.1, -0.2, 0.3, 0.0, -0.1))]
-    assert sampler._correlation(observed(together)) == pytest.approx(0.9)
-    assert sampler._correlation(observed([(v, -v) for v in (0.1, -0.2, 0.3, 0.0, -0.1)])) == 0.0
+    assert correlation(together) == pytest.approx(0.9)
+    assert correlation([(v, -v) for v in (0.1, -0.2, 0.3, 0.0, -0.1)]) == 0.0
 
 
 def test_a_knobs_deviation_measured_on_one_layout_carries_to_untried_layouts() -> None:

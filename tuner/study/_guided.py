@@ -139,12 +139,13 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 values.append(np.mean(logs, axis=0))
         return np.array(rows, dtype=int), np.array(values, dtype=float).reshape(len(rows), 2)
 
-    def _posterior(self, observed: _Observed, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Residual mean and sd, shape (len(idx), 2), for the given configs, and the fitted noise sd (2,)."""
+    def _posterior(self, rows: np.ndarray, res: np.ndarray,
+                   idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Residual mean and sd, shape (len(idx), 2), for the given configs, and the fitted noise sd (2), from the
+        measured configs and their residuals (`_residuals`)."""
         prior = self.prior
         slope = np.log(prior.predicted).mean(axis=1)  # (configs, 2)
         slope = slope - slope.mean(axis=0)
-        rows, res = self._residuals(observed)
         mean = np.zeros((len(idx), 2))
         sd = np.stack([prior_sd(slope[idx, j]) for j in range(2)], axis=1)
         noise = np.full(2, DEFAULT_NOISE_SD)
@@ -172,10 +173,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         rms = float(np.sqrt(np.mean(np.square(recent))))
         return min(MAX_WIDEN, rms / DISAGREEMENT_Z) if rms > DISAGREEMENT_Z else 1.0
 
-    def _correlation(self, observed: _Observed) -> float:
+    def _correlation(self, res: np.ndarray) -> float:
         """Correlation of the two objectives' residuals across measured configs (0.5 before 4 configs; kept in
         [0, 0.9] so each objective keeps its own uncertainty)."""
-        _, res = self._residuals(observed)
         if len(res) < 4 or np.std(res[:, 0]) < 1e-9 or np.std(res[:, 1]) < 1e-9:
             return DEFAULT_CORRELATION
         return float(np.clip(np.corrcoef(res[:, 0], res[:, 1])[0, 1], 0.0, 0.9))
@@ -185,7 +185,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         prior = self.prior
         rows, residual = self._residuals(observed)
         run = np.array(observed.running, dtype=int)
-        mean_all, sd_all, noise = self._posterior(observed, np.concatenate([free, rows, run]).astype(int))
+        mean_all, sd_all, noise = self._posterior(rows, residual, np.concatenate([free, rows, run]).astype(int))
         n_free, n_rows = len(free), len(rows)
         mean, sd = mean_all[:n_free], sd_all[:n_free]
         front = measured_front(observed, rows, residual, mean_all[n_free:n_free + n_rows])
@@ -195,15 +195,15 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         # an improvement far inside the measurement noise cannot be told from luck: the front is raised by a
         # quarter of the noise sd, so twins of a measured config (same layout, same predicted curve) score ~0,
         # while a variant whose curve the model expects to reach past the front (other memory or max-num-seqs
-        # settings) still can be measured (one full sd measured 2.31 trials per front config on decode, 0.25 sd
-        # 1.98 with the per-knob variances below; README, sample efficiency)
+        # settings) still can be measured (at 4ae79af, one full sd measured 2.31 trials per front config on decode,
+        # 0.25 sd 1.98 with the per-knob variances; README, sample efficiency)
         lift = np.exp(TWIN_MARGIN_SDS * noise)
         front_pts = np.array([(x * lift[0], y * lift[1]) for x, y in front]).reshape(len(front), 2)
         # common random numbers: every config is scored at the same quantiles of its posterior, so configs are
         # compared on their means and spreads, not on the luck of their own draws
         eps = rng.standard_normal((MC_SAMPLES, 1, 2))
         # a step-time factor moves both objectives together (rate and per-user speed): the draws share it
-        rho = self._correlation(observed)
+        rho = self._correlation(residual)
         eps[..., 1] = rho * eps[..., 0] + np.sqrt(1.0 - rho * rho) * eps[..., 1]
         eps[0] = 2.0  # one optimistic draw keeps rarely-likely configs visible when every sample ties at 0
         samples = [prior.predicted[free] * np.exp(mean + sd * e)[:, None, :] for e in eps]  # (free, levels, 2)

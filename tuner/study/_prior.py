@@ -83,8 +83,7 @@ class SimulatorPrior:
             features = np.hstack([features, (size / max(1.0, float(size.max(initial=0.0))))[:, None]])
             names.append(EP_SIZE_FEATURE)
             layout.append(True)
-        return cls(phase=phase, names=tuple(names), choices=choices, candidates=candidates,
-                   features=features,
+        return cls(phase=phase, names=tuple(names), choices=choices, candidates=candidates, features=features,
                    layout=np.array(layout), levels=tuple(workload.concurrency),
                    predicted=np.maximum(np.array(predicted, dtype=float), 1e-9), feasible=np.array(feasible),
                    group=np.array(group, dtype=int))
