@@ -35,13 +35,15 @@ ROLES = {"aggregated": Role.BOTH, "prefill": Role.PREFILL, "decode": Role.DECODE
 #: Engine settings a row replays with unless its `serve:` gives the source's own flags (vLLM's
 #: --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype).
 SERVE_DEFAULTS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-                  "kv_cache_dtype": "auto"}
+                  "kv_cache_dtype": "auto", "stream_interval": 1}
+#: Engine settings that size memory rather than the topology (--kv-cache-memory-bytes: the KV budget, exactly).
+MEMORY_SETTINGS = ("kv_cache_memory_bytes",)
 #: Factors fitted per GPU class: decode bandwidth, decode and prefill compute, the per-kernel latency floor, the
 #: per-step scheduler cost and the front-end latency in TTFT. Each moves a different part of the curves.
 FIT_FACTORS = ("hbm_efficiency", "flop_efficiency", "prefill_flop_efficiency", "attention_flop_efficiency",
                "moe_gemm_efficiency",
                "fp8_gemm_efficiency", "kv_occupancy", "kernel_latency_us", "step_overhead_ms", "request_overhead_ms",
-               "request_step_us")
+               "request_step_us", "streamed_request_share")
 #: What a fit starts from and is pulled toward: physics-only values that owe nothing to the table (the generic
 #: factors; Hopper's mature kernels stream HBM and run prefill GEMMs a little better). Never the library's
 #: defaults, which are themselves fitted on this table and would leak the held-out source into its own fit.
@@ -114,7 +116,7 @@ def load_table(path: Path) -> tuple[dict[str, dict[str, str]], list[Row]]:
         value = load.get("concurrency") or load.get("prompts") or load.get("up_to")
         m = r["measured"]
         serve = r.get("serve") or {}
-        unknown = sorted(set(serve) - set(SERVE_DEFAULTS))
+        unknown = sorted(set(serve) - set(SERVE_DEFAULTS) - set(MEMORY_SETTINGS))
         if unknown:
             raise SystemExit(f"{path}: row {r['id']} serve: unknown setting(s) {unknown}")
         rows.append(Row(id=r["id"], source=r["source"], engine=r["engine"], engine_version=str(r["engine_version"]),
@@ -136,7 +138,7 @@ class Replayer:
     def __init__(self) -> None:
         self._models: dict[str, ModelSpec] = {}
         self._gpus: dict[str, GpuSpec] = {}
-        self._perf: dict[tuple[str, str, float | None, Mxfp4Backend | None], RooflineModel] = {}
+        self._perf: dict[tuple[str, str, float | None, Mxfp4Backend | None, object], RooflineModel] = {}
 
     def gpu(self, name: str) -> GpuSpec:
         if name not in self._gpus:
@@ -146,19 +148,22 @@ class Replayer:
     def perf(self, row: Row, cal: Calibration) -> RooflineModel:
         graphs = 0.0 if _version(row.engine_version) < (0, 21) else None
         mxfp4 = _mxfp4_backend(row, self.gpu(row.gpu))
-        key = (row.model, row.gpu, graphs, mxfp4)
+        kv_bytes = dict(row.serve).get("kv_cache_memory_bytes")
+        key = (row.model, row.gpu, graphs, mxfp4, kv_bytes)
         base = self._perf.get(key)
         if base is None:
             if row.model not in self._models:
                 self._models[row.model] = load_model(REPO / row.model)
             base = self._perf[key] = RooflineModel(self._models[row.model], self.gpu(row.gpu), cal,
-                                                   cuda_graph_gib=graphs, mxfp4_backend=mxfp4)
+                                                   cuda_graph_gib=graphs, mxfp4_backend=mxfp4,
+                                                   kv_cache_memory_bytes=kv_bytes)
         return base.with_calibration(cal)
 
     def predict(self, row: Row, cal: Calibration) -> Prediction:
         perf = self.perf(row, cal)
         role = ROLES[row.role]
-        topo = Topology.parse(row.topology, role=role, **{**SERVE_DEFAULTS, **dict(row.serve)})
+        flags = {k: v for k, v in row.serve if k not in MEMORY_SETTINGS}
+        topo = Topology.parse(row.topology, role=role, **{**SERVE_DEFAULTS, **flags})
         isl, osl = max(1, round(row.isl)), max(1, round(row.osl))
         if row.load_kind == "burst" and role is Role.BOTH:
             m = perf.predict_burst(topo, isl=isl, osl=osl, prompts=row.load_value)
@@ -250,7 +255,7 @@ def _factor_bounds(name: str) -> tuple[float, float]:
             "attention_flop_efficiency": (0.15, 1.0),
             "moe_gemm_efficiency": (0.15, 1.0), "fp8_gemm_efficiency": (0.3, 1.0), "kv_occupancy": (0.5, 1.0),
             "kernel_latency_us": (0.5, 20.0),
-            "step_overhead_ms": (0.05, 20.0), "request_step_us": (0.5, 200.0),
+            "step_overhead_ms": (0.05, 20.0), "request_step_us": (0.5, 200.0), "streamed_request_share": (0.02, 1.0),
             "request_overhead_ms": (1.0, 200.0)}[name]
 
 

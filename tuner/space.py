@@ -88,10 +88,13 @@ class PhaseSpace(_Strict):
     # Largest CUDA-graph capture size in tokens; "auto" covers the decode batch x (1 + MTP). Smaller values
     # trade speed (bigger steps run eager) for the graphs' memory: a knob only when given more than "auto".
     max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1, max_length=64)
+    # Tokens vLLM streams per message (--stream-interval): fewer host messages per step, coarser streaming.
+    stream_interval: list[int] = Field([1], min_length=1)
     workload: PhaseWorkload = PhaseWorkload()
 
     @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                     "kv_cache_dtype", "num_redundant_experts", "max_cudagraph_capture_size", mode="before")
+                     "kv_cache_dtype", "num_redundant_experts", "max_cudagraph_capture_size", "stream_interval",
+                     mode="before")
     @classmethod
     def _bounded(cls, values: object) -> object:
         if isinstance(values, list) and len(values) > MAX_CHOICES_PER_KNOB:
@@ -102,13 +105,13 @@ class PhaseSpace(_Strict):
     def _expandable(self) -> PhaseSpace:
         sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
                  self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts,
-                 self.max_cudagraph_capture_size)
+                 self.max_cudagraph_capture_size, self.stream_interval)
         if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
             raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
                              "narrow some lists")
         return self
 
-    @field_validator("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "concurrency")
+    @field_validator("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "concurrency", "stream_interval")
     @classmethod
     def _positive(cls, values: list[int]) -> list[int]:
         if any(not 1 <= v <= MAX_KNOB_VALUE for v in values):
@@ -197,6 +200,8 @@ class SearchSpace(_Strict):
             choices["num_redundant_experts"] = s.num_redundant_experts
         if s.max_cudagraph_capture_size != ["auto"]:
             choices["max_cudagraph_capture_size"] = s.max_cudagraph_capture_size
+        if s.stream_interval != [1]:
+            choices["stream_interval"] = s.stream_interval
         return choices
 
     def topology(self, phase: Phase, params: dict) -> Topology:
@@ -207,6 +212,7 @@ class SearchSpace(_Strict):
                                max_num_batched_tokens=params["max_num_batched_tokens"], role=phase_role(phase),
                                max_cudagraph_capture_size=None if capture == "auto" else int(capture),
                                kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
+                               stream_interval=int(params.get("stream_interval", 1)),
                                num_redundant_experts=params.get("num_redundant_experts", 0)
                                if params["ep"] and params["tp"] * params["dp"] > 1 else 0)
 

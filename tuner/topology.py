@@ -64,6 +64,9 @@ class Topology(BaseModel):
     kv_cache_dtype: KVCacheDtype = Field("auto", description="KV-cache element type (--kv-cache-dtype).")
     num_redundant_experts: int = Field(0, ge=0, le=4096, description=(
         "EPLB redundant experts (--enable-eplb, eplb-config num_redundant_experts); 0 = EPLB off."))
+    stream_interval: int = Field(1, ge=1, le=4096, description=(
+        "Tokens the API server buffers per request before it streams them (--stream-interval, vLLM >= 0.12): "
+        "fewer output messages per step, coarser streaming."))
 
     @classmethod
     def create(cls, **fields: object) -> Topology:
@@ -134,6 +137,8 @@ class Topology(BaseModel):
             extra += f" EPLB+{self.num_redundant_experts}"
         if self.kv_cache_dtype != "auto":
             extra += f" kv={self.kv_cache_dtype}"
+        if self.stream_interval != 1:
+            extra += f" stream={self.stream_interval}"
         return f"{self.name}{extra} seqs={self.max_num_seqs} util={self.gpu_memory_utilization:g}"
 
     # -- validation against a model and a cluster --------------------------------------------------
@@ -203,6 +208,8 @@ class Topology(BaseModel):
                       json.dumps({"num_redundant_experts": self.num_redundant_experts})]
         if self.kv_cache_dtype != "auto":
             flags += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.stream_interval != 1:
+            flags += ["--stream-interval", str(self.stream_interval)]
         if self.mtp:
             flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": self.mtp})]
         flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
@@ -222,6 +229,7 @@ _FIELD_FIXES = {
     "max_cudagraph_capture_size": "give a positive token count, or leave it unset (decode batch x (1 + MTP))",
     "kv_cache_dtype": "use auto, bfloat16, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, int8_per_token_head or nvfp4",
     "num_redundant_experts": "give 0 (EPLB off) or a positive number of redundant experts",
+    "stream_interval": "give a positive number of tokens (1 streams every token, vLLM's default)",
 }
 
 

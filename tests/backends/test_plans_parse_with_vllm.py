@@ -45,6 +45,7 @@ def _deployments() -> list[tuple[Deployment, bool, str | None]]:
     out.append((Deployment.single(Topology.parse("TP8", role=Role.PREFILL, max_cudagraph_capture_size=256)),
                 False, None))
     out.append((parse_deployment("1P:TEP4,1D:TEP4", mtp=2), True, "0.20.2"))  # the pre-HMA-default flags
+    out.append((parse_deployment("1P:TP4DP2+EP,1D:DEP16", stream_interval=50), True, None))  # --stream-interval
     for kv in ("fp8", "fp8_e4m3", "nvfp4"):  # the memory knobs' flags (--kv-cache-dtype, EPLB)
         out.append((parse_deployment("1P:TP4DP2+EP,1D:DEP16", mtp=1, kv_cache_dtype=kv, num_redundant_experts=32),
                     True, None))

@@ -92,6 +92,30 @@ def test_row_serve_flags_reach_the_replay(fidelity, tmp_path: Path) -> None:
         fidelity.load_table(table)
 
 
+def test_kv_bytes_and_stream_interval_of_a_row_reach_the_replay(fidelity, tmp_path: Path) -> None:
+    """The GB200 decode rows sized the KV cache by bytes (--kv_cache_memory_bytes) and streamed 50 tokens at a
+    time: the first sets the replay's capacity exactly, the second its per-request host cost."""
+    table = tmp_path / "t.yaml"
+    row = ("{id: %s, source: s, engine: vllm, engine_version: '0.21.0', gpu: gb200, "
+           "model: benchmarks/data/models/deepseek-r1-0528-nvfp4, checkpoint: c, topology: DEP8, role: decode, "
+           "isl: 2000, osl: 2000, load: {kind: closed, concurrency: 8192}, serve: {kv_cache_dtype: fp8, %s}, "
+           "measured: {tok_s_per_gpu: 1, counts: output}}")
+    table.write_text("sources: {s: {url: 'https://x', what: w}}\nrows:\n"
+                     f"  - {row % ('small', 'kv_cache_memory_bytes: 20000000000')}\n"
+                     f"  - {row % ('large', 'kv_cache_memory_bytes: 119519622533')}\n"
+                     f"  - {row % ('streamed', 'kv_cache_memory_bytes: 119519622533, stream_interval: 50')}\n")
+    _, (small, large, streamed) = fidelity.load_table(table)
+    replayer = fidelity.Replayer()
+    cal = Calibration(request_step_us=60.0, streamed_request_share=0.5)
+    model = replayer.perf(large, cal)
+    assert model.kv_cache_memory_bytes == 119519622533
+    topo = Topology.parse("DEP8", role=Role.DECODE, kv_cache_dtype="fp8")
+    budget = model.state(topo, Role.DECODE, isl=2000, osl=2000).memory.kv_budget_bytes
+    assert budget == 119519622533
+    assert replayer.predict(small, cal).tok_s_per_gpu < replayer.predict(large, cal).tok_s_per_gpu
+    assert replayer.predict(streamed, cal).tok_s_per_gpu > replayer.predict(large, cal).tok_s_per_gpu
+
+
 def test_running_requests_hold_their_current_context_under_a_queue(fidelity) -> None:
     """vLLM allocates KV blocks as tokens are computed and preempts the newest request when they run out, so a
     saturated instance runs KV / (isl + osl/2) requests, not KV / (isl + osl): MiniMax-M2.5 TP4 on B200 (FP8 KV)

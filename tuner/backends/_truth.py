@@ -52,7 +52,7 @@ def _seeded(*key: object) -> np.random.Generator:
 
 # Factors added after the truths were fixed: drawn from their own generator, so every earlier draw (and with it
 # every truth, and the benchmark's published figures) stays what it was.
-LATER_FACTORS = ("request_step_us",)
+LATER_FACTORS = ("request_step_us", "streamed_request_share")  # each after the one before: earlier draws stay
 
 
 def draw_calibration(base: Calibration, rng: np.random.Generator,

@@ -44,6 +44,8 @@ CalibrationOpt = Annotated[Path | None, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 KvCacheDtypeOpt = Annotated[str, typer.Option(
     help="vLLM --kv-cache-dtype: auto, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, nvfp4, ...")]
+StreamIntervalOpt = Annotated[int, typer.Option(
+    help="vLLM --stream-interval: tokens streamed per message (1 = every token; larger cuts host cost per step).")]
 
 
 def _positive(**values: int | float | None) -> None:
@@ -162,6 +164,7 @@ def simulate(
     max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     kv_cache_dtype: KvCacheDtypeOpt = "auto",
+    stream_interval: StreamIntervalOpt = 1,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     json_out: JsonOpt = False,
@@ -174,7 +177,7 @@ def simulate(
     gpu = get_gpu(hardware, hardware_file)
     topo = Topology.parse(topology, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, role=the_role,
-                          kv_cache_dtype=kv_cache_dtype)
+                          kv_cache_dtype=kv_cache_dtype, stream_interval=stream_interval)
     topo.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
     curve = perf.predict_curve(topo, the_role, isl=isl, osl=osl, concurrencies=levels)
@@ -239,6 +242,7 @@ def frontier(
     max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     kv_cache_dtype: KvCacheDtypeOpt = "auto",
+    stream_interval: StreamIntervalOpt = 1,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     serving: Annotated[str, typer.Option(
@@ -264,7 +268,8 @@ def frontier(
                               percentile=percentile, same_tp=pair_rules, same_mtp=pair_rules)  # type: ignore[arg-type]
     depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-              "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype}
+              "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
+              "stream_interval": stream_interval}
     Topology.create(**engine)  # one clear message for bad engine flags
     topologies = candidate_topologies(perf, gpus, mtp_depths=depths, **engine)
     if not topologies:

@@ -78,20 +78,23 @@ class RooflineModel(PerformanceModel):
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None, *,
-                 cuda_graph_gib: float | None = None, mxfp4_backend: Mxfp4Backend | None = None) -> None:
+                 cuda_graph_gib: float | None = None, mxfp4_backend: Mxfp4Backend | None = None,
+                 kv_cache_memory_bytes: int | None = None) -> None:
         """`cuda_graph_gib` replaces the memory model's CUDA-graph reserve: a measured figure, or 0 for vLLM
         before 0.21, which sized the KV cache without reserving graph memory first. `mxfp4_backend` replaces
-        vLLM's default MXFP4 MoE kernels (Marlin for vLLM before 0.12 on Hopper)."""
+        vLLM's default MXFP4 MoE kernels (Marlin for vLLM before 0.12 on Hopper). `kv_cache_memory_bytes` is
+        vLLM's --kv-cache-memory-bytes: the KV budget per GPU, exactly, instead of the utilization's."""
         super().__init__(model, gpu, calibration)
         self.cuda_graph_gib = cuda_graph_gib
         self.mxfp4_backend = mxfp4_backend
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes
         self._states: dict[tuple[object, ...], InstanceState] = {}
         self._costs: dict[tuple[object, ...], InstanceCosts] = {}
 
     def with_calibration(self, calibration: Calibration) -> RooflineModel:
         """Same model and GPU, other factors; shares the calibration-independent caches (fast refits)."""
         twin = RooflineModel(self.model, self.gpu, calibration, cuda_graph_gib=self.cuda_graph_gib,
-                             mxfp4_backend=self.mxfp4_backend)
+                             mxfp4_backend=self.mxfp4_backend, kv_cache_memory_bytes=self.kv_cache_memory_bytes)
         twin._states = self._states
         twin._costs = self._costs
         return twin
@@ -111,7 +114,8 @@ class RooflineModel(PerformanceModel):
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
         memory = compute_memory(self.model, self.gpu, topo,
                                 MemoryInputs(isl=isl, osl=mem_osl, cuda_graph_gib=self.cuda_graph_gib,
-                                             mxfp4_backend=self.mxfp4_backend))
+                                             mxfp4_backend=self.mxfp4_backend,
+                                             kv_cache_memory_bytes=self.kv_cache_memory_bytes))
         if not memory.fits:
             raise DoesNotFitError(memory.verdict(), shortfall_gib=memory.shortfall_gib,
                                   fix="shard over more GPUs (larger TP x DP with +EP) or shorten the requests")
@@ -150,7 +154,8 @@ class RooflineModel(PerformanceModel):
         state = self.state(topo, Role.DECODE, isl=isl, osl=osl)
         occ = self.occupancy(state, topo, running)
         return decode_step(state.costs, self.gpu, self.calibration, requests_per_rank=occ.per_rank,
-                           total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp)
+                           total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp,
+                           stream_interval=topo.stream_interval)
 
     def prefill_step(self, topo: Topology, running: int, *, isl: int) -> PrefillStep:
         """The prefill step of an instance with `running` prompts in flight (chunked by the token budget)."""
@@ -184,7 +189,7 @@ class RooflineModel(PerformanceModel):
             return mixed_step(costs, self.gpu, cal, decode_requests_per_rank=decode_requests,
                               total_decode_requests=decode_requests * busy, context_tokens=isl + osl / 2,
                               mtp_depth=topo.mtp, chunk_tokens_per_rank=chunk_tokens, busy_ranks=busy,
-                              prompt_tokens=isl)
+                              prompt_tokens=isl, stream_interval=topo.stream_interval)
 
         return step
 
@@ -244,7 +249,8 @@ class RooflineModel(PerformanceModel):
         state = self.state(topo, Role.DECODE, isl=isl, osl=osl)
         occ = self.occupancy(state, topo, concurrency)
         step = decode_step(state.costs, self.gpu, self.calibration, requests_per_rank=occ.per_rank,
-                           total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp)
+                           total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp,
+                           stream_interval=topo.stream_interval)
         itl_ms = step.itl_ms
         busy_s = osl * itl_ms / 1e3  # one request's decode time once it runs
         rps = occ.running / busy_s

@@ -181,8 +181,14 @@ def _draft_pass_ms(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, request
             + _fixed_ms(cal, d) + cal.draft_overhead_ms)
 
 
+def request_step_us(cal: Calibration, stream_interval: int) -> float:
+    """Host time per running request per step: the streamed share is paid once per `stream_interval` tokens."""
+    share = cal.streamed_request_share
+    return cal.request_step_us * (1.0 - share + share / stream_interval)
+
+
 def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, requests_per_rank: float,
-                total_requests: float, context_tokens: float, mtp_depth: int) -> DecodeStep:
+                total_requests: float, context_tokens: float, mtp_depth: int, stream_interval: int = 1) -> DecodeStep:
     """One decode step with `requests_per_rank` running requests on each busy DP rank."""
     hbm = gpu.hbm_bandwidth_tb_s * 1e12 * cal.hbm_efficiency
     q = 1 + mtp_depth
@@ -208,7 +214,7 @@ def decode_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, request
         memory_ms=(weights + experts / cal.moe_gemm_efficiency + kv + state) / hbm * 1e3, compute_ms=compute_s * 1e3,
         comm_ms=comm.visible_s(costs, cal, compute_s, tokens_rank, DBO_DECODE_THRESHOLD) * 1e3,
         overhead_ms=cal.step_overhead_ms + _fixed_ms(cal, t), draft_ms=draft_ms, ep_load_factor=load,
-        requests_ms=cal.request_step_us * 1e-3 * requests_per_rank)
+        requests_ms=request_step_us(cal, stream_interval) * 1e-3 * requests_per_rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +275,7 @@ def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens
 
 def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_requests_per_rank: float,
                total_decode_requests: float, context_tokens: float, mtp_depth: int, chunk_tokens_per_rank: float,
-               busy_ranks: int, prompt_tokens: int) -> MixedStep:
+               busy_ranks: int, prompt_tokens: int, stream_interval: int = 1) -> MixedStep:
     """Decode tokens and a prefill chunk in one forward pass (vLLM chunked prefill, aggregated serving).
 
     Weights and activated experts are read once for both; the decode part's FLOPs run at `flop_efficiency`, the
@@ -312,4 +318,4 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
         compute_ms=compute_s * 1e3, comm_ms=comm.visible_s(costs, cal, compute_s, d_rank + c, threshold) * 1e3,
         overhead_ms=cal.step_overhead_ms + cal.kernel_latency_us * 1e-3 * kernels, draft_ms=draft_ms,
         ep_load_factor=load, attention_ms=attention_ms,
-        requests_ms=cal.request_step_us * 1e-3 * decode_requests_per_rank)
+        requests_ms=request_step_us(cal, stream_interval) * 1e-3 * decode_requests_per_rank)

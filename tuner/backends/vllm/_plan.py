@@ -496,6 +496,16 @@ def check_pd_pairing(deployment: Deployment, rules: LaunchRules, model_is_hybrid
                                 f"{entry('hybrid_pd_hetero_tp').since}")
 
 
+def check_engine_flags(deployment: Deployment, rules: LaunchRules) -> None:
+    """Refuse an engine setting the targeted vLLM has no flag for, naming the version that adds it."""
+    for group in deployment.groups:
+        if group.topology.stream_interval != 1 and not rules.stream_interval_flag:
+            since = entry("stream_interval_flag").since
+            raise ConfigError(f"vLLM {rules.version} has no --stream-interval (stream_interval "
+                              f"{group.topology.stream_interval})", field="stream_interval",
+                              fix=f"use stream_interval 1, or target vLLM >= {since}")
+
+
 def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment],
                settings: PlanSettings, *, resolve: Resolver = resolve_address) -> LaunchPlan:
     """Every process of the deployment on the given hosts; a front (vllm-router) when there is more than one
@@ -503,6 +513,7 @@ def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[
     (`keep_names` for printed plans over placeholder hosts)."""
     rules = settings.rules()
     check_pd_pairing(deployment, rules, settings.model_is_hybrid)
+    check_engine_flags(deployment, rules)
     placements = place_instances(deployment, hosts)
     names = list(dict.fromkeys(h.address for p in placements for h in p.hosts))
     address = {name: resolve(name) for name in names}

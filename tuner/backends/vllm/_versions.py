@@ -120,6 +120,12 @@ TABLE: tuple[VersionEntry, ...] = (
         "vllm/v1/attention/backends/)",
         "read (0.32.0)"),
     VersionEntry(
+        "stream_interval_flag", "--stream-interval N (the API server streams a request's tokens N at a time)",
+        V("0.12.0"), None,
+        "vLLM PR #27869 (opened 2025-10-31): SchedulerConfig.stream_interval (vllm/config/scheduler.py), read by "
+        "the OutputProcessor (vllm/v1/engine/output_processor.py), exposed as --stream-interval",
+        "read (0.32.0); merge date, erring late: an older target is refused with this version named"),
+    VersionEntry(
         "ucx_multi_node_nvlink", "UCX_CUDA_IPC_ENABLE_MNNVL=y, UCX_TLS=cuda_copy,cuda_ipc,tcp, "
         "UCX_MEMTYPE_CACHE=n, UCX_MEMTYPE_REG_WHOLE=n on PD instances of a multi-node NVLink GPU (GB200/GB300)",
         None, None,
@@ -141,6 +147,7 @@ class LaunchRules:
     cudagraph_flag: str = "--max-cudagraph-capture-size"
     pd_block_size_cuda: int = 64
     ucx_multi_node_nvlink_env: dict[str, str] = field(default_factory=dict)
+    stream_interval_flag: bool = True
 
     def hetero_tp_refusal(self) -> str | None:
         """Why a hybrid PD pair with different TP cannot run on this version (None: it can)."""
@@ -169,6 +176,7 @@ def launch_rules(version: VllmVersion | str | None = None) -> LaunchRules:
         ucx_multi_node_nvlink_env={"UCX_CUDA_IPC_ENABLE_MNNVL": "y", "UCX_TLS": "cuda_copy,cuda_ipc,tcp",
                                    "UCX_MEMTYPE_CACHE": "n", "UCX_MEMTYPE_REG_WHOLE": "n"}
         if "ucx_multi_node_nvlink" in on else {},
+        stream_interval_flag="stream_interval_flag" in on,
     )
 
 
