@@ -86,6 +86,15 @@ class Row:
         return self.engine == "vllm" and self.scored
 
     @property
+    def engine_flags(self) -> dict[str, object]:
+        """The topology's engine settings: SERVE_DEFAULTS with the source's own flags over them."""
+        return {**SERVE_DEFAULTS, **{k: v for k, v in self.serve if k not in MEMORY_SETTINGS}}
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        return dict(self.serve).get("kv_cache_memory_bytes")  # type: ignore[return-value]
+
+    @property
     def tok_s_per_user(self) -> float | None:
         return 1000.0 / self.tpot_ms if self.tpot_ms else None
 
@@ -138,7 +147,7 @@ class Replayer:
     def __init__(self) -> None:
         self._models: dict[str, ModelSpec] = {}
         self._gpus: dict[str, GpuSpec] = {}
-        self._perf: dict[tuple[str, str, float | None, Mxfp4Backend | None, object], RooflineModel] = {}
+        self._perf: dict[tuple[str, str, float | None, Mxfp4Backend | None, int | None], RooflineModel] = {}
 
     def gpu(self, name: str) -> GpuSpec:
         if name not in self._gpus:
@@ -148,7 +157,7 @@ class Replayer:
     def perf(self, row: Row, cal: Calibration) -> RooflineModel:
         graphs = 0.0 if _version(row.engine_version) < (0, 21) else None
         mxfp4 = _mxfp4_backend(row, self.gpu(row.gpu))
-        kv_bytes = dict(row.serve).get("kv_cache_memory_bytes")
+        kv_bytes = row.kv_cache_memory_bytes
         key = (row.model, row.gpu, graphs, mxfp4, kv_bytes)
         base = self._perf.get(key)
         if base is None:
@@ -162,8 +171,7 @@ class Replayer:
     def predict(self, row: Row, cal: Calibration) -> Prediction:
         perf = self.perf(row, cal)
         role = ROLES[row.role]
-        flags = {k: v for k, v in row.serve if k not in MEMORY_SETTINGS}
-        topo = Topology.parse(row.topology, role=role, **{**SERVE_DEFAULTS, **flags})
+        topo = Topology.parse(row.topology, role=role, **row.engine_flags)
         isl, osl = max(1, round(row.isl)), max(1, round(row.osl))
         if row.load_kind == "burst" and role is Role.BOTH:
             m = perf.predict_burst(topo, isl=isl, osl=osl, prompts=row.load_value)

@@ -10,7 +10,7 @@ import itertools
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -203,6 +203,18 @@ class SearchSpace(_Strict):
         if s.stream_interval != [1]:
             choices["stream_interval"] = s.stream_interval
         return choices
+
+    def params_of(self, phase: Phase, topo: Topology) -> dict[str, Any]:
+        """The inverse of `topology`: a config's trial params, one per searched knob (a varied knob at its
+        default too), so enqueued, repaired and sampled trials carry the same parameter set."""
+        every: dict[str, Any] = {
+            "tp": topo.tp, "dp": topo.dp, "ep": topo.ep, "mtp": topo.mtp,
+            "gpu_memory_utilization": topo.gpu_memory_utilization, "max_num_seqs": topo.max_num_seqs,
+            "max_num_batched_tokens": topo.max_num_batched_tokens, "kv_cache_dtype": topo.kv_cache_dtype,
+            "num_redundant_experts": topo.num_redundant_experts,
+            "max_cudagraph_capture_size": topo.max_cudagraph_capture_size or "auto",
+            "stream_interval": topo.stream_interval}
+        return {name: every[name] for name in self.param_choices(phase)}
 
     def topology(self, phase: Phase, params: dict) -> Topology:
         capture = params.get("max_cudagraph_capture_size", "auto")

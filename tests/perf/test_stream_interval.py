@@ -54,13 +54,13 @@ def test_an_older_vllm_is_refused_naming_the_version() -> None:
 
 def test_a_space_searches_it_and_every_config_carries_it(tmp_path, reference_model_path) -> None:  # type: ignore[no-untyped-def]
     """A knob the space varies is a trial parameter at every value, 1 included: the guided sampler's candidates
-    and repairs (topology_params with the space's names) and the stored trials agree."""
+    and repairs (SearchSpace.params_of) and the stored trials agree."""
     import optuna
 
     from tuner.backends._simulated import SimulatedBackend
     from tuner.executors import LocalExecutor
     from tuner.space import parse_space
-    from tuner.study import Campaign, TuneOptions, open_storage, topology_params
+    from tuner.study import Campaign, TuneOptions, open_storage
 
     space = parse_space("""
 name: stream
@@ -73,8 +73,8 @@ phases:
     names = space.param_choices("decode")
     assert names["stream_interval"] == [1, 50]
     plain = space.topology("decode", {**{k: v[0] for k, v in names.items()}})
-    assert topology_params(plain, names)["stream_interval"] == 1  # present at the default too
-    assert "stream_interval" not in topology_params(plain)  # without names: only when set away from 1
+    assert space.params_of("decode", plain)["stream_interval"] == 1  # present at the default too
+    assert space.params_of("decode", plain) == {k: v[0] for k, v in names.items()}  # the inverse of topology()
     url = f"sqlite:///{tmp_path / 's.db'}"
     campaign = Campaign(model_path=str(reference_model_path), space=space, backend_name="simulated",
                         executor=LocalExecutor(SimulatedBackend(), max_parallel=1), storage_url=url,

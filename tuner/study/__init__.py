@@ -22,7 +22,7 @@ from tuner.study._trial_record import (
     TrialRecord,
     read_trials,
 )
-from tuner.study._warm_start import predicted_front_params, predicted_points, topology_params
+from tuner.study._warm_start import predicted_front_params, predicted_points
 
 __all__ = [
     "PHASE_AXES",
@@ -64,6 +64,5 @@ __all__ = [
     "read_trials",
     "request_cancel",
     "study_name",
-    "topology_params",
     "trial_census",
 ]

@@ -60,7 +60,6 @@ from tuner.study._trial_record import (
     set_study_flag,
     study_flag,
 )
-from tuner.study._warm_start import topology_params
 from tuner.topology import Topology
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -362,8 +361,7 @@ class PhaseRun:
     def _launchable_keys(self) -> frozenset[tuple]:
         """Keys of the configs screening would launch: the fitting ones (memory already checked) that are valid."""
         if self._launchable is None:
-            names = self.space.param_choices(self.phase)
-            params = [topology_params(t, names) for t in self._fitting_configs()]
+            params = [self.space.params_of(self.phase, t) for t in self._fitting_configs()]
             self._launchable = frozenset(_params_key(p) for p in params if self._validity(p)[0] is not None)
         return self._launchable
 
@@ -381,7 +379,7 @@ class PhaseRun:
                 index = min(range(len(options)), key=lambda i: abs(float(options[i]) - float(value)))
             return index / (len(options) - 1)
 
-        candidates = [topology_params(t, choices) for t in self._fitting_configs()]
+        candidates = [self.space.params_of(self.phase, t) for t in self._fitting_configs()]
         candidates = [c for c in candidates if _params_key(c) not in taken]
         if not candidates:
             return None

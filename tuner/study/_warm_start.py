@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from tuner.frontier import hypervolume_2d, pareto_front
@@ -13,22 +12,6 @@ from tuner.perf import RooflineModel
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._objectives import phase_values
 from tuner.topology import Topology
-
-
-def topology_params(topo: Topology, names: Iterable[str] | None = None) -> dict[str, Any]:
-    """A config's trial params. `names`: the phase's searched knobs (SearchSpace.param_choices), so a knob the
-    space varies is always present, at its default too; None: the base knobs plus any set away from its default."""
-    every: dict[str, Any] = {"tp": topo.tp, "dp": topo.dp, "ep": topo.ep, "mtp": topo.mtp,
-                             "gpu_memory_utilization": topo.gpu_memory_utilization,
-                             "max_num_seqs": topo.max_num_seqs, "max_num_batched_tokens": topo.max_num_batched_tokens,
-                             "kv_cache_dtype": topo.kv_cache_dtype, "num_redundant_experts": topo.num_redundant_experts,
-                             "max_cudagraph_capture_size": topo.max_cudagraph_capture_size or "auto",
-                             "stream_interval": topo.stream_interval}
-    if names is not None:
-        return {name: every[name] for name in names}
-    defaults = {"kv_cache_dtype": "auto", "num_redundant_experts": 0, "max_cudagraph_capture_size": "auto",
-                "stream_interval": 1}
-    return {k: v for k, v in every.items() if k not in defaults or v != defaults[k]}
 
 
 def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec
@@ -74,5 +57,4 @@ def predicted_front_params(space: SearchSpace, phase: Phase, model: ModelSpec, g
         if lo != hi:
             order.append(configs[lo])
         lo, hi = lo + 1, hi - 1
-    names = space.param_choices(phase)
-    return [topology_params(t, names) for t in [*paired, *(t for t in order if t not in paired)]]
+    return [space.params_of(phase, t) for t in [*paired, *(t for t in order if t not in paired)]]
