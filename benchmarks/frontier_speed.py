@@ -36,7 +36,7 @@ def main() -> None:
     started = time.perf_counter()
     model = load_model(path)
     perf = RooflineModel(model, gpu)
-    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3))
+    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3), all2all_backend="flashinfer_nvlink_one_sided")
     curves = sweep_curves(perf, topologies, isl=8192, osl=1024, prefill_mtp_depths=(0, 1, 2, 3),
                           aggregated_mtp_depths=(0, 1, 2, 3))
     swept = time.perf_counter()

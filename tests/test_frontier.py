@@ -128,7 +128,8 @@ def test_itl_limit_keeps_only_fast_decode_and_p99_is_used() -> None:
 def reference_front(reference_model_path: Path) -> tuple[RooflineModel, list]:
     """The reference model's combined PD front on 72 GB300, swept once for the tests that read it."""
     perf = RooflineModel(load_model(reference_model_path), get_gpu("gb300"))
-    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3))
+    # EP over DP on the rack's routed all-to-all, as the reference space sets (search_spaces/gb300-nvl72-8k1k.yaml)
+    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3), all2all_backend="flashinfer_nvlink_one_sided")
     curves = sweep_curves(perf, topologies, isl=ISL, osl=OSL, prefill_mtp_depths=(0, 1, 2, 3))
     return perf, combined_front(compose_disaggregated(curves.prefill, curves.decode,
                                                       Constraints(max_gpus=72, same_tp=True, same_mtp=True)))

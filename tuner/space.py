@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import KVCacheDtype, Role, Topology
+from tuner.topology import DEFAULT_ALL2ALL_BACKEND, All2AllBackend, KVCacheDtype, Role, Topology
 from tuner.workload import Workload
 
 Phase = Literal["prefill", "decode", "aggregated"]
@@ -90,11 +90,14 @@ class PhaseSpace(_Strict):
     max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1, max_length=64)
     # Tokens vLLM streams per message (--stream-interval): fewer host messages per step, coarser streaming.
     stream_interval: list[int] = Field([1], min_length=1)
+    # vLLM's --all2all-backend for layouts with EP over DP ranks (the others have none): one value is a setting
+    # of every such layout, more are a knob.
+    all2all_backend: list[All2AllBackend] = Field([DEFAULT_ALL2ALL_BACKEND], min_length=1)
     workload: PhaseWorkload = PhaseWorkload()
 
     @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
                      "kv_cache_dtype", "num_redundant_experts", "max_cudagraph_capture_size", "stream_interval",
-                     mode="before")
+                     "all2all_backend", mode="before")
     @classmethod
     def _bounded(cls, values: object) -> object:
         if isinstance(values, list) and len(values) > MAX_CHOICES_PER_KNOB:
@@ -105,7 +108,7 @@ class PhaseSpace(_Strict):
     def _expandable(self) -> PhaseSpace:
         sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
                  self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts,
-                 self.max_cudagraph_capture_size, self.stream_interval)
+                 self.max_cudagraph_capture_size, self.stream_interval, self.all2all_backend)
         if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
             raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
                              "narrow some lists")
@@ -202,6 +205,8 @@ class SearchSpace(_Strict):
             choices["max_cudagraph_capture_size"] = s.max_cudagraph_capture_size
         if s.stream_interval != [1]:
             choices["stream_interval"] = s.stream_interval
+        if len(set(s.all2all_backend)) > 1:  # one backend is a setting (`topology` applies it), not a parameter
+            choices["all2all_backend"] = list(dict.fromkeys(s.all2all_backend))
         return choices
 
     def params_of(self, phase: Phase, topo: Topology) -> dict[str, Any]:
@@ -213,7 +218,7 @@ class SearchSpace(_Strict):
             "max_num_batched_tokens": topo.max_num_batched_tokens, "kv_cache_dtype": topo.kv_cache_dtype,
             "num_redundant_experts": topo.num_redundant_experts,
             "max_cudagraph_capture_size": topo.max_cudagraph_capture_size or "auto",
-            "stream_interval": topo.stream_interval}
+            "stream_interval": topo.stream_interval, "all2all_backend": topo.all2all_backend}
         return {name: every[name] for name in self.param_choices(phase)}
 
     def topology(self, phase: Phase, params: dict) -> Topology:
@@ -225,6 +230,7 @@ class SearchSpace(_Strict):
                                max_cudagraph_capture_size=None if capture == "auto" else int(capture),
                                kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
                                stream_interval=int(params.get("stream_interval", 1)),
+                               all2all_backend=params.get("all2all_backend", self.phases[phase].all2all_backend[0]),
                                num_redundant_experts=params.get("num_redundant_experts", 0)
                                if params["ep"] and params["tp"] * params["dp"] > 1 else 0)
 

@@ -7,7 +7,7 @@ import re
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.errors import ConfigError, TopologyError
 
@@ -23,6 +23,15 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # the campaign's 8% safety margin
 # page sizes in vllm/v1/kv_cache_interface.py). "fp8" is e4m3 on CUDA; fp8_ds_mla is DeepSeek's sparse-MLA record.
 KVCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
                        "fp8_per_token_head", "int8_per_token_head", "nvfp4"]
+
+# vLLM's --all2all-backend values the performance model can price (vllm/config/parallel.py All2AllBackend, read
+# in 0.32.0). allgather_reducescatter, vLLM's default, gathers every token of the EP group on every rank and
+# reduce-scatters the outputs; the others send each token only to the ranks holding its experts (DeepEP's two
+# modes; FlashInfer's multi-node-NVLink all-to-alls, which vLLM PR #54268 proposes as the GB200/GB300 default).
+All2AllBackend = Literal["allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency",
+                         "flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided"]
+DEFAULT_ALL2ALL_BACKEND = "allgather_reducescatter"
+DEEPEP_BACKENDS = ("deepep_high_throughput", "deepep_low_latency")
 
 
 class Role(StrEnum):
@@ -67,6 +76,27 @@ class Topology(BaseModel):
     stream_interval: int = Field(1, ge=1, le=4096, description=(
         "Tokens the API server buffers per request before it streams them (--stream-interval, vLLM >= 0.12): "
         "fewer output messages per step, coarser streaming."))
+    all2all_backend: All2AllBackend = Field(DEFAULT_ALL2ALL_BACKEND, description=(
+        "How MoE tokens reach their experts with EP over DP ranks (--all2all-backend): vLLM's default "
+        "allgather_reducescatter sends every token to every EP rank, the others only to the ranks its experts are "
+        "on. Without EP over DP ranks vLLM uses none, and the field reads its default."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_in_use(cls, data: object) -> object:
+        """The all-to-all backend only exists with EP over DP ranks (else it is the default, so equal layouts
+        compare equal); DBO without a named backend runs DeepEP's low-latency kernels (vLLM asserts a DeepEP
+        backend for microbatching)."""
+        if not isinstance(data, dict):
+            return data
+        dp = data.get("dp", 1)
+        uses = data.get("ep") is True and isinstance(dp, int) and dp > 1
+        backend = data.get("all2all_backend", DEFAULT_ALL2ALL_BACKEND)
+        if not uses and backend != DEFAULT_ALL2ALL_BACKEND:
+            data = {**data, "all2all_backend": DEFAULT_ALL2ALL_BACKEND}
+        elif uses and data.get("dbo") and backend == DEFAULT_ALL2ALL_BACKEND:
+            data = {**data, "all2all_backend": "deepep_low_latency"}
+        return data
 
     @classmethod
     def create(cls, **fields: object) -> Topology:
@@ -100,6 +130,11 @@ class Topology(BaseModel):
     def ep_size(self) -> int:
         """GPUs the experts are split over (EP group, or the MoE-TP group when EP is off)."""
         return self.tp * self.dp
+
+    @property
+    def all2all_routed(self) -> bool:
+        """Tokens go only to the EP ranks holding their experts (False: gathered on every rank, vLLM's default)."""
+        return self.all2all_backend != DEFAULT_ALL2ALL_BACKEND
 
     @property
     def kv_cache_is_fp8(self) -> bool:
@@ -139,6 +174,8 @@ class Topology(BaseModel):
             extra += f" kv={self.kv_cache_dtype}"
         if self.stream_interval != 1:
             extra += f" stream={self.stream_interval}"
+        if self.all2all_backend != DEFAULT_ALL2ALL_BACKEND:
+            extra += f" a2a={self.all2all_backend}"
         return f"{self.name}{extra} seqs={self.max_num_seqs} util={self.gpu_memory_utilization:g}"
 
     # -- validation against a model and a cluster --------------------------------------------------
@@ -190,6 +227,9 @@ class Topology(BaseModel):
         if self.dbo and not (self.ep and self.dp > 1):
             raise TopologyError("dual-batch overlap needs expert parallelism over DP ranks (all-to-all kernels)",
                                 field="dbo", fix="use DP > 1 with +EP, or turn DBO off")
+        if self.dbo and self.all2all_backend not in DEEPEP_BACKENDS:
+            raise TopologyError(f"dual-batch overlap runs on DeepEP's all-to-all, not {self.all2all_backend}",
+                                field="all2all-backend", fix="use deepep_low_latency or deepep_high_throughput")
         if self.mtp and not model.num_mtp_layers:
             raise TopologyError(f"{model.name} has no MTP layers", field="mtp",
                                 fix="use --mtp 0 (or a draft model, not supported yet)")
@@ -201,8 +241,10 @@ class Topology(BaseModel):
             flags += ["--data-parallel-size", str(self.dp)]
         if self.ep:
             flags.append("--enable-expert-parallel")
-        if self.dbo:  # vLLM asserts microbatching runs on a DeepEP all-to-all backend (config/vllm.py)
-            flags += ["--enable-dbo", "--all2all-backend", "deepep_low_latency"]
+        if self.dbo:
+            flags.append("--enable-dbo")
+        if self.all2all_backend != DEFAULT_ALL2ALL_BACKEND:
+            flags += ["--all2all-backend", self.all2all_backend]
         if self.num_redundant_experts:
             flags += ["--enable-eplb", "--eplb-config",
                       json.dumps({"num_redundant_experts": self.num_redundant_experts})]
@@ -230,6 +272,8 @@ _FIELD_FIXES = {
     "kv_cache_dtype": "use auto, bfloat16, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, int8_per_token_head or nvfp4",
     "num_redundant_experts": "give 0 (EPLB off) or a positive number of redundant experts",
     "stream_interval": "give a positive number of tokens (1 streams every token, vLLM's default)",
+    "all2all_backend": "use allgather_reducescatter (vLLM's default), deepep_high_throughput, deepep_low_latency, "
+                       "flashinfer_nvlink_one_sided or flashinfer_nvlink_two_sided",
 }
 
 

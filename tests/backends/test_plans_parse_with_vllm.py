@@ -46,6 +46,10 @@ def _deployments() -> list[tuple[Deployment, bool, str | None]]:
                 False, None))
     out.append((parse_deployment("1P:TEP4,1D:TEP4", mtp=2), True, "0.20.2"))  # the pre-HMA-default flags
     out.append((parse_deployment("1P:TP4DP2+EP,1D:DEP16", stream_interval=50), True, None))  # --stream-interval
+    for backend in ("flashinfer_nvlink_one_sided", "flashinfer_nvlink_two_sided", "deepep_high_throughput",
+                    "deepep_low_latency"):  # --all2all-backend (vLLM's default is not repeated)
+        out.append((parse_deployment("1P:TP4DP2+EP,1D:DEP16", all2all_backend=backend), True, None))
+    out.append((parse_deployment("1P:TP4DP2+EP,1D:DEP16", dbo=True), True, None))  # --enable-dbo + DeepEP LL
     for kv in ("fp8", "fp8_e4m3", "nvfp4"):  # the memory knobs' flags (--kv-cache-dtype, EPLB)
         out.append((parse_deployment("1P:TP4DP2+EP,1D:DEP16", mtp=1, kv_cache_dtype=kv, num_redundant_experts=32),
                     True, None))

@@ -74,9 +74,9 @@ def test_campaign_reaches_a_front_and_screens_before_launch(storage_url: str, tm
 
 
 def test_infeasible_space_is_screened_not_launched(tmp_path: Path) -> None:
-    decode_dp = "dp: [1, 2, 4, 8]\n    ep: [false, true]\n    mtp"
-    text = SPACE.read_text().replace("tp: [1, 2, 4, 8, 16]", "tp: [1, 2]").replace(
-        decode_dp, decode_dp.replace("[1, 2, 4, 8]", "[1, 2]"))
+    head, decode = SPACE.read_text().split("\n  decode:\n", 1)
+    decode = decode.replace("tp: [1, 2, 4, 8, 16]", "tp: [1, 2]", 1).replace("dp: [1, 2, 4, 8]", "dp: [1, 2]", 1)
+    text = head + "\n  decode:\n" + decode
     space = parse_space(text, "small.yaml")
     backend = RecordingBackend(SimulatedBackend())
     # TP<=2 x DP<=2 of a 1.3 TB model never fits on GB300: the decode phase may launch nothing

@@ -46,6 +46,10 @@ KvCacheDtypeOpt = Annotated[str, typer.Option(
     help="vLLM --kv-cache-dtype: auto, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, nvfp4, ...")]
 StreamIntervalOpt = Annotated[int, typer.Option(
     help="vLLM --stream-interval: tokens streamed per message (1 = every token; larger cuts host cost per step).")]
+All2AllOpt = Annotated[str, typer.Option(
+    help="vLLM --all2all-backend for EP over DP ranks: allgather_reducescatter (vLLM's default: every token to "
+         "every EP rank), deepep_high_throughput, deepep_low_latency, flashinfer_nvlink_one_sided, "
+         "flashinfer_nvlink_two_sided (routed: a token only to its experts' ranks).")]
 
 
 def _positive(**values: int | float | None) -> None:
@@ -165,6 +169,7 @@ def simulate(
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     kv_cache_dtype: KvCacheDtypeOpt = "auto",
     stream_interval: StreamIntervalOpt = 1,
+    all2all_backend: All2AllOpt = "allgather_reducescatter",
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     json_out: JsonOpt = False,
@@ -177,7 +182,8 @@ def simulate(
     gpu = get_gpu(hardware, hardware_file)
     topo = Topology.parse(topology, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, role=the_role,
-                          kv_cache_dtype=kv_cache_dtype, stream_interval=stream_interval)
+                          kv_cache_dtype=kv_cache_dtype, stream_interval=stream_interval,
+                          all2all_backend=all2all_backend)
     topo.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
     curve = perf.predict_curve(topo, the_role, isl=isl, osl=osl, concurrencies=levels)
@@ -243,6 +249,7 @@ def frontier(
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     kv_cache_dtype: KvCacheDtypeOpt = "auto",
     stream_interval: StreamIntervalOpt = 1,
+    all2all_backend: All2AllOpt = "allgather_reducescatter",
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     serving: Annotated[str, typer.Option(
@@ -269,7 +276,7 @@ def frontier(
     depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
-              "stream_interval": stream_interval}
+              "stream_interval": stream_interval, "all2all_backend": all2all_backend}
     Topology.create(**engine)  # one clear message for bad engine flags
     topologies = candidate_topologies(perf, gpus, mtp_depths=depths, **engine)
     if not topologies:

@@ -75,6 +75,24 @@ class KVLayout:
             return (cdiv(min(window - 1 + max_num_batched_tokens, tokens), self.block_size) + 1) * page
         return (1 + self.num_spec_tokens) * page  # mamba_cache_mode "none": 1 + speculative blocks
 
+    def resident_blocks_per_request(self, tokens: int) -> int:
+        """Blocks a running request holds between steps at `tokens` of context. A sliding-window layer keeps only
+        its window: vLLM's SlidingWindowManager.remove_skipped_blocks frees every block before it as the request
+        advances (vllm/v1/core/single_type_kv_cache_manager.py), so admission sees those blocks free.
+        `blocks_per_request` is the worst case vLLM reports (a whole token budget in flight per request)."""
+        total = 0
+        for kind, n in self.num_groups_by_kind.items():
+            if kind is LayerKind.SLIDING_WINDOW and self.sliding_window:
+                total += n * (cdiv(min(self.sliding_window - 1, tokens), self.block_size) + 1) * self.page_size_bytes
+            else:
+                total += n * self.request_bytes(kind, tokens, 0)
+        return cdiv(total, self.page_size_bytes)
+
+    def chunk_blocks_in_flight(self, chunk_tokens: int) -> int:
+        """Sliding-window blocks a prompt chunk being prefilled holds until its step ends (freed after it)."""
+        groups = self.num_groups_by_kind.get(LayerKind.SLIDING_WINDOW, 0) if self.sliding_window else 0
+        return groups * cdiv(chunk_tokens, self.block_size)
+
     def blocks_per_request(self, tokens: int, max_num_batched_tokens: int) -> int:
         """cdiv(sum over groups of max_memory_usage_bytes, page) as in get_max_concurrency_for_kv_cache_config."""
         total = sum(n * self.request_bytes(kind, tokens, max_num_batched_tokens)

@@ -40,12 +40,16 @@ def allreduce_s(message_bytes: float, group: int, link_bytes_s: float, cal: Cali
 
 
 def alltoall_pair_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibration, load_factor: float = 1.0) -> float:
-    """EP dispatch (FP8) + combine (BF16) of one MoE layer: tokens go to the ranks holding their experts.
+    """EP dispatch (FP8) + combine (BF16) of one MoE layer.
 
-    The busiest rank receives `load_factor` times the mean share (expert load imbalance), and every rank waits
-    for it.
+    A routed backend (DeepEP, FlashInfer's NVLink all-to-alls) sends a token to the ranks holding its experts; the
+    busiest rank receives `load_factor` times the mean share (expert load imbalance), and every rank waits for it.
+    vLLM's default, allgather_reducescatter, gathers every token on every EP rank (quantised, as vLLM's naive
+    DP/EP prepare step does before its all_gatherv) and reduce-scatters the outputs: (EP - 1) remote ranks per
+    token, whatever the routing, so 1 / (1 - (1 - 1/EP)^k) times the routed volume.
     """
-    wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (DISPATCH_BYTES + ACT_BYTES) * load_factor
+    load = load_factor if costs.a2a_routed else 1.0
+    wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (DISPATCH_BYTES + ACT_BYTES) * load
     return 2 * cal.alltoall_latency_us * 1e-6 + wire / (costs.ep_link_bytes_s * cal.alltoall_bw_efficiency)
 
 

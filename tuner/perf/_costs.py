@@ -109,6 +109,7 @@ class InstanceCosts:
     ep_link_bytes_s: float  # per-direction bandwidth of the EP group's link
     kv_link_bytes_s: float  # prefill -> decode transfer link
     a2a_remote_ranks: float  # expected EP ranks (other than its own) one token is sent to
+    a2a_routed: bool = True  # False: gathered on every rank (allgather_reducescatter), volume blind to routing
     num_experts: int = 0  # routed experts (0 for a dense model)
     experts_per_token: int = 0
     redundant_experts: int = 0  # EPLB replicas spread over the EP ranks
@@ -291,13 +292,16 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
     k_share = model.moe.experts_per_token / model.moe.num_experts if model.moe else 0.0
     # A token's top-k experts land on a given other rank with probability 1 - (1 - 1/EP)^k.
     remote = (ep - 1) * (1.0 - (1.0 - 1.0 / ep) ** model.moe.experts_per_token) if model.moe and ep > 1 else 0.0
+    if topo.ep and topo.dp > 1 and not topo.all2all_routed:
+        # allgather_reducescatter (vLLM's default): every token is gathered on every other EP rank
+        remote = float(ep - 1) if model.moe else 0.0
     return InstanceCosts(
         tp=topo.tp, dp=topo.dp, ep_size=ep, expert_parallel=topo.ep, hidden_size=model.hidden_size,
         topk_fraction=k_share, target=target, draft=draft, lm_head_bytes=lm_bytes,
         lm_head_flops_per_token=lm_flops, sliding_window=layout.sliding_window,
         tp_link_bytes_s=_link_bytes_s(gpu, topo.tp), ep_link_bytes_s=_link_bytes_s(gpu, topo.num_gpus),
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
-        a2a_remote_ranks=remote, num_experts=model.moe.num_experts if model.moe else 0,
+        a2a_remote_ranks=remote, a2a_routed=topo.all2all_routed, num_experts=model.moe.num_experts if model.moe else 0,
         experts_per_token=model.moe.experts_per_token if model.moe else 0,
         redundant_experts=redundant_experts(topo), dbo=topo.dbo)
 

@@ -66,7 +66,8 @@ def flag_cap_per_rank(topo: Topology, role: Role) -> int:
 
 
 def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
-    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, redundant_experts(topo), topo.kv_cache_dtype,
+    return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, topo.all2all_backend, redundant_experts(topo),
+            topo.kv_cache_dtype,
             topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens,
             topo.max_cudagraph_capture_size, isl, osl)
 
@@ -108,7 +109,7 @@ class RooflineModel(PerformanceModel):
         if found is not None:
             return found
         topo.check(self.model)
-        cost_key = key[:7]  # what instance_costs reads from the topology
+        cost_key = key[:8]  # what instance_costs reads from the topology
         costs = self._costs.get(cost_key)
         if costs is None:
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
@@ -122,9 +123,13 @@ class RooflineModel(PerformanceModel):
         cap = flag_cap_per_rank(topo, role)
         # vLLM allocates KV blocks as tokens are computed and, when a step's blocks run out, preempts the newest
         # running request (vllm/v1/core/sched/scheduler.py): under a queue the running requests hold their
-        # current context, isl + osl/2 on average, not isl + osl each.
-        held = memory.layout.blocks_per_request(isl + (mem_osl - 1) // 2, topo.max_num_batched_tokens)
-        kv_cap = int(memory.num_gpu_blocks / held) if held else int(memory.max_concurrency)
+        # current context, isl + osl/2 on average, not isl + osl each, and a sliding-window layer only its window
+        # (the blocks before it are freed); the prompt chunk being prefilled holds its window layers' blocks for
+        # its step.
+        layout = memory.layout
+        held = layout.resident_blocks_per_request(isl + (mem_osl - 1) // 2)
+        free = max(0, memory.num_gpu_blocks - layout.chunk_blocks_in_flight(min(isl, topo.max_num_batched_tokens)))
+        kv_cap = int(free / held) if held else int(memory.max_concurrency)
         state = InstanceState(costs=costs, memory=memory, cap_per_rank=max(1, min(cap, kv_cap)),
                               kv_cap_per_rank=max(1, kv_cap))
         self._states[key] = state

@@ -504,6 +504,11 @@ def check_engine_flags(deployment: Deployment, rules: LaunchRules) -> None:
             raise ConfigError(f"vLLM {rules.version} has no --stream-interval (stream_interval "
                               f"{group.topology.stream_interval})", field="stream_interval",
                               fix=f"use stream_interval 1, or target vLLM >= {since}")
+        backend = group.topology.all2all_backend
+        if backend.startswith("flashinfer_nvlink") and not rules.flashinfer_nvlink_all2all:
+            since = entry("flashinfer_nvlink_all2all").since
+            raise ConfigError(f"vLLM {rules.version} has no --all2all-backend {backend}", field="all2all_backend",
+                              fix=f"use allgather_reducescatter or a DeepEP backend, or target vLLM >= {since}")
 
 
 def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment],

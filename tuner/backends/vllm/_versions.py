@@ -126,6 +126,13 @@ TABLE: tuple[VersionEntry, ...] = (
         "the OutputProcessor (vllm/v1/engine/output_processor.py), exposed as --stream-interval",
         "read (0.32.0); merge date, erring late: an older target is refused with this version named"),
     VersionEntry(
+        "flashinfer_nvlink_all2all", "--all2all-backend flashinfer_nvlink_one_sided / flashinfer_nvlink_two_sided "
+        "(FlashInfer's multi-node-NVLink MoE all-to-alls; two-sided was flashinfer_all2allv before)",
+        V("0.21.0"), None,
+        "vllm/config/parallel.py All2AllBackend (flashinfer_all2allv kept as 'temporary alias for "
+        "flashinfer_nvlink_two_sided'); vLLM PR #41382 (merged 2026-04-30) already fixes both backends",
+        "read (0.32.0); merge date, erring late: an older target is refused with this version named"),
+    VersionEntry(
         "ucx_multi_node_nvlink", "UCX_CUDA_IPC_ENABLE_MNNVL=y, UCX_TLS=cuda_copy,cuda_ipc,tcp, "
         "UCX_MEMTYPE_CACHE=n, UCX_MEMTYPE_REG_WHOLE=n on PD instances of a multi-node NVLink GPU (GB200/GB300)",
         None, None,
@@ -148,6 +155,7 @@ class LaunchRules:
     pd_block_size_cuda: int = 64
     ucx_multi_node_nvlink_env: dict[str, str] = field(default_factory=dict)
     stream_interval_flag: bool = True
+    flashinfer_nvlink_all2all: bool = True
 
     def hetero_tp_refusal(self) -> str | None:
         """Why a hybrid PD pair with different TP cannot run on this version (None: it can)."""
@@ -177,6 +185,7 @@ def launch_rules(version: VllmVersion | str | None = None) -> LaunchRules:
                                    "UCX_MEMTYPE_CACHE": "n", "UCX_MEMTYPE_REG_WHOLE": "n"}
         if "ucx_multi_node_nvlink" in on else {},
         stream_interval_flag="stream_interval_flag" in on,
+        flashinfer_nvlink_all2all="flashinfer_nvlink_all2all" in on,
     )
 
 
