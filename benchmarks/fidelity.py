@@ -27,7 +27,7 @@ from tuner.memory import Mxfp4Backend
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
 from tuner.perf import DECODE_LADDER, Calibration, RooflineModel, default_calibration
-from tuner.topology import Role, Topology
+from tuner.topology import DEFAULT_ALL2ALL_BACKEND, Role, Topology
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "benchmarks" / "data" / "public_measurements.yaml"
@@ -36,7 +36,7 @@ ROLES = {"aggregated": Role.BOTH, "prefill": Role.PREFILL, "decode": Role.DECODE
 #: --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype, --stream-interval,
 #: --all2all-backend).
 SERVE_DEFAULTS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-                  "kv_cache_dtype": "auto", "stream_interval": 1, "all2all_backend": "allgather_reducescatter"}
+                  "kv_cache_dtype": "auto", "stream_interval": 1, "all2all_backend": DEFAULT_ALL2ALL_BACKEND}
 #: Engine settings that size memory rather than the topology (--kv-cache-memory-bytes: the KV budget, exactly).
 MEMORY_SETTINGS = ("kv_cache_memory_bytes",)
 #: Factors fitted per GPU class: decode bandwidth, decode and prefill compute, the per-kernel latency floor, the

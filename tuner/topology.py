@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -92,7 +92,8 @@ class Topology(BaseModel):
         dp = data.get("dp", 1)
         uses = data.get("ep") is True and isinstance(dp, int) and dp > 1
         backend = data.get("all2all_backend", DEFAULT_ALL2ALL_BACKEND)
-        if not uses and backend != DEFAULT_ALL2ALL_BACKEND:
+        if not uses and backend in get_args(All2AllBackend) and backend != DEFAULT_ALL2ALL_BACKEND:
+            # (an unknown value is left for field validation to refuse, wherever it is given)
             data = {**data, "all2all_backend": DEFAULT_ALL2ALL_BACKEND}
         elif uses and data.get("dbo") and backend == DEFAULT_ALL2ALL_BACKEND:
             data = {**data, "all2all_backend": "deepep_low_latency"}

@@ -66,6 +66,9 @@ def test_the_flag_label_dbo_and_errors(reference: ModelSpec) -> None:
     with pytest.raises(ConfigError) as err:
         Topology.create(tp=2, dp=4, ep=True, all2all_backend="pplx")  # removed in vLLM 0.32
     assert err.value.field == "all2all-backend" and "allgather_reducescatter" in err.value.fix
+    with pytest.raises(ConfigError) as err:  # refused where no all-to-all runs too, not dropped as unused
+        Topology.create(tp=8, all2all_backend="pplx")
+    assert err.value.field == "all2all-backend"
 
 
 def test_an_older_vllm_is_refused_naming_the_version() -> None:

@@ -32,6 +32,7 @@ from tuner.models import load_model
 from tuner.perf import Calibration, Curves, RooflineModel, candidate_topologies, default_calibration, sweep_curves
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import (
+    DEFAULT_ALL2ALL_BACKEND,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
@@ -169,7 +170,7 @@ def simulate(
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     kv_cache_dtype: KvCacheDtypeOpt = "auto",
     stream_interval: StreamIntervalOpt = 1,
-    all2all_backend: All2AllOpt = "allgather_reducescatter",
+    all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     json_out: JsonOpt = False,
@@ -249,7 +250,7 @@ def frontier(
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     kv_cache_dtype: KvCacheDtypeOpt = "auto",
     stream_interval: StreamIntervalOpt = 1,
-    all2all_backend: All2AllOpt = "allgather_reducescatter",
+    all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     serving: Annotated[str, typer.Option(

@@ -65,10 +65,14 @@ def flag_cap_per_rank(topo: Topology, role: Role) -> int:
     return min(topo.max_num_seqs, topo.max_num_batched_tokens // (1 + topo.mtp))
 
 
-def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
+def _cost_key(topo: Topology) -> tuple[object, ...]:
+    """What instance_costs reads from the topology."""
     return (topo.tp, topo.dp, topo.ep, topo.mtp, topo.dbo, topo.all2all_backend, redundant_experts(topo),
-            topo.kv_cache_dtype,
-            topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens,
+            topo.kv_cache_dtype)
+
+
+def _key(topo: Topology, isl: int, osl: int) -> tuple[object, ...]:
+    return (*_cost_key(topo), topo.gpu_memory_utilization, topo.max_num_seqs, topo.max_num_batched_tokens,
             topo.max_cudagraph_capture_size, isl, osl)
 
 
@@ -109,7 +113,7 @@ class RooflineModel(PerformanceModel):
         if found is not None:
             return found
         topo.check(self.model)
-        cost_key = key[:8]  # what instance_costs reads from the topology
+        cost_key = _cost_key(topo)
         costs = self._costs.get(cost_key)
         if costs is None:
             costs = self._costs[cost_key] = instance_costs(self.model, self.gpu, topo)
