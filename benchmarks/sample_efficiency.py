@@ -20,12 +20,17 @@ Goal (issue 13): the default sampler >= 95% within 10% on every truth and phase,
 
     python benchmarks/sample_efficiency.py [--truth hidden|exact] [--truths 5] [--seeds 5] [--parallel 1]
                                            [--phases prefill decode] [--samplers auto gp tpe nsga2 random]
-                                           [--budget-pct 10] [--json] [--runs PATH] [--per-truth]
+                                           [--budget-pct 10] [--json] [--runs PATH] [--per-truth] [--jobs 1]
 `--per-truth`: a second table per phase, one row per truth and sampler (its mean over seeds): a mean over truths
 hides which truth misses a target. `--first-truth 4 --truths 1 --seeds 20 --phases prefill --per-truth` is how
 the README's 20-seed figure for prefill truth 4 is measured.
 `--runs PATH`: every finished run is appended to PATH (JSON lines) and runs already there are read back instead of
 re-run, so a long campaign (decode at 194 trials takes minutes per run) keeps its partial results and resumes.
+`--jobs N`: the runs of a phase spread over N worker processes. A run's answers are seeded by its truth, trial and
+sampler seed, never by the order runs are made in, so the figures are the same as with one process (timings
+aside: N processes on fewer cores report a loaded machine's CPU seconds). Set OMP_NUM_THREADS=1 with it, or each
+worker's numpy starts a thread per core: `OMP_NUM_THREADS=1 ... --jobs 2` ran the 25 prefill runs of `auto` in
+24 s instead of 49 s on this 2-core machine, with the same figures.
 `--truth exact`: the old benchmark, the tuner's own simulator with 5% noise fixed per deployment.
 """
 
@@ -35,10 +40,12 @@ import argparse
 import bisect
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -295,6 +302,47 @@ def print_header(n5: int, n10: int, file: TextIO) -> None:
     print("|" + "---|" * len(header), file=file, flush=True)
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What every run of a phase shares: read by the worker processes, which inherit it when they fork."""
+
+    space: SearchSpace
+    model: ModelSpec
+    gpu: GpuSpec
+    backends: dict[int, Backend]
+    grounds: dict[int, Ground]
+
+    def run(self, key: RunKey) -> RunScore:
+        return run_one(self.space, key.phase, self.model, self.gpu, self.backends[key.truth], key.sampler, key.seed,
+                       key.budget, key.parallel, self.grounds[key.truth])
+
+
+_FORKED: RunContext | None = None  # the context a forked worker inherits (set just before the pool starts)
+
+
+def _run_in_worker(key: RunKey) -> tuple[RunKey, RunScore]:
+    assert _FORKED is not None
+    return key, _FORKED.run(key)
+
+
+def run_all(context: RunContext, keys: list[RunKey], jobs: int) -> Iterator[tuple[RunKey, RunScore]]:
+    """Each run's score as it finishes: in this process for one job, else over `jobs` forked workers (the
+    context is large, and forking shares it instead of pickling it into every task)."""
+    if jobs == 1 or len(keys) <= 1:
+        yield from ((key, context.run(key)) for key in keys)
+        return
+    global _FORKED
+    _FORKED = context
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        pending: list[Future[tuple[RunKey, RunScore]]] = [pool.submit(_run_in_worker, key) for key in keys]
+        try:
+            for future in as_completed(pending):
+                yield future.result()
+        except BaseException:  # a failed run or ^C: the runs not started are dropped, the finished ones are logged
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
 def truths(kind: str, count: int, first: int) -> list[tuple[int, Backend, float]]:
     """(truth id, backend, its measurement noise)."""
     if kind == "exact":
@@ -320,7 +368,10 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, help="JSON-lines log of finished runs: appended to, and resumed from")
     ap.add_argument("--per-truth", action="store_true",
                     help="also a table per truth (the row's figures for its seeds, each run's trials to 95%%)")
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes the runs are spread over (same figures)")
     args = ap.parse_args()
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1 (got {args.jobs})")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     space, model, gpu = load_space(SPACE), load_model(MODEL), get_gpu("gb300")
     out: dict[str, dict[str, dict[str, object]]] = {}
@@ -338,25 +389,27 @@ def main() -> None:
               f"true-front configs per truth, within noise (1%): {fronts}; budget {budget} trials; ground truth in "
               f"{time.perf_counter() - t0:.1f} s", file=log, flush=True)
         print_header(n5, n10, log)
+        keys = {sampler: [RunKey(args.truth, phase, sampler, i, seed, budget, args.parallel)
+                          for i, _, _ in chosen for seed in range(args.seeds)] for sampler in args.samplers}
+        context = RunContext(space, model, gpu, {i: b for i, b, _ in chosen}, grounds)
+        finishing = run_all(context, [k for ks in keys.values() for k in ks if k not in done], args.jobs)
         summaries: dict[str, dict[str, object]] = {}
         for sampler in args.samplers:
             row = Row(sampler)
-            for i, backend, _ in chosen:
-                for seed in range(args.seeds):
-                    key = RunKey(args.truth, phase, sampler, i, seed, budget, args.parallel)
-                    s = done.get(key)
-                    if s is None:
-                        s = run_one(space, phase, model, gpu, backend, sampler, seed, budget, args.parallel,
-                                    grounds[i])
-                        if args.runs:
-                            append_run(args.runs, key, s)
-                    row.scores.append(s)
-                    row.per_truth.setdefault(i, []).append(s)
+            for key in keys[sampler]:  # in (truth, seed) order, whichever process finished first
+                while key not in done:
+                    finished, s = next(finishing)
+                    done[finished] = s
+                    if args.runs:
+                        append_run(args.runs, finished, s)
+                row.scores.append(done[key])
+                row.per_truth.setdefault(key.truth, []).append(done[key])
             summaries[sampler] = summarise(row, n5, n10, budget)
             print("| " + " | ".join(_cells(sampler, summaries[sampler])) + " |", file=log, flush=True)
             if args.per_truth:
                 summaries[sampler]["per_truth"] = {i: per_truth(runs, n5, n10, budget)
                                                    for i, runs in row.per_truth.items()}
+        assert next(finishing, None) is None  # every run was read: the workers are done and the pool closes
         if args.per_truth:
             print_per_truth(args.samplers, summaries, log)
         out[phase] = summaries

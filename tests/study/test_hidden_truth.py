@@ -124,7 +124,8 @@ def test_a_truths_kv_factor_moves_the_kv_cap_and_never_max_num_seqs() -> None:
 
 def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_runs(tmp_path: Path) -> None:
     """`sample_efficiency.py --json` gives the figures scripts read (per phase and sampler, with their standard
-    errors); `--runs` keeps every finished run, and a second invocation reads them back instead of re-running."""
+    errors); `--runs` keeps every finished run, and a second invocation reads them back instead of re-running;
+    `--jobs 2` gives the same figures from two worker processes."""
     runs = tmp_path / "runs.jsonl"
     argv = [sys.executable, str(REPO / "benchmarks" / "sample_efficiency.py"), "--json", "--phases", "prefill",
             "--samplers", "auto", "random", "--truths", "1", "--first-truth", "3", "--seeds", "2", "--runs", str(runs)]
@@ -147,6 +148,14 @@ def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_run
         assert truth["runs_reaching_95pct"].endswith("/2")
         assert truth == {k: v for k, v in again["prefill"][sampler].items() if k != "per_truth"}
     assert "| auto | 3 |" in second.stderr  # the per-truth table, beside the JSON
+    # the runs spread over two worker processes: the same runs, the same figures, every run logged once
+    spread = tmp_path / "spread.jsonl"
+    parallel = subprocess.run([*argv[:-1], str(spread), "--jobs", "2"], capture_output=True, text=True, timeout=600,
+                              check=True)
+    assert sorted(json.loads(line)["key"]["seed"] for line in spread.read_text().splitlines()) == [0, 0, 1, 1]
+    for sampler, row in json.loads(parallel.stdout)["prefill"].items():
+        assert {k: v for k, v in row.items() if "_s_per_trial" not in k} == {
+            k: v for k, v in figures["prefill"][sampler].items() if "_s_per_trial" not in k}
 
 
 def test_factors_added_later_leave_every_earlier_draw_alone() -> None:
