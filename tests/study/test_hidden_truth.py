@@ -125,7 +125,7 @@ def test_a_truths_kv_factor_moves_the_kv_cap_and_never_max_num_seqs() -> None:
 def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_runs(tmp_path: Path) -> None:
     """`sample_efficiency.py --json` gives the figures scripts read (per phase and sampler, with their standard
     errors); `--runs` keeps every finished run, and a second invocation reads them back instead of re-running;
-    `--jobs 2` gives the same figures from two worker processes."""
+    `--jobs 2` gives the same figures from two worker processes; `--max-trials` caps each run."""
     runs = tmp_path / "runs.jsonl"
     argv = [sys.executable, str(REPO / "benchmarks" / "sample_efficiency.py"), "--json", "--phases", "prefill",
             "--samplers", "auto", "random", "--truths", "1", "--first-truth", "3", "--seeds", "2", "--runs", str(runs)]
@@ -156,6 +156,13 @@ def test_the_benchmark_prints_the_issue_figures_as_json_and_resumes_from_its_run
     for sampler, row in json.loads(parallel.stdout)["prefill"].items():
         assert {k: v for k, v in row.items() if "_s_per_trial" not in k} == {
             k: v for k, v in figures["prefill"][sampler].items() if "_s_per_trial" not in k}
+    # a screening run stops at --max-trials and is scored there (its runs are logged apart from full ones)
+    capped = tmp_path / "capped.jsonl"
+    short = subprocess.run([*argv[:-1], str(capped), "--max-trials", "4", "--samplers", "random"], capture_output=True,
+                           text=True, timeout=600, check=True)
+    assert json.loads(short.stdout)["prefill"]["random"]["budget"] == 4
+    assert {json.loads(line)["key"]["budget"] for line in capped.read_text().splitlines()} == {4}
+    assert all(len(json.loads(line)["score"]["hv_ratios"]) == 4 for line in capped.read_text().splitlines())
 
 
 def test_factors_added_later_leave_every_earlier_draw_alone() -> None:
