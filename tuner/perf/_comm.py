@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from tuner.perf._calibration import Calibration
-from tuner.perf._costs import ACT_BYTES, DISPATCH_BYTES, InstanceCosts
+from tuner.perf._costs import ACT_BYTES, InstanceCosts
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +39,20 @@ def allreduce_s(message_bytes: float, group: int, link_bytes_s: float, cal: Cali
     return cal.allreduce_latency_us * 1e-6 * stages + wire / (link_bytes_s * cal.allreduce_bw_efficiency)
 
 
+def gather_scatter_s(tokens_per_rank: float, group: int, costs: InstanceCosts, cal: Calibration) -> float:
+    """Plain DP's MoE collectives (no EP): every DP rank's tokens all-gathered at the dispatch dtype, the BF16
+    outputs reduce-scattered back, over the DP group (vLLM's naive DP/EP prepare/finalize, the same as EP's
+    default backend; the TP all-reduce after it is the layer's own). Each GPU receives its group - 1 peers'
+    tokens and sends them their outputs: (q + 2) / 4 of the all-reduce of every rank's tokens it replaces."""
+    if group <= 1:
+        return 0.0
+    wire = (group - 1) * tokens_per_rank * costs.hidden_size * (costs.dispatch_bytes + ACT_BYTES)
+    stages = math.ceil(math.log2(group))
+    return 2 * cal.allreduce_latency_us * 1e-6 * stages + wire / (costs.ep_link_bytes_s * cal.allreduce_bw_efficiency)
+
+
 def alltoall_pair_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibration, load_factor: float = 1.0) -> float:
-    """EP dispatch (FP8) + combine (BF16) of one MoE layer.
+    """EP dispatch (at the experts' activation dtype, tuner/perf/_wire.py) + combine (BF16) of one MoE layer.
 
     A routed backend (DeepEP, FlashInfer's NVLink all-to-alls) sends a token to the ranks holding its experts; the
     busiest rank receives `load_factor` times the mean share (expert load imbalance), and every rank waits for it.
@@ -49,7 +61,7 @@ def alltoall_pair_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibratio
     token, whatever the routing, so 1 / (1 - (1 - 1/EP)^k) times the routed volume.
     """
     load = load_factor if costs.a2a_routed else 1.0
-    wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (DISPATCH_BYTES + ACT_BYTES) * load
+    wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (costs.dispatch_bytes + ACT_BYTES) * load
     return 2 * cal.alltoall_latency_us * 1e-6 + wire / (costs.ep_link_bytes_s * cal.alltoall_bw_efficiency)
 
 
@@ -60,7 +72,7 @@ def pass_comm(tokens_per_rank: float, num_layers: int, num_moe_layers: int, cost
     TP: two all-reduces per layer (after attention and after the MLP/MoE); TEP (EP with DP 1) keeps exactly
     this path. Experts over DP ranks with EP: an all-to-all dispatch + combine per MoE layer, each TP rank
     sending its 1/TP of the tokens. Experts tensor-parallel over TP x DP (no EP): the DP ranks' tokens are
-    gathered and reduced like an all-reduce.
+    all-gathered and their outputs reduce-scattered over the DP group (`gather_scatter_s`).
     """
     message = tokens_per_rank * costs.hidden_size * ACT_BYTES
     reduce = 2 * num_layers * allreduce_s(message, costs.tp, costs.tp_link_bytes_s, cal)
@@ -69,7 +81,7 @@ def pass_comm(tokens_per_rank: float, num_layers: int, num_moe_layers: int, cost
         if costs.all2all:
             a2a = num_moe_layers * alltoall_pair_s(tokens_per_rank / costs.tp, costs, cal, load_factor)
         else:
-            reduce += num_moe_layers * allreduce_s(message * costs.dp, costs.ep_size, costs.ep_link_bytes_s, cal)
+            reduce += num_moe_layers * gather_scatter_s(tokens_per_rank, costs.dp, costs, cal)
     return PassComm(allreduce_s=reduce, alltoall_s=a2a)
 
 

@@ -12,11 +12,11 @@ from tuner.hardware import GpuSpec
 from tuner.memory import kv_layout, shard_fraction
 from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightTensor
 from tuner.perf._kernels import pass_kernels
+from tuner.perf._wire import dispatch_bytes, expert_format
 from tuner.topology import Topology
 
 GB = 1e9
 ACT_BYTES = 2  # bf16 activations on the wire (all-reduce, combine)
-DISPATCH_BYTES = 1  # EP dispatch sends FP8-quantised activations (DeepEP / FlashInfer all2allv)
 COMPUTE_DTYPES = ("bf16", "fp8", "fp4")
 _NO_COMPUTE = (TensorGroup.EMBEDDING, TensorGroup.NORM)  # a gather and elementwise ops: no GEMM FLOPs
 
@@ -114,6 +114,7 @@ class InstanceCosts:
     experts_per_token: int = 0
     redundant_experts: int = 0  # EPLB replicas spread over the EP ranks
     dbo: bool = False  # dual-batch overlap of the EP all-to-all with compute (vLLM --enable-dbo)
+    dispatch_bytes: float = ACT_BYTES  # per hidden element sent to the experts (tuner/perf/_wire.py)
 
     @property
     def all2all(self) -> bool:
@@ -303,7 +304,9 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
         a2a_remote_ranks=remote, a2a_routed=topo.all2all_routed, num_experts=model.moe.num_experts if model.moe else 0,
         experts_per_token=model.moe.experts_per_token if model.moe else 0,
-        redundant_experts=redundant_experts(topo), dbo=topo.dbo)
+        redundant_experts=redundant_experts(topo), dbo=topo.dbo,
+        dispatch_bytes=dispatch_bytes(expert_format(model), topo.all2all_backend, expert_parallel=topo.ep,
+                                      architecture=gpu.architecture))
 
 
 def redundant_experts(topo: Topology) -> int:
