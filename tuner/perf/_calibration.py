@@ -113,13 +113,12 @@ FITTABLE_FACTORS: tuple[str, ...] = (
 _GENERIC = Calibration()
 
 # GB300 NVL72 with vLLM 0.2x: calibrated so the reference model's PD frontier lands on the campaign's
-# published ends (about 5,000 total tok/s/GPU and 180 tok/s/user); see docs/perf-model.md for the reasoning. Since
-# the MoE collectives carry vLLM 0.32's wire dtypes (tuner/perf/_wire.py: NVFP4 tokens, plain DP gathered and
-# reduce-scattered) the throughput end is 9% above the campaign's, not refitted: the campaign ran a 0.26 nightly,
-# whose gather dtype is not read. The per-request cost is the Blackwell class's fit on public measurements as it
-# stood before the GB200 rows' replay was corrected (59 us; 71 now, below), not a campaign figure: the hidden
-# truths of benchmarks/sample_efficiency.py are drawn around this calibration, so moving it redraws every truth
-# and the README's table with them.
+# published ends (about 5,000 total tok/s/GPU and 180 tok/s/user); see docs/perf-model.md for the reasoning.
+# Since the MoE collectives carry vLLM 0.32's wire dtypes (tuner/perf/_wire.py: NVFP4 tokens, plain DP gathered
+# and reduce-scattered) and GB300 the Blackwell class's per-request cost (71 us, below; 59 before), the
+# throughput end is 13% above the campaign's, not refitted: the campaign ran a 0.26 nightly, whose gather dtype
+# is not read. The hidden truths of benchmarks/sample_efficiency.py are drawn around this calibration, so moving
+# it redraws every truth and the README's table with them.
 _DEFAULTS: dict[str, Calibration] = {
     "gb300": Calibration(
         hbm_efficiency=0.8, flop_efficiency=0.5, prefill_flop_efficiency=0.42, allreduce_latency_us=3.0,
