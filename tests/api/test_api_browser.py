@@ -39,8 +39,11 @@ def live_server(sqlite_url, make_settings):
     import uvicorn
 
     port = _free_port()
+    # keep-alive longer than any pause a loaded machine puts between two polls: at uvicorn's 5 s the server can
+    # close the idle connection just as the client reuses it ("Server disconnected without sending a response",
+    # seen once with the suite at nice 19 beside two benchmark processes)
     server = uvicorn.Server(uvicorn.Config(create_app(make_settings(sqlite_url)), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+                                           log_level="warning", timeout_keep_alive=120))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
