@@ -72,7 +72,22 @@ def test_every_number_is_consistent_with_the_breakdown(name: str, shape: tuple, 
     assert lay.page_size_bytes >= lay.state_bytes
     assert b.blocks_per_request * lay.page_size_bytes >= (isl + osl) // lay.block_size * lay.attn_bytes_per_token
     assert b.max_concurrency_instance == b.max_concurrency * topo.dp
-    assert b.fits == (b.num_gpu_blocks >= b.blocks_per_request and b.kv_budget_bytes > 0)
+    # vLLM starts only if one workload request and one max-model-len request each fit
+    assert b.fits == (b.kv_budget_bytes > 0 and b.num_gpu_blocks >= max(b.blocks_per_request,
+                                                                          b.blocks_per_request_max_model_len))
     assert (b.shortfall_gib == 0) == b.fits or b.kv_budget_bytes <= 0
+    if not b.fits:
+        assert f"{b.shortfall_gib:.2f} GiB" in b.verdict()
     d = b.to_dict()
     assert d["num_gpu_blocks"] == b.num_gpu_blocks and d["fits"] == b.fits
+
+
+def test_a_request_that_fits_but_a_max_model_len_one_does_not() -> None:
+    """vLLM refuses to start when one max-model-len request does not fit, even if the workload's does: the
+    verdict says so and the shortfall is that request's (found by a random draw of the property test above)."""
+    b = compute_memory(model("llama-3.1-70b"), get_gpu("gb300"),
+                       Topology(tp=1, max_num_seqs=256, gpu_memory_utilization=0.512667),
+                       MemoryInputs(isl=8500, osl=1009))
+    assert b.blocks_per_request <= b.num_gpu_blocks < b.blocks_per_request_max_model_len
+    assert not b.fits and b.shortfall_gib > 0
+    assert "max-model-len 10,240" in b.verdict() and "--max-model-len" in b.verdict()

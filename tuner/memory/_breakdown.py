@@ -142,14 +142,19 @@ class MemoryBreakdown:
 
     @property
     def shortfall_gib(self) -> float:
-        """How much more KV budget one request would need (0 when it fits)."""
-        needed = self.blocks_per_request * self.layout.bytes_per_block_all_layers()
-        return max(0.0, (needed - self.kv_budget_bytes) / GIB)
+        """How much more KV budget vLLM would need to start (0 when it fits): one request of the workload and one
+        of max-model-len, whichever needs more blocks."""
+        blocks = max(self.blocks_per_request, self.blocks_per_request_max_model_len)
+        return max(0.0, (blocks * self.layout.bytes_per_block_all_layers() - self.kv_budget_bytes) / GIB)
 
     def verdict(self) -> str:
         if self.fits:
             return (f"fits: {self.max_concurrency:.2f} requests of {self.tokens_per_request:,} tokens per DP rank, "
                     f"{self.max_concurrency_instance:.1f} per instance")
+        if self.kv_budget_bytes > 0 and self.num_gpu_blocks >= self.blocks_per_request:
+            return (f"does not fit: {self.topology} on {self.gpu} holds a request of {self.tokens_per_request:,} "
+                    f"tokens but lacks {self.shortfall_gib:.2f} GiB per GPU for one of max-model-len "
+                    f"{self.max_model_len:,}, which vLLM needs to start (a smaller --max-model-len fixes it)")
         return (f"does not fit: {self.topology} on {self.gpu} lacks {self.shortfall_gib:.2f} GiB per GPU for one "
                 f"request of {self.tokens_per_request:,} tokens")
 

@@ -43,7 +43,8 @@ def gather_scatter_s(tokens_per_rank: float, group: int, costs: InstanceCosts, c
     """Plain DP's MoE collectives (no EP): every DP rank's tokens all-gathered at the dispatch dtype, the BF16
     outputs reduce-scattered back, over the DP group (vLLM's naive DP/EP prepare/finalize, the same as EP's
     default backend; the TP all-reduce after it is the layer's own). Each GPU receives its group - 1 peers'
-    tokens and sends them their outputs: (q + 2) / 4 of the all-reduce of every rank's tokens it replaces."""
+    tokens and sends them their outputs: 0.5-0.65x the bytes of the BF16 all-reduce over TP x DP priced before
+    for NVFP4 experts (tests/perf/test_wire.py)."""
     if group <= 1:
         return 0.0
     wire = (group - 1) * tokens_per_rank * costs.hidden_size * (costs.dispatch_bytes + ACT_BYTES)
