@@ -37,7 +37,7 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 def request_campaign(model_name: str, gpu: str, space: SearchSpace, study_id: int) -> str:
     """The request's own campaign name: two requests for the same model and space are two independent studies
     (the library's default name is per model, GPU and workload only); the runner hands it to Campaign."""
-    return f"{campaign_name(model_name, gpu, space.workload.isl, space.workload.osl)}/r{study_id}"
+    return f"{campaign_name(model_name, gpu, space.isl, space.osl)}/r{study_id}"
 
 
 # -- model configs: JSON only, regular files only, bounded size --------------------------------------------------
@@ -189,7 +189,7 @@ def screen_model(model: ModelSpec, space: SearchSpace) -> str | None:
     """None when some layout of the configured cluster holds the model and one request, else why not."""
     gpu = get_gpu(space.cluster.gpu)
     rows = sweep_topologies(model, gpu, space.cluster.num_gpus,
-                            MemoryInputs(isl=space.workload.isl, osl=space.workload.osl))
+                            MemoryInputs(isl=space.isl, osl=space.osl))
     if any(r.memory.fits for r in rows):
         return None
     if not rows:

@@ -98,7 +98,7 @@ def test_combined_front_and_families() -> None:
 
 def test_constraints_name_what_removed_everything() -> None:
     prefill, decode = _curves()
-    with pytest.raises(InfeasibleError, match=r"no prefill point meets TTFT <= 50 ms \(p50\); the best TTFT is 100"):
+    with pytest.raises(InfeasibleError, match=r"no prefill point meets TTFT <= 50 ms \(p90\); the best TTFT is 100"):
         compose_disaggregated(prefill, decode, Constraints(max_gpus=72, max_ttft_ms=50))
     with pytest.raises(InfeasibleError, match=r"no decode point meets ITL <= 5 ms .*best ITL is 10.0") as info:
         compose_disaggregated(prefill, decode, Constraints(max_gpus=72, max_itl_ms=5))

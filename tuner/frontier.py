@@ -22,7 +22,8 @@ from tuner.topology import Role, Topology
 
 T = TypeVar("T")
 Metric = str | Callable[[Any], float]
-Percentile = Literal["p50", "p99"]
+Percentile = Literal["p50", "p90", "p99"]
+PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
 CurvePoint = tuple[Topology, ServingMetrics]
 
 
@@ -56,12 +57,14 @@ def hypervolume_2d(points: Sequence[tuple[float, float]], ref: tuple[float, floa
 
 @dataclass(frozen=True)
 class Constraints:
-    """Limits a composed deployment must meet. Latencies are read at `percentile` (p50 or p99)."""
+    """Limits a composed deployment must meet: the SLA (latencies read at `percentile`), a per-user speed floor,
+    the GPU budget and vLLM's pairing rules."""
 
     max_gpus: int
     max_ttft_ms: float | None = None
     max_itl_ms: float | None = None
-    percentile: Percentile = "p50"
+    percentile: Percentile = "p90"
+    min_tok_s_per_user: float | None = None
     same_tp: bool = False  # hybrid (GDN/mamba) models on a vLLM that cannot transfer their KV across TP
     same_mtp: bool = False  # equal speculative config (NIXL's handshake compares it, vLLM PR #49230)
     pairing_reason: str = "hybrid models need equal TP and MTP on both sides"  # why same_tp/same_mtp are on
@@ -74,16 +77,27 @@ class Constraints:
             if value is not None and value <= 0:
                 raise ConfigError(f"must be positive, got {value}", field=f"--{name.replace('_', '-')}",
                                   fix="give a positive limit in milliseconds, or omit it")
-        if self.percentile not in ("p50", "p99"):
-            raise ConfigError(f"unknown percentile {self.percentile!r}", field="--percentile", fix="use p50 or p99")
+        if self.min_tok_s_per_user is not None and self.min_tok_s_per_user <= 0:
+            raise ConfigError(f"must be positive, got {self.min_tok_s_per_user}", field="--min-tok-s-user",
+                              fix="give a per-user speed in tokens/s, or omit it")
+        if self.percentile not in PERCENTILES:
+            raise ConfigError(f"unknown percentile {self.percentile!r}", field="--percentile",
+                              fix="use p50, p90 or p99")
+
+    @property
+    def max_itl_for_users_ms(self) -> float | None:
+        """The ITL bound that binds: the SLA's, or the per-user floor's 1000 / tok/s (whichever is tighter)."""
+        bounds = [b for b in (self.max_itl_ms, 1000.0 / self.min_tok_s_per_user if self.min_tok_s_per_user else None)
+                  if b is not None]
+        return min(bounds) if bounds else None
 
 
 def _ttft(m: ServingMetrics, pct: Percentile) -> float:
-    return m.ttft_ms_p99 if pct == "p99" else m.ttft_ms_p50
+    return m.ttft_ms_at(pct)
 
 
 def _itl(m: ServingMetrics, pct: Percentile) -> float:
-    return m.itl_ms_p99 if pct == "p99" else m.itl_ms_p50
+    return m.itl_ms_at(pct)
 
 
 @dataclass(frozen=True)
@@ -142,11 +156,14 @@ def _check_curves(prefill: Sequence[CurvePoint], decode: Sequence[CurvePoint], c
         if best > c.max_ttft_ms:
             raise _fail(f"no prefill point meets TTFT <= {c.max_ttft_ms:g} ms ({c.percentile}); the best TTFT is "
                         f"{best:,.0f} ms", "--max-ttft-ms", f"raise the TTFT limit to at least {math.ceil(best)} ms")
-    if c.max_itl_ms is not None:
+    bound = c.max_itl_for_users_ms
+    if bound is not None:
         best = min(_itl(m, c.percentile) for _, m in decode)
-        if best > c.max_itl_ms:
-            raise _fail(f"no decode point meets ITL <= {c.max_itl_ms:g} ms ({c.percentile}); the best ITL is "
-                        f"{best:.1f} ms", "--max-itl-ms", f"raise the ITL limit to at least {best:.1f} ms")
+        if best > bound:
+            field, what = _itl_bound_names(c)
+            raise _fail(f"no decode point meets ITL <= {bound:g} ms ({c.percentile}; {what}); the best ITL is "
+                        f"{best:.1f} ms ({1000 / best:.1f} tok/s/user)", field,
+                        f"relax {field} (the best decode point gives {best:.1f} ms)")
     smallest = min(t.num_gpus for t, _ in prefill) + min(t.num_gpus for t, _ in decode)
     if smallest > c.max_gpus:
         raise _fail(f"the smallest 1P1D pair needs {smallest} GPUs but the budget is {c.max_gpus}", "--gpus",
@@ -174,10 +191,11 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
         p_ok &= p_ttft <= c.max_ttft_ms
     tie = p_ttft / (p_ttft.max() + 1.0)  # < 1: breaks GPU-count ties by TTFT only
     out: list[ComposedPoint] = []
+    itl_bound = c.max_itl_for_users_ms
     reasons = {"itl": 0, "pairing": 0, "gpus": 0, "ttft": 0}
     for d_topo, d in decode:
         d_itl = _itl(d, pct)
-        if c.max_itl_ms is not None and d_itl > c.max_itl_ms:
+        if itl_bound is not None and d_itl > itl_bound:
             reasons["itl"] += 1
             continue
         ok = p_ok.copy()
@@ -227,9 +245,18 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
     return out
 
 
+def _itl_bound_names(c: Constraints) -> tuple[str, str]:
+    """The flag whose bound binds the ITL, and what it says."""
+    floor = 1000.0 / c.min_tok_s_per_user if c.min_tok_s_per_user else None
+    if floor is not None and (c.max_itl_ms is None or floor < c.max_itl_ms):
+        return "--min-tok-s-user", f"the floor of {c.min_tok_s_per_user:g} tok/s/user"
+    return "--max-itl-ms", "the SLA"
+
+
 def _explain(reasons: dict[str, int], num_decode: int, c: Constraints) -> InfeasibleError:
     if reasons["itl"] == num_decode:
-        return _fail(f"no decode point meets ITL <= {c.max_itl_ms:g} ms", "--max-itl-ms", "raise the ITL limit")
+        field, what = _itl_bound_names(c)
+        return _fail(f"no decode point meets ITL <= {c.max_itl_for_users_ms:g} ms ({what})", field, f"relax {field}")
     worst = max(reasons, key=lambda k: reasons[k])
     if worst == "pairing":
         return _fail(f"no prefill topology pairs with a decode topology ({c.pairing_reason})", "topologies",
@@ -296,6 +323,8 @@ def compose_aggregated(curve: Sequence[CurvePoint], constraints: Constraints) ->
             continue
         ttft, itl = _ttft(m, c.percentile), _itl(m, c.percentile)
         if (c.max_ttft_ms is not None and ttft > c.max_ttft_ms) or (c.max_itl_ms is not None and itl > c.max_itl_ms):
+            continue
+        if c.min_tok_s_per_user is not None and m.tok_s_per_user < c.min_tok_s_per_user:
             continue
         count = c.max_gpus // topo.num_gpus
         placed = topo.model_copy(update={"role": Role.BOTH}) if topo.role is not Role.BOTH else topo

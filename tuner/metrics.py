@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict, Field
+
+# Probabilities of the latency sketches a point carries (what an SLA's attainment is read from).
+SKETCH_PROBABILITIES: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65,
+                                           0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)
 
 
 class ServingMetrics(BaseModel):
@@ -30,11 +36,34 @@ class ServingMetrics(BaseModel):
     itl_ms_mean: float = Field(ge=0)
     itl_ms_p50: float = Field(ge=0)
     itl_ms_p99: float = Field(ge=0)
+    # p90 and the sketches came with request mixes; points stored before them read p90 as their p99 (an upper
+    # bound) and an empty sketch (attainment from p50/p90/p99).
+    ttft_ms_p90: float | None = Field(None, ge=0)
+    itl_ms_p90: float | None = Field(None, ge=0)
+    ttft_ms_sketch: tuple[float, ...] = Field((), description="TTFT at SKETCH_PROBABILITIES (per request)")
+    itl_ms_sketch: tuple[float, ...] = Field((), description="per-request mean ITL at SKETCH_PROBABILITIES")
+    offered_rps: float | None = Field(None, ge=0, description="open loop: the request rate sent (None: closed loop)")
+    prefix_hit_share: float = Field(0.0, ge=0, le=1, description="input tokens served from the prefix cache")
     request_throughput_rps: float = Field(ge=0)
     max_concurrency: float = Field(ge=0, description="requests the KV cache holds at once (whole deployment)")
     running_requests: float = Field(0, ge=0, description="requests actually running (the rest queue)")
     error_rate: float = Field(0.0, ge=0, le=1)
     stream_coalesced: bool = Field(False, description="tokens arrived in one chunk: speed and ITL are bounds")
+
+    def ttft_ms_at(self, percentile: str) -> float:
+        return _at(percentile, self.ttft_ms_p50, self.ttft_ms_p90, self.ttft_ms_p99)
+
+    def itl_ms_at(self, percentile: str) -> float:
+        return _at(percentile, self.itl_ms_p50, self.itl_ms_p90, self.itl_ms_p99)
+
+    def share_within(self, *, max_ttft_ms: float | None = None, max_itl_ms: float | None = None) -> float:
+        """Share of requests whose TTFT and ITL both meet the bounds (the two taken as independent)."""
+        share = 1.0
+        if max_ttft_ms is not None:
+            share *= _cdf(max_ttft_ms, self.ttft_ms_sketch, self.ttft_ms_p50, self.ttft_ms_p90, self.ttft_ms_p99)
+        if max_itl_ms is not None and self.osl > 1:
+            share *= _cdf(max_itl_ms, self.itl_ms_sketch, self.itl_ms_p50, self.itl_ms_p90, self.itl_ms_p99)
+        return share
 
     @classmethod
     def from_rates(cls, *, concurrency: int, num_gpus: int, isl: int, osl: int, request_rps: float,
@@ -49,3 +78,30 @@ class ServingMetrics(BaseModel):
                    ttft_ms_p99=ttft_ms_p99 if ttft_ms_p99 is not None else ttft_ms, itl_ms_mean=itl_ms,
                    itl_ms_p50=itl_ms, itl_ms_p99=itl_ms_p99 if itl_ms_p99 is not None else itl_ms,
                    request_throughput_rps=request_rps, max_concurrency=max_concurrency, running_requests=running)
+
+
+def _at(percentile: str, p50: float, p90: float | None, p99: float) -> float:
+    if percentile == "p50":
+        return p50
+    if percentile == "p90":
+        return p99 if p90 is None else p90
+    if percentile == "p99":
+        return p99
+    raise ValueError(f"unknown percentile {percentile!r} (p50, p90 or p99)")
+
+
+def _cdf(bound: float, sketch: Sequence[float], p50: float, p90: float | None, p99: float) -> float:
+    """P(value <= bound), read off the sketch (else p50/p90/p99) by linear interpolation between its points."""
+    if sketch:
+        probs, values = SKETCH_PROBABILITIES, sketch
+    else:
+        probs, values = (0.5, 0.9, 0.99), (p50, p99 if p90 is None else p90, p99)
+    if bound >= values[-1]:
+        return 1.0  # the tail past the last point is read as met: the sketch's last point is p99
+    if bound < values[0]:
+        return 0.0
+    for (p_lo, v_lo), (p_hi, v_hi) in zip(zip(probs, values, strict=True), zip(probs[1:], values[1:], strict=True),
+                                          strict=True):
+        if v_lo <= bound < v_hi:
+            return p_lo + (p_hi - p_lo) * (bound - v_lo) / (v_hi - v_lo)
+    return probs[-1]

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
 from tuner.topology import DEFAULT_ALL2ALL_BACKEND, All2AllBackend, KVCacheDtype, Role, Topology
-from tuner.workload import Workload
+from tuner.workload import Lengths, PrefixSharing, Workload, workload_error
 
 Phase = Literal["prefill", "decode", "aggregated"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")  # the PD phases, composed into xPyD deployments
@@ -165,15 +165,63 @@ class ClusterSpec(_Strict):
 
 
 class WorkloadSpec(_Strict):
-    isl: int = Field(ge=1, le=MAX_KNOB_VALUE)
-    osl: int = Field(ge=1, le=MAX_KNOB_VALUE)
+    """The traffic: `isl`/`osl` (fixed lengths), or `input_tokens`/`output_tokens` distributions, or a mooncake
+    `trace` (a path relative to the space file); optional synthetic shared `prefix`."""
+
+    isl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
+    osl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
+    input_tokens: Lengths | None = None
+    output_tokens: Lengths | None = None
+    trace: str | None = Field(None, max_length=4096)
+    prefix: PrefixSharing | None = None
     requests_per_level: int = Field(0, ge=0, le=MAX_KNOB_VALUE)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: object) -> object:
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("input_tokens", "output_tokens"):
+                if isinstance(data.get(name), int) and not isinstance(data.get(name), bool):
+                    data[name] = {"distribution": "fixed", "tokens": data[name]}
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        for short, full in (("isl", "input_tokens"), ("osl", "output_tokens")):
+            if getattr(self, short) is not None and getattr(self, full) is not None:
+                raise ValueError(f"give {short} or {full}, not both")
+        if self.trace is None:
+            if self.isl is None and self.input_tokens is None:
+                raise ValueError("give isl (tokens), input_tokens (a distribution) or trace (a file)")
+            if self.osl is None and self.output_tokens is None:
+                raise ValueError("give osl (tokens), output_tokens (a distribution) or trace (a file)")
+        elif any(v is not None for v in (self.isl, self.osl, self.input_tokens, self.output_tokens, self.prefix)):
+            raise ValueError("a trace gives the lengths and prefixes: drop isl/osl/input_tokens/output_tokens/prefix")
+        return self
+
+    def resolve(self, base_dir: Path, concurrency: tuple[int, ...] = (1,)) -> Workload:
+        try:
+            if self.trace is not None:
+                path = Path(self.trace).expanduser()
+                return Workload.from_trace(path if path.is_absolute() else base_dir / path, concurrency=concurrency,
+                                           requests_per_level=self.requests_per_level)
+            return Workload(input_tokens=self.input_tokens or self.isl, output_tokens=self.output_tokens or self.osl,
+                            prefix=self.prefix, concurrency=concurrency, requests_per_level=self.requests_per_level)
+        except ValidationError as exc:
+            raise workload_error(exc) from None
+
+
+Percentile = Literal["p50", "p90", "p99"]
 
 
 class Constraints(_Strict):
+    """The SLA a deployment must meet (latencies at `percentile`), a per-user floor and the accuracy bar."""
+
     max_ttft_ms: float | None = Field(None, gt=0)
     max_itl_ms: float | None = Field(None, gt=0)
-    percentile: Literal["p50", "p99"] = "p50"
+    percentile: Percentile = "p90"
+    min_tok_s_per_user: float | None = Field(None, gt=0)
     min_accuracy: float | None = Field(None, ge=0, le=1)
 
 
@@ -184,11 +232,34 @@ class SearchSpace(_Strict):
     workload: WorkloadSpec
     constraints: Constraints = Constraints()
     phases: dict[Phase, PhaseSpace] = Field(min_length=1)
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)  # where a relative trace path starts
+    _traffic: Workload | None = PrivateAttr(default=None)
+
+    def with_base_dir(self, base_dir: Path) -> SearchSpace:
+        self._base_dir = base_dir
+        self._traffic = None
+        return self
+
+    @property
+    def traffic(self) -> Workload:
+        """The space's workload, resolved once (a trace is read and summarised here)."""
+        if self._traffic is None:
+            self._traffic = self.workload.resolve(self._base_dir)
+        return self._traffic
+
+    @property
+    def isl(self) -> int:
+        """The typical prompt (a fixed workload's isl): what study names and recipes read."""
+        return self.traffic.isl
+
+    @property
+    def osl(self) -> int:
+        return self.traffic.osl
 
     def phase_workload(self, phase: Phase) -> Workload:
         space = self.phases[phase]
-        return Workload(isl=space.workload.isl or self.workload.isl, osl=space.workload.osl or self.workload.osl,
-                        concurrency=tuple(space.concurrency), requests_per_level=self.workload.requests_per_level)
+        return self.traffic.with_lengths(space.workload.isl, space.workload.osl).model_copy(
+            update={"concurrency": tuple(space.concurrency)})
 
     def param_choices(self, phase: Phase) -> dict[str, list]:
         """Every knob's choices; the order fixes the Optuna parameter order."""
@@ -331,7 +402,7 @@ def _describe(err: dict, allowed: dict[tuple, list[str]]) -> str:
         return f"unknown parameter{'; allowed: ' + ', '.join(names) if names else ''}"
     if err["type"] == "missing":
         return "required field is missing"
-    return err["msg"]
+    return err["msg"].removeprefix("Value error, ")
 
 
 _ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.model_fields),
@@ -371,4 +442,6 @@ def load_space(path: str | Path) -> SearchSpace:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--space",
                           fix="give the path of a search-space YAML file (see search_spaces/)") from exc
-    return parse_space(text, str(path))
+    space = parse_space(text, str(path)).with_base_dir(path.resolve().parent)
+    space.traffic  # noqa: B018 - a bad trace is reported at load, naming its line, not mid-study
+    return space

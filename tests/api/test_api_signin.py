@@ -158,7 +158,7 @@ def test_new_study_page_offers_models_and_spaces(app_client):
 
 
 def test_form_constraints_go_through_the_api_schema(app_client):
-    bad = app_client.post("/v1/studies", json={**FAST_STUDY, "constraints": {"max_ttft_ms": -5, "percentile": "p90"}},
+    bad = app_client.post("/v1/studies", json={**FAST_STUDY, "constraints": {"max_ttft_ms": -5, "percentile": "p95"}},
                           headers=AUTH)
     assert bad.status_code == 422
     assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "constraints", "max_ttft_ms"),

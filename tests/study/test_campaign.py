@@ -181,7 +181,7 @@ def test_results_survive_reload(storage_url: str, tmp_path: Path) -> None:
     ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 8, osl: 8}\nphases:\n  decode:\n"
      "    concurrency: [1]\n    gpu_memory_utilization: [1.5]\n", [":7:", "gpu_memory_utilization", "(0, 1]"]),
     ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 8}\nphases:\n  decode:\n"
-     "    concurrency: [1]\n", [":3:", "workload.osl", "missing"]),
+     "    concurrency: [1]\n", [":3:", "workload", "give osl (tokens), output_tokens (a distribution) or trace"]),
 ])
 def test_malformed_spaces_name_line_and_field(text: str, needles: list[str]) -> None:
     with pytest.raises(ConfigError) as err:

@@ -18,7 +18,7 @@ from tuner.hardware import GpuSpec, get_gpu
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
-from tuner.perf import Calibration, RooflineModel
+from tuner.perf import Calibration, RooflineModel, predict_traffic
 
 
 @lru_cache(maxsize=16)
@@ -110,15 +110,14 @@ class SimulatedBackend(Backend):
         gpu = get_gpu(request.gpu)
         model = _model(request.model_path)
         workload = request.workload
-        memory = compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl))
+        memory = compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload))
         predicted = {"kv_budget_gib": memory.kv_budget_bytes / 2**30, "block_size": float(memory.layout.block_size),
                      "num_gpu_blocks": float(memory.num_gpu_blocks), "max_concurrency": memory.max_concurrency}
         if not memory.fits:
             return TrialResult.failed(TrialStatus.OOM, f"simulated start-up: {memory.verdict()}",
                                       predicted_memory=predicted, duration_s=time.monotonic() - started)
         perf = _perf(request.model_path, gpu, self.calibration)
-        points = perf.predict_curve(topo, group.role, isl=workload.isl, osl=workload.osl,
-                                    concurrencies=workload.concurrency)
+        points = predict_traffic(perf, topo, group.role, workload).points
         if self.noise > 0:
             rng = self._rng(request)
             trial_rate, trial_latency = rng.lognormal(0.0, self.noise, size=2)

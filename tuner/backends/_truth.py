@@ -31,6 +31,7 @@ from tuner.perf import (
     RooflineModel,
     default_calibration,
     flag_cap_per_rank,
+    predict_traffic,
 )
 from tuner.topology import Role, Topology
 
@@ -166,8 +167,7 @@ class HiddenTruthBackend(Backend):
             perf = self._perf[request.model_path + request.gpu] = _TruthRoofline(
                 _model(request.model_path), get_gpu(request.gpu), self._truth)
         factor = self._truth.step_factor(group.topology)
-        points = perf.predict_curve(group.topology, group.role, isl=request.workload.isl, osl=request.workload.osl,
-                                    concurrencies=request.workload.concurrency)
+        points = predict_traffic(perf, group.topology, group.role, request.workload).points
         return [_noisy(p, 1.0 / factor, factor) for p in points]
 
     def run(self, request: TrialRequest) -> TrialResult:
@@ -176,7 +176,7 @@ class HiddenTruthBackend(Backend):
             return TrialResult.failed(TrialStatus.UNSUPPORTED, "a hidden truth measures one instance per trial")
         topo = request.deployment.groups[0].topology
         memory = compute_memory(_model(request.model_path), get_gpu(request.gpu), topo,
-                                MemoryInputs(isl=request.workload.isl, osl=request.workload.osl))
+                                MemoryInputs.for_workload(request.workload))
         if not memory.fits:
             return TrialResult.failed(TrialStatus.OOM, f"start-up: {memory.verdict()}",
                                       duration_s=time.monotonic() - started)

@@ -45,8 +45,8 @@ class RecipeContext:
         gpu = get_gpu(space.cluster.gpu)
         first = next(iter(space.phases.values()))
         return cls(model_path=model_path, model_name=model_name, gpu=gpu.name,
-                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.workload.isl,
-                   osl=space.workload.osl, concurrency=tuple(first.concurrency),
+                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.isl,
+                   osl=space.osl, concurrency=tuple(first.concurrency),
                    vllm_version=space.cluster.vllm_version)
 
     def plan_settings(self) -> PlanSettings:

@@ -19,7 +19,7 @@ from tuner.memory._weights import (
 )
 from tuner.models import ModelSpec
 from tuner.topology import Topology
-from tuner.workload import served_context_tokens
+from tuner.workload import Workload, served_context_tokens
 
 GIB = 1024**3
 MIB = 1024**2
@@ -64,6 +64,11 @@ class MemoryInputs:
     @property
     def tokens_per_request(self) -> int:
         return self.isl + self.osl
+
+    @classmethod
+    def for_workload(cls, workload: Workload, **measured: object) -> MemoryInputs:
+        """The typical request for the KV arithmetic, and a served context that holds the longest one."""
+        return cls(isl=workload.isl, osl=workload.osl, max_model_len=workload.max_model_len, **measured)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ from tuner.perf._aggregated import AggregatedPoint, BurstRun
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import FITTABLE_FACTORS, Calibration, default_calibration, known_calibrations
 from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
-from tuner.perf._roofline import InstanceState, Occupancy, RooflineModel, flag_cap_per_rank
+from tuner.perf._roofline import InstanceState, LatencyParts, Occupancy, RooflineModel, flag_cap_per_rank
 from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
 from tuner.perf._sweep import DECODE_LADDER, PREFILL_LADDER, Curves, candidate_topologies, sweep_curves
+from tuner.perf._traffic import SaturatedLevel, TrafficCurve, predict_traffic, prefix_hit_share
 
 __all__ = [
     "DECODE_LADDER",
@@ -20,12 +21,15 @@ __all__ = [
     "DecodeStep",
     "FitResult",
     "InstanceState",
+    "LatencyParts",
     "MeasuredPoint",
     "MixedStep",
     "Occupancy",
     "PerformanceModel",
     "PrefillStep",
     "RooflineModel",
+    "SaturatedLevel",
+    "TrafficCurve",
     "accepted_tokens",
     "candidate_topologies",
     "default_calibration",
@@ -33,5 +37,7 @@ __all__ = [
     "flag_cap_per_rank",
     "known_calibrations",
     "mean_relative_error",
+    "predict_traffic",
+    "prefix_hit_share",
     "sweep_curves",
 ]

@@ -57,6 +57,29 @@ class _Steady:
     point: AggregatedPoint
 
 
+@dataclass(frozen=True, slots=True)
+class LatencyParts:
+    """One request's latency at a load, split so a length mix can scale each part by its own request.
+
+    TTFT = wait + prompt (its own prefill work; in a PD decode role, its KV transfer) + front end + first token.
+    ITL averages a request's decode steps: `chunk_share` of them also carry a prefill chunk (aggregated).
+    """
+
+    wait_ms: float  # queueing ahead of the request (a closed loop's Little's-law wait)
+    prompt_ms: float  # its own prompt at the typical length
+    front_ms: float
+    first_token_ms: float
+    itl_plain_ms: float
+    itl_chunk_ms: float
+    chunk_share: float
+    decode_steps: float  # decode steps of a typical request
+
+
+def _new_tokens(isl: int, cached_tokens: float) -> int:
+    """Prompt tokens computed: vLLM always recomputes at least the last one."""
+    return max(1, round(isl - cached_tokens))
+
+
 def flag_cap_per_rank(topo: Topology, role: Role) -> int:
     """Requests one DP rank may run by its flags alone: max-num-seqs and, outside prefill, the token budget
     (every running request's verified tokens must fit one step). The KV cache is the other, separate limit."""
@@ -166,39 +189,93 @@ class RooflineModel(PerformanceModel):
                            total_requests=occ.running, context_tokens=isl + osl / 2, mtp_depth=topo.mtp,
                            stream_interval=topo.stream_interval)
 
-    def prefill_step(self, topo: Topology, running: int, *, isl: int) -> PrefillStep:
-        """The prefill step of an instance with `running` prompts in flight (chunked by the token budget)."""
+    def prefill_step(self, topo: Topology, running: int, *, isl: int, new_tokens: int | None = None) -> PrefillStep:
+        """The prefill step of an instance with `running` prompts in flight (chunked by the token budget);
+        `new_tokens` of each prompt are computed (the rest came from the prefix cache)."""
         state = self.state(topo, Role.PREFILL, isl=isl, osl=1)
         occ = self.occupancy(state, topo, running)
-        tokens = min(topo.max_num_batched_tokens, occ.per_rank * isl)
+        new = isl if new_tokens is None else new_tokens
+        tokens = min(topo.max_num_batched_tokens, occ.per_rank * new)
         return prefill_step(state.costs, self.gpu, self.calibration, tokens_per_rank=tokens,
-                            busy_ranks=occ.busy_ranks, prompt_tokens=isl)
+                            busy_ranks=occ.busy_ranks, prompt_tokens=new)
 
     # -- predictions ---------------------------------------------------------------------------------
-    def predict(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int) -> ServingMetrics:
+    def predict(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int,
+                cached_tokens: float = 0.0) -> ServingMetrics:
         if isl < 1 or osl < 1 or concurrency < 1:
             raise ConfigError(f"isl, osl and concurrency must be >= 1 (got {isl}, {osl}, {concurrency})",
                               field="workload", fix="give positive token counts and concurrency")
         if role is Role.DECODE:
             return self._decode(topology, isl, osl, concurrency)
         if role is Role.PREFILL:
-            return self._prefill(topology, isl, concurrency)
-        return self._aggregated(topology, isl, osl, concurrency)
+            return self._prefill(topology, isl, concurrency, _new_tokens(isl, cached_tokens))
+        return self._aggregated(topology, isl, osl, concurrency, _new_tokens(isl, cached_tokens))
+
+    def latency_parts(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int,
+                      cached_tokens: float = 0.0) -> LatencyParts:
+        """What a request's TTFT and ITL are made of at this load (the spread of a length mix scales them)."""
+        new = _new_tokens(isl, cached_tokens)
+        front = self.front_end_ms(isl)
+        if role is Role.DECODE:
+            state = self.state(topology, Role.DECODE, isl=isl, osl=osl)
+            m = self._decode(topology, isl, osl, concurrency)
+            transfer = self._transfer_ms(state, isl)
+            steps = max(osl - 1, 0) / accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
+            return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - transfer - m.itl_ms_mean), prompt_ms=transfer,
+                                front_ms=0.0, first_token_ms=m.itl_ms_mean, itl_plain_ms=m.itl_ms_mean,
+                                itl_chunk_ms=m.itl_ms_mean, chunk_share=0.0, decode_steps=steps)
+        if role is Role.PREFILL:
+            state = self.state(topology, Role.PREFILL, isl=isl, osl=1)
+            occ = self.occupancy(state, topology, concurrency)
+            m = self._prefill(topology, isl, concurrency, new)
+            step = self.prefill_step(topology, concurrency, isl=isl, new_tokens=new)
+            prompt = step.step_ms * max(1.0, occ.per_rank * new / topology.max_num_batched_tokens)
+            return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt, front_ms=front,
+                                first_token_ms=0.0, itl_plain_ms=0.0, itl_chunk_ms=0.0, chunk_share=0.0,
+                                decode_steps=0.0)
+        steady = self._steady(topology, concurrency, isl, osl, new)
+        m = self._aggregated(topology, isl, osl, concurrency, new)
+        point = steady.point
+        plain = (self._mixed(topology, isl, osl, steady.occupancy.busy_ranks, new)(point.decode_requests, 0.0).step_ms
+                 if point.decode_requests > 0 else point.chunk_step_ms)
+        accepted = accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
+        prompt = point.prefill_steps * point.chunk_step_ms
+        return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt, front_ms=front,
+                            first_token_ms=0.0, itl_plain_ms=plain / accepted,
+                            itl_chunk_ms=point.chunk_step_ms / accepted, chunk_share=point.chunk_share,
+                            decode_steps=point.decode_steps)
+
+    def service_capacity(self, topology: Topology, role: Role, *, isl: int, osl: int,
+                         cached_tokens: float = 0.0) -> tuple[float, float]:
+        """(requests served at once at capacity, requests/s then): an open-loop queue's servers and its rate.
+        A prefill instance serves prompts through its token budget, so its servers are budget / prompt per rank."""
+        new = _new_tokens(isl, cached_tokens)
+        if role is Role.PREFILL:
+            state = self.state(topology, Role.PREFILL, isl=isl, osl=1)
+            slots = topology.dp * max(1.0, topology.max_num_batched_tokens / new)
+            level = max(1, int(min(state.cap_per_rank * topology.dp, 4 * slots)))
+            return slots, self._prefill(topology, isl, level, new).request_throughput_rps
+        full = self.capacity(topology, role, isl=isl, osl=osl)
+        rate = (self._decode(topology, isl, osl, full) if role is Role.DECODE
+                else self._aggregated(topology, isl, osl, full, new)).request_throughput_rps
+        return float(full), rate
 
     def front_end_ms(self, isl: int) -> float:
         """Time to first token spent outside the GPU: API server, tokenizer, scheduler admission."""
         cal = self.calibration
         return cal.request_overhead_ms + cal.tokenize_us_per_token * 1e-3 * isl
 
-    def _mixed(self, topo: Topology, isl: int, osl: int, busy: int) -> Callable[[float, float], MixedStep]:
+    def _mixed(self, topo: Topology, isl: int, osl: int, busy: int,
+               new: int | None = None) -> Callable[[float, float], MixedStep]:
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
+        prompt = isl if new is None else new
         costs, cal = state.costs, self.calibration
 
         def step(decode_requests: float, chunk_tokens: float) -> MixedStep:
             return mixed_step(costs, self.gpu, cal, decode_requests_per_rank=decode_requests,
                               total_decode_requests=decode_requests * busy, context_tokens=isl + osl / 2,
                               mtp_depth=topo.mtp, chunk_tokens_per_rank=chunk_tokens, busy_ranks=busy,
-                              prompt_tokens=isl, stream_interval=topo.stream_interval)
+                              prompt_tokens=prompt, stream_interval=topo.stream_interval)
 
         return step
 
@@ -210,12 +287,15 @@ class RooflineModel(PerformanceModel):
         """`prompts` requests sent at once to an aggregated instance, run to the last token (per DP rank)."""
         return self._burst(topo, prompts, isl, osl)[1]
 
-    def _steady(self, topo: Topology, concurrency: int, isl: int, osl: int) -> _Steady:
-        """State, occupancy and steady point of an aggregated instance, computed once per prediction."""
+    def _steady(self, topo: Topology, concurrency: int, isl: int, osl: int, new: int | None = None) -> _Steady:
+        """State, occupancy and steady point of an aggregated instance, computed once per prediction; `new` of
+        each prompt's tokens are prefilled (the rest are prefix-cache hits)."""
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)
         occ = self.occupancy(state, topo, concurrency)
-        point = solve_aggregated(self._mixed(topo, isl, osl, occ.busy_ranks), requests_per_rank=occ.per_rank,
-                                 isl=isl, osl=osl, accepted=accepted_tokens(topo.mtp, self.calibration.mtp_acceptance),
+        prompt = isl if new is None else new
+        accepted = accepted_tokens(topo.mtp, self.calibration.mtp_acceptance)
+        point = solve_aggregated(self._mixed(topo, isl, osl, occ.busy_ranks, prompt),
+                                 requests_per_rank=occ.per_rank, isl=prompt, osl=osl, accepted=accepted,
                                  tokens_per_request=1 + topo.mtp, token_budget=topo.max_num_batched_tokens)
         return _Steady(state, occ, point)
 
@@ -241,8 +321,9 @@ class RooflineModel(PerformanceModel):
             ttft_ms=run.ttft_ms + self.front_end_ms(isl), itl_ms=itl_ms,
             max_concurrency=steady.state.memory.max_concurrency_instance, running=steady.occupancy.running)
 
-    def _aggregated(self, topo: Topology, isl: int, osl: int, concurrency: int) -> ServingMetrics:
-        steady = self._steady(topo, concurrency, isl, osl)
+    def _aggregated(self, topo: Topology, isl: int, osl: int, concurrency: int,
+                    new: int | None = None) -> ServingMetrics:
+        steady = self._steady(topo, concurrency, isl, osl, new)
         occ, point = steady.occupancy, steady.point
         gpu_rps = point.requests_per_s * occ.busy_ranks
         in_system_ms = max(concurrency / gpu_rps * 1e3, point.service_ms)  # Little's law, queue included
@@ -264,23 +345,27 @@ class RooflineModel(PerformanceModel):
         busy_s = osl * itl_ms / 1e3  # one request's decode time once it runs
         rps = occ.running / busy_s
         wait_ms = max(0.0, concurrency / rps - busy_s) * 1e3  # Little's law: the queue ahead of the KV cache
-        costs = state.costs
-        cal = self.calibration
-        t = costs.target
-        kv_bytes = isl * (t.kv_bytes_per_token + t.window_kv_bytes_per_token + t.index_kv_bytes_per_token)
-        transfer_ms = (kv_bytes + costs.target.state_bytes) / (costs.kv_link_bytes_s * cal.kv_transfer_efficiency) * 1e3
+        transfer_ms = self._transfer_ms(state, isl)
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=osl, request_rps=rps,
             ttft_ms=wait_ms + transfer_ms + itl_ms, itl_ms=itl_ms,
             max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
 
-    def _prefill(self, topo: Topology, isl: int, concurrency: int) -> ServingMetrics:
+    def _transfer_ms(self, state: InstanceState, isl: int) -> float:
+        """The prompt's KV (and recurrent state) over the prefill -> decode link."""
+        t = state.costs.target
+        kv_bytes = isl * (t.kv_bytes_per_token + t.window_kv_bytes_per_token + t.index_kv_bytes_per_token)
+        link_bytes_s = state.costs.kv_link_bytes_s * self.calibration.kv_transfer_efficiency
+        return (kv_bytes + t.state_bytes) / link_bytes_s * 1e3
+
+    def _prefill(self, topo: Topology, isl: int, concurrency: int, new: int | None = None) -> ServingMetrics:
         state = self.state(topo, Role.PREFILL, isl=isl, osl=1)
         occ = self.occupancy(state, topo, concurrency)
-        tokens = min(topo.max_num_batched_tokens, occ.per_rank * isl)
+        new = isl if new is None else new
+        tokens = min(topo.max_num_batched_tokens, occ.per_rank * new)
         step = prefill_step(state.costs, self.gpu, self.calibration, tokens_per_rank=tokens,
-                            busy_ranks=occ.busy_ranks, prompt_tokens=isl)
-        rps = occ.busy_ranks * tokens / isl / (step.step_ms / 1e3)
+                            busy_ranks=occ.busy_ranks, prompt_tokens=new)
+        rps = occ.busy_ranks * tokens / new / (step.step_ms / 1e3)
         ttft_ms = concurrency / rps * 1e3 + self.front_end_ms(isl)  # Little's law: queued or running
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=1, request_rps=rps, ttft_ms=ttft_ms,

@@ -213,8 +213,8 @@ def load_campaign(storage_url: str, name: str) -> tuple[CampaignResult, SearchSp
     phases = {phase: _phase_result(study, phase) for phase, study in studies.items()}
     composed, front, error = compose_front(phases, space, model)
     base, _ = split_name(name)
-    return (CampaignResult(name=base, model=meta.model, gpu=meta.gpu, isl=space.workload.isl,
-                           osl=space.workload.osl, phases=phases, composed=composed, composed_front=front,
+    return (CampaignResult(name=base, model=meta.model, gpu=meta.gpu, isl=space.isl,
+                           osl=space.osl, phases=phases, composed=composed, composed_front=front,
                            composition_error=error), space, meta)
 
 
@@ -240,7 +240,7 @@ class Campaign:
         for phase in self.space.phases:  # fail before any trial when a phase cannot run at all
             self.space.expand(phase, self.model)
         if not self.name:
-            w = self.space.workload
+            w = self.space
             self.name = campaign_name(self.model.name, self.gpu.name, w.isl, w.osl)
 
     def phase_study_name(self, phase: str) -> str:

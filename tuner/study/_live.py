@@ -207,7 +207,7 @@ class LiveCampaign:
         if "prefill" not in self._phases or "decode" not in self._phases:
             self._composed = compose_curves({p: [] for p in self._phases}, self.space, self._model)  # type: ignore[arg-type]
         composed, front, error = self._composed
-        w = self.space.workload
+        w = self.space
         assert self.meta is not None
         self.result = CampaignResult(name=self.name, model=self.meta.model, gpu=self.meta.gpu,
                                      isl=w.isl, osl=w.osl,

@@ -15,7 +15,7 @@ import numpy as np
 from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
-from tuner.perf import RooflineModel
+from tuner.perf import RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace
 from tuner.study._objectives import phase_values
 from tuner.study._records import is_feasible, point_constraints
@@ -62,10 +62,9 @@ class SimulatorPrior:
         perf = RooflineModel(model, gpu)
         candidates, predicted, feasible = [], [], []
         for topo in space.expand(phase, model):
-            if not compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl)).fits:
+            if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
                 continue
-            curve = perf.predict_curve(topo, topo.role, isl=workload.isl, osl=workload.osl,
-                                       concurrencies=workload.concurrency)
+            curve = predict_traffic(perf, topo, topo.role, workload).points
             candidates.append(_params_of(topo, choices))
             predicted.append([phase_values(phase, m) for m in curve])
             feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])

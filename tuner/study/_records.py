@@ -25,8 +25,8 @@ FAILED_VALUES: tuple[float, float] = (0.0, 0.0)
 
 
 def point_constraints(m: ServingMetrics, c: Constraints, accuracy: float | None) -> dict[str, float]:
-    ttft = m.ttft_ms_p99 if c.percentile == "p99" else m.ttft_ms_p50
-    itl = m.itl_ms_p99 if c.percentile == "p99" else m.itl_ms_p50
+    ttft = m.ttft_ms_at(c.percentile)
+    itl = m.itl_ms_at(c.percentile)
     return {
         "valid": 0.0, "memory": 0.0, "failed": 0.0,
         "ttft": (ttft - c.max_ttft_ms) / c.max_ttft_ms if c.max_ttft_ms else 0.0,

@@ -394,7 +394,7 @@ class PhaseRun:
         if topo is None:
             return None, rejection
         workload = self.space.phase_workload(self.phase)
-        memory = compute_memory(self.model, self.gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl))
+        memory = compute_memory(self.model, self.gpu, topo, MemoryInputs.for_workload(workload))
         if not memory.fits:
             return None, ("memory", max(memory.shortfall_gib, 0.01), memory.verdict())
         return topo, None

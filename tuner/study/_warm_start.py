@@ -8,7 +8,7 @@ from tuner.frontier import hypervolume_2d, pareto_front
 from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
-from tuner.perf import RooflineModel
+from tuner.perf import RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._objectives import phase_values
 from tuner.topology import Topology
@@ -21,10 +21,9 @@ def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: Gp
     perf = RooflineModel(model, gpu)
     out = []
     for topo in space.expand(phase, model):
-        if not compute_memory(model, gpu, topo, MemoryInputs(isl=workload.isl, osl=workload.osl)).fits:
+        if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
             continue
-        for m in perf.predict_curve(topo, phase_role(phase), isl=workload.isl, osl=workload.osl,
-                                    concurrencies=workload.concurrency):
+        for m in predict_traffic(perf, topo, phase_role(phase), workload).points:
             out.append((topo, phase_values(phase, m)))
     return out
 

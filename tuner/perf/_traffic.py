@@ -1,0 +1,212 @@
+"""A workload's latency distribution on one instance: length mixes, prefix-cache hits and open-loop queueing.
+
+The step model prices the typical request (the mean lengths, minus the prefix cache's hits); this layer spreads
+that over the mix, as vLLM serves it:
+- TTFT of a request with prompt x: the queue ahead of it + its own prefill (scaled by its uncached tokens
+  against the typical one's) + the front end (tokenising scales with x). Closed loop: the queue is Little's
+  law's mean, the same for everyone. Open loop (Poisson): an M/G/c queue with c the requests served at once at
+  capacity and Sakasegawa's approximation of its waiting probability, an exponential tail past it
+  (Allen-Cunneen for the service-time variability); at or past capacity the queue grows without bound and the
+  level is reported as saturated, with no latency.
+- ITL of a request: the mean of its decode steps; in an aggregated instance `chunk_share` of steps also carry a
+  prefill chunk, so a request of n steps sees Binomial(n, share) of them (a normal approximation): short
+  answers feel the interference of long prompts most.
+Percentiles are read from the deterministic samples of the distributions (tuner.workload), so a fixed workload
+gives p50 = p90 = p99 = the mean, exactly as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tuner.metrics import SKETCH_PROBABILITIES, ServingMetrics
+from tuner.perf._roofline import LatencyParts, RooflineModel
+from tuner.topology import Role, Topology
+from tuner.workload import Workload
+
+_P = np.array(SKETCH_PROBABILITIES)
+_SATURATION = 0.995  # utilisation past which an open-loop level is called saturated
+
+
+@dataclass(frozen=True)
+class SaturatedLevel:
+    """An open-loop rate the instance cannot sustain: TTFT grows for as long as the load lasts."""
+
+    offered_rps: float
+    capacity_rps: float
+
+    def describe(self) -> str:
+        return (f"{self.offered_rps:g} req/s offered > {self.capacity_rps:.3g} req/s capacity: the queue and TTFT "
+                "grow without bound")
+
+
+@dataclass(frozen=True)
+class TrafficCurve:
+    points: list[ServingMetrics] = field(default_factory=list)
+    saturated: list[SaturatedLevel] = field(default_factory=list)
+
+
+def prefix_hit_share(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
+                     cache_aware: bool = True) -> float:
+    """Input-token share the instance's prefix caches serve. A DP rank has its own cache; vLLM balances DP ranks
+    by load, not by prefix, so within an instance the ranks act as round robin. The decode role of a PD pair
+    computes no prompt: its hits only save transfer, which is not modelled (0)."""
+    if role is Role.DECODE or (workload.trace is None and workload.prefix is None):
+        return 0.0
+    state = perf.state(topo, role, isl=workload.isl, osl=1 if role is Role.PREFILL else workload.osl)
+    cache_tokens = state.memory.num_gpu_blocks * state.memory.layout.block_size
+    return workload.prefix_hit_share(cache_tokens, ranks=topo.dp, cache_aware=cache_aware and topo.dp == 1)
+
+
+def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
+                    cache_aware: bool = True) -> TrafficCurve:
+    """Every load level of `workload` on one instance; open-loop levels past capacity come back saturated."""
+    isl, osl = workload.isl, workload.osl
+    osl_role = 1 if role is Role.PREFILL else osl
+    hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware)
+    cached = hit * workload.input_tokens.expected
+    curve = TrafficCurve()
+    if not workload.open_loop:
+        for c in workload.concurrency:
+            mean = perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
+            if workload.is_fixed and role is not Role.BOTH:  # every request alike, steady steps: no spread
+                curve.points.append(_uniform(mean))
+                continue
+            parts = perf.latency_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
+            curve.points.append(_spread(mean, parts, workload, role, hit, wait=None))
+        return curve
+    servers, capacity = perf.service_capacity(topo, role, isl=isl, osl=osl_role, cached_tokens=cached)
+    for rate in workload.request_rates:
+        if rate >= _SATURATION * capacity:
+            curve.saturated.append(SaturatedLevel(rate, capacity))
+            continue
+        c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
+        mean = perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
+        parts = perf.latency_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
+        wait = _poisson_wait(rate, capacity, servers, _service_scv(workload, role))
+        curve.points.append(_spread(_at_rate(mean, rate), parts, workload, role, hit, wait=wait, offered_rps=rate))
+    return curve
+
+
+def _at_rate(m: ServingMetrics, rate: float) -> ServingMetrics:
+    """A stable open-loop level serves what it is offered: rates scale to `rate` (latencies are set apart)."""
+    scale = rate / m.request_throughput_rps if m.request_throughput_rps > 0 else 0.0
+    return m.model_copy(update={
+        "request_throughput_rps": rate, "total_tok_s": m.total_tok_s * scale, "output_tok_s": m.output_tok_s * scale,
+        "total_tok_s_per_gpu": m.total_tok_s_per_gpu * scale, "output_tok_s_per_gpu": m.output_tok_s_per_gpu * scale})
+
+
+def _concurrency_at(perf: RooflineModel, topo: Topology, role: Role, isl: int, osl: int, cached: float,
+                    rate: float) -> int:
+    """The smallest client count whose closed-loop rate reaches `rate` (the requests in service at that rate)."""
+    cap = perf.capacity(topo, role, isl=isl, osl=osl)
+    lo, hi = 1, max(1, cap)
+    if perf.predict(topo, role, isl=isl, osl=osl, concurrency=lo, cached_tokens=cached).request_throughput_rps >= rate:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if perf.predict(topo, role, isl=isl, osl=osl, concurrency=mid,
+                        cached_tokens=cached).request_throughput_rps >= rate:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _service_scv(workload: Workload, role: Role) -> float:
+    """Squared coefficient of variation of a request's service time: its prompt (prefill) or answer (decode)."""
+    lengths = workload.input_tokens.points if role is Role.PREFILL else workload.output_tokens.points
+    mean = float(lengths.mean())
+    return float(lengths.var() / mean**2) if mean > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """An M/G/c queue's wait: zero with probability 1 - p_wait, else exponential with mean `tail_mean_ms`."""
+
+    p_wait: float
+    tail_mean_ms: float
+
+    def quantiles_ms(self, probabilities: np.ndarray) -> np.ndarray:
+        waiting = probabilities > 1.0 - self.p_wait
+        out = np.zeros_like(probabilities)
+        if self.p_wait > 0:
+            tail = (1.0 - probabilities[waiting]) / self.p_wait
+            out[waiting] = -self.tail_mean_ms * np.log(np.maximum(tail, 1e-12))
+        return out
+
+    @property
+    def mean_ms(self) -> float:
+        return self.p_wait * self.tail_mean_ms
+
+
+def _poisson_wait(rate: float, capacity_rps: float, servers: float, service_scv: float) -> _Wait:
+    """Sakasegawa (1977): P(wait) ~ rho^(sqrt(2(c+1)) - 1); the mean wait of those who wait is
+    S / (c (1 - rho)) scaled by (1 + cs^2) / 2 (Allen-Cunneen), with S = c / capacity the time a server takes."""
+    c = max(1.0, servers)
+    rho = rate / capacity_rps
+    p_wait = min(1.0, rho ** (math.sqrt(2.0 * (c + 1.0)) - 1.0))
+    service_ms = c / capacity_rps * 1e3
+    tail = service_ms / (c * (1.0 - rho)) * (1.0 + service_scv) / 2.0
+    return _Wait(p_wait, tail)
+
+
+def _spread(mean: ServingMetrics, parts: LatencyParts, workload: Workload, role: Role, hit: float, *,
+            wait: _Wait | None, offered_rps: float | None = None) -> ServingMetrics:
+    """The typical request's prediction spread over the workload's lengths (and an open-loop wait)."""
+    inputs = workload.input_tokens.points.astype(float)
+    outputs = workload.output_tokens.points.astype(float)
+    new = np.maximum(1.0, inputs * (1.0 - hit))
+    typical_new = max(1.0, workload.isl * (1.0 - hit))
+    own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
+    if wait is None:
+        ttft = np.sort(parts.wait_ms + own)
+    else:  # every wait quantile with every prompt: independent draws
+        grid = (np.arange(len(own)) + 0.5) / len(own)
+        ttft = np.sort((wait.quantiles_ms(grid)[:, None] + own[None, :]).ravel())
+    if role is Role.PREFILL:
+        itl = np.zeros(1)
+    else:
+        steps = np.maximum(1.0, (outputs - 1.0) * parts.decode_steps / max(1.0, workload.osl - 1.0))
+        share = parts.chunk_share
+        sd = np.sqrt(share * (1.0 - share) / steps)
+        z = _normal_quantiles(len(steps))
+        shares = np.clip(share + sd[:, None] * z[None, :], 0.0, 1.0)
+        itl = np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel())
+        if parts.chunk_share == 0.0:
+            itl = np.full(1, mean.itl_ms_mean)
+    ttft_mean = float(ttft.mean()) if wait is not None else mean.ttft_ms_mean
+    ttft_q = _quantiles(ttft, mean.ttft_ms_mean if wait is None and workload.is_fixed else None)
+    itl_q = _quantiles(itl, mean.itl_ms_mean if role is Role.PREFILL or parts.chunk_share == 0.0 else None)
+    return mean.model_copy(update={
+        "ttft_ms_mean": ttft_mean, "ttft_ms_p50": ttft_q[0.5], "ttft_ms_p90": ttft_q[0.9], "ttft_ms_p99": ttft_q[0.99],
+        "itl_ms_p50": itl_q[0.5], "itl_ms_p90": itl_q[0.9], "itl_ms_p99": itl_q[0.99],
+        "ttft_ms_sketch": tuple(ttft_q[p] for p in SKETCH_PROBABILITIES),
+        "itl_ms_sketch": tuple(itl_q[p] for p in SKETCH_PROBABILITIES),
+        "offered_rps": offered_rps, "prefix_hit_share": hit})
+
+
+def _uniform(m: ServingMetrics) -> ServingMetrics:
+    """Every request alike: each percentile is the mean."""
+    return m.model_copy(update={"ttft_ms_p90": m.ttft_ms_p50, "itl_ms_p90": m.itl_ms_p50,
+                                "ttft_ms_sketch": (m.ttft_ms_p50,) * len(SKETCH_PROBABILITIES),
+                                "itl_ms_sketch": (m.itl_ms_p50,) * len(SKETCH_PROBABILITIES)})
+
+
+def _normal_quantiles(n_outputs: int) -> np.ndarray:
+    from scipy import stats
+
+    k = max(4, 256 // max(1, n_outputs))
+    return stats.norm.ppf((np.arange(k) + 0.5) / k)
+
+
+def _quantiles(sorted_values: np.ndarray, exact: float | None) -> dict[float, float]:
+    """Quantiles of an equal-weight sample; `exact` when every request is alike (no interpolation drift)."""
+    probs = sorted({0.5, 0.9, 0.99, *SKETCH_PROBABILITIES})
+    if exact is not None:
+        return dict.fromkeys(probs, exact)
+    values = np.quantile(sorted_values, probs)
+    return {p: float(v) for p, v in zip(probs, values, strict=True)}
