@@ -24,7 +24,7 @@ Goal (issue 13): the default sampler >= 95% within 10% on every truth and phase,
                                            [--max-trials N]
 `--per-truth`: a second table per phase, one row per truth and sampler (its mean over seeds): a mean over truths
 hides which truth misses a target. `--first-truth 4 --truths 1 --seeds 20 --phases prefill --per-truth` is how
-the README's 20-seed figure for prefill truth 4 is measured.
+the 20-seed figure for prefill truth 4 (docs/benchmarks/sample-efficiency.md) is measured.
 `--runs PATH`: every finished run is appended to PATH (JSON lines) and runs already there are read back instead of
 re-run, so a long campaign (decode at 194 trials takes minutes per run) keeps its partial results and resumes.
 `--jobs N`: the runs of a phase spread over N worker processes. A run's answers are seeded by its truth, trial and
@@ -33,8 +33,9 @@ aside: N processes on fewer cores report a loaded machine's CPU seconds). Set OM
 worker's numpy starts a thread per core: `OMP_NUM_THREADS=1 ... --jobs 2` ran the 25 prefill runs of `auto` in
 24 s instead of 49 s on this 2-core machine, with the same figures.
 `--max-trials N`: each run stops after N trials, for screening variants on decode (194 trials a run): a run not
-at 95% by then is scored there, and HV@10% is read at the cap. The README's capped decode figures (runs capped at
-70 trials) are `--phases decode --samplers auto --first-truth 10 --max-trials 70`.
+at 95% by then is scored there, and HV@10% is read at the cap. The capped decode figures of
+docs/benchmarks/sample-efficiency.md (runs capped at 70 trials) are
+`--phases decode --samplers auto --first-truth 10 --max-trials 70`.
 `--truth exact`: the old benchmark, the tuner's own simulator with 5% noise fixed per deployment.
 """
 

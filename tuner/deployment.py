@@ -1,10 +1,61 @@
-"""A deployment: one or more vLLM instances per role (aggregated, or prefill/decode disaggregated)."""
+"""A deployment: one or more vLLM instances per role (aggregated, or prefill/decode disaggregated), and the
+placement rules every layer shares: the order instances launch in, where a trial's devices are
+(`HostAssignment`), and how one instance may be split over hosts (`check_host_split`).
+
+These live here, below the executors and the backends, so an executor places instances by the same rules the
+launch plan checks without importing a backend.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tuner.errors import TopologyError
 from tuner.topology import Role, Topology
+
+# Instances launch prefill first, then aggregated, then decode: the order a trial's hosts are listed in, so an
+# executor that lists each instance's hosts one after the other hands the launch plan exactly its placement.
+LAUNCH_ORDER = {Role.PREFILL: 0, Role.BOTH: 1, Role.DECODE: 2}
+
+
+class HostAssignment(BaseModel):
+    """Where the executor placed one host's share of a deployment (its address, Ray node and device ids)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str = "127.0.0.1"
+    node_id: str = ""
+    gpu_ids: tuple[int, ...] = ()
+
+
+def check_host_split(topo: Topology, shares: Sequence[int]) -> None:
+    """Refuse a split of one instance over hosts that vLLM cannot run (shares: devices per host, head first).
+
+    A TP group either fits in one host (each host then holds whole DP ranks: `--data-parallel-size-local`) or
+    spans whole hosts: every host holds the same share and TP is a multiple of it, so vLLM's
+    local world size (world // --nnodes) is every host's share (vllm/engine/arg_utils.py); with DP > 1 that
+    is srt-slurm's "spans nodes" layout, dp x (tp / share) hosts. The executors re-place a split this refuses;
+    the launch plan refuses it with the reason.
+    """
+    if len(shares) <= 1:
+        return
+    fix = "give each host whole TP groups (TP <= devices per host) or TP over whole, equal hosts"
+    if topo.tp <= max(shares):
+        if any(s % topo.tp for s in shares):
+            raise TopologyError(f"{topo.name}: a TP{topo.tp} group would straddle hosts with {list(shares)} "
+                                "devices; a TP group must fit in one host or span whole hosts",
+                                field="hosts", fix=fix)
+        return
+    share = shares[0]
+    if any(s != share for s in shares) or topo.tp % share:
+        raise TopologyError(f"{topo.name}: TP{topo.tp} spans hosts unevenly ({list(shares)} devices); vLLM runs "
+                            f"world // --nnodes workers on every host, so each host must hold the same share and "
+                            "TP must be a multiple of it", field="hosts", fix=fix)
+    if len(shares) != topo.dp * topo.tp // share:
+        raise TopologyError(f"{topo.name}: {len(shares)} hosts of {share} devices do not hold DP{topo.dp} ranks "
+                            f"of TP{topo.tp}", field="hosts", fix=fix)
 
 
 class InstanceGroup(BaseModel):
@@ -61,6 +112,11 @@ class Deployment(BaseModel):
 
     def group(self, role: Role) -> InstanceGroup | None:
         return next((g for g in self.groups if g.role is role), None)
+
+    @property
+    def groups_in_launch_order(self) -> tuple[InstanceGroup, ...]:
+        """The groups as instances launch and hosts are listed: prefill, aggregated, decode (LAUNCH_ORDER)."""
+        return tuple(sorted(self.groups, key=lambda g: LAUNCH_ORDER[g.role]))
 
     @property
     def is_disaggregated(self) -> bool:

@@ -1,43 +1,20 @@
-"""The one plug-in point for measuring a deployment: a Backend turns a TrialRequest into a TrialResult."""
+"""The one plug-in point for measuring a deployment: a Backend turns a TrialRequest into a TrialResult.
+
+TrialStatus (tuner/trial_status.py) and HostAssignment (tuner/deployment.py) are defined below the backends, so
+tuner.launch can use them without importing this package; they are re-exported from tuner.backends."""
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.deployment import Deployment
+from tuner.deployment import Deployment, HostAssignment
 from tuner.metrics import ServingMetrics
+from tuner.trial_status import TrialStatus
 from tuner.workload import Workload
-
-
-class TrialStatus(StrEnum):
-    OK = "ok"
-    OOM = "oom"  # CUDA/CPU out of memory while starting or serving
-    KV_TOO_SMALL = "kv_too_small"  # KV cache cannot hold one request of max-model-len
-    UNSUPPORTED = "unsupported"  # the backend refused a feature (e.g. expert parallelism on CPU)
-    CRASHED = "crashed"
-    TIMEOUT = "timeout"
-    BENCHMARK_FAILED = "benchmark_failed"  # the load generator failed or saw too many errors
-    ACCURACY = "accuracy"  # below the accuracy bar
-    INFEASIBLE = "infeasible"  # screened out before launch (memory model)
-
-    @property
-    def ok(self) -> bool:
-        return self is TrialStatus.OK
-
-
-class HostAssignment(BaseModel):
-    """Where Ray placed one host's share of a deployment (filled by the executor)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    address: str = "127.0.0.1"
-    node_id: str = ""
-    gpu_ids: tuple[int, ...] = ()
 
 
 class TrialRequest(BaseModel):

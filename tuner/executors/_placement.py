@@ -14,13 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tuner.backends import HostAssignment
-from tuner.deployment import Deployment
+from tuner.deployment import Deployment, HostAssignment, check_host_split
 from tuner.errors import TopologyError
 from tuner.topology import Role, Topology
 
 Strategy = Literal["STRICT_PACK", "PACK"]
-_LAUNCH_ORDER = {Role.PREFILL: 0, Role.BOTH: 1, Role.DECODE: 2}  # the order tuner.backends.vllm places instances
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ def instance_shapes(deployment: Deployment, gpus_per_host: int, cpus_per_bundle:
                     ) -> list[InstanceShape]:
     """One shape per instance, in launch order (prefill, aggregated, decode): the order hosts are listed in."""
     shapes = []
-    for group in sorted(deployment.groups, key=lambda g: _LAUNCH_ORDER[g.role]):
+    for group in deployment.groups_in_launch_order:
         n = group.topology.num_gpus
         hosts = max(1, math.ceil(n / gpus_per_host))
         for index in range(group.count):
@@ -95,13 +93,12 @@ def check_placeable(deployment: Deployment, capacity: ClusterCapacity, cpus_per_
 
 def spread_ok(bundle_nodes: Sequence[str], shape: InstanceShape) -> bool:
     """True when the bundles landed on no more hosts than the instance needs, in a split vLLM can run: each
-    host holds whole TP groups, or TP spans whole, equal hosts (tuner.backends.vllm.check_host_split)."""
+    host holds whole TP groups, or TP spans whole, equal hosts (tuner.deployment.check_host_split, the rule the
+    launch plan checks too)."""
     if len(set(bundle_nodes)) > shape.max_hosts:
         return False
     if shape.topology is None:
         return True
-    from tuner.backends.vllm import check_host_split  # the launch plan's own rule
-
     shares = list(Counter(bundle_nodes[:shape.num_gpus]).values())  # first-seen order: the head host first
     try:
         check_host_split(shape.topology, shares)

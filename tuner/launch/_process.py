@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tuner.backends import HostAssignment, TrialStatus
+from tuner.deployment import HostAssignment
+from tuner.trial_status import TrialStatus
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,7 @@ class GuidedSampler(optuna.samplers.BaseSampler):
         # quarter of the noise sd, so twins of a measured config (same layout, same predicted curve) score ~0,
         # while a variant whose curve the model expects to reach past the front (other memory or max-num-seqs
         # settings) still can be measured (at 4ae79af, one full sd measured 2.31 trials per front config on decode,
-        # 0.25 sd 1.98 with the per-knob variances; README, sample efficiency)
+        # 0.25 sd 1.98 with the per-knob variances; docs/benchmarks/sample-efficiency.md)
         lift = np.exp(TWIN_MARGIN_SDS * noise)
         front_pts = np.array([(x * lift[0], y * lift[1]) for x, y in front]).reshape(len(front), 2)
         # common random numbers: every config is scored at the same quantiles of its posterior, so configs are
@@ -240,7 +240,8 @@ def measured_front(observed: _Observed, rows: np.ndarray, residual: np.ndarray,
     one (rows: the configs, residual: their mean measured log residual, posterior: the model's, both (rows, 2)).
     A trial's noise is shared by its levels, so the raw maximum over many noisy twins would sit above every
     true curve and raise the bar each new layout has to clear; the posterior mean pools the twins (noisy expected
-    hypervolume improvement, plugged in at the mean). Measured 2026-12-02, decode held-out truths: README."""
+    hypervolume improvement, plugged in at the mean).
+    Measured 2026-12-02, decode held-out truths: docs/benchmarks/sample-efficiency.md."""
     shift = {int(i): np.exp(p - r) for i, r, p in zip(rows.tolist(), residual, posterior, strict=True)}
     out = []
     for idx, pts in observed.points.items():

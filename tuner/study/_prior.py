@@ -77,7 +77,7 @@ class SimulatorPrior:
         if "ep" in varied:
             # the EP group's size (log2 of tp x dp with EP, 0 without): all-to-all and expert load imbalance grow
             # with it (docs/perf-model.md), so a deficit measured on one EP size carries to that size, not to
-            # every layout of the same dp (decode, held-out truths: README, sample efficiency)
+            # every layout of the same dp (decode, held-out truths: docs/benchmarks/sample-efficiency.md)
             size = np.array([np.log2(c.get("tp", 1) * c.get("dp", 1)) if c["ep"] else 0.0 for c in candidates])
             features = np.hstack([features, (size / max(1.0, float(size.max(initial=0.0))))[:, None]])
             names.append(EP_SIZE_FEATURE)

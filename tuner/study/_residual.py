@@ -20,7 +20,8 @@ by the smooth terms, leave an untried layout with an sd of 0.02 and the search w
 per-knob variance: a few trials would be explained by the offset and per-layout terms alone, a deficit measured
 on one EP layout would not carry to the other EP layouts, and the search would keep proposing layouts that share
 a measured layout's mis-modelled knob (EP's all-to-all and imbalance, MTP's acceptance: the knobs public
-measurements find the simulator most wrong on, docs/perf-model.md; the benchmark figures are in the README).
+measurements find the simulator most wrong on, docs/perf-model.md; the benchmark figures:
+docs/benchmarks/sample-efficiency.md).
 """
 
 from __future__ import annotations

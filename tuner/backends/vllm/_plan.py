@@ -31,9 +31,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.backends._base import HostAssignment
 from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
-from tuner.deployment import Deployment, InstanceGroup
+from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_host_split
 from tuner.errors import ConfigError, TopologyError
 from tuner.topology import Role, Topology
 
@@ -177,36 +176,7 @@ def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment
 
 def _instances(deployment: Deployment) -> list[tuple[InstanceGroup, int]]:
     """Instances in launch order: prefill group, then decode (or the aggregated group)."""
-    order = {Role.PREFILL: 0, Role.BOTH: 1, Role.DECODE: 2}
-    groups = sorted(deployment.groups, key=lambda g: order[g.role])
-    return [(g, i) for g in groups for i in range(g.count)]
-
-
-def check_host_split(topo: Topology, shares: list[int] | tuple[int, ...]) -> None:
-    """Refuse a split of one instance over hosts that vLLM cannot run (shares: devices per host, head first).
-
-    A TP group either fits in one host (each host then holds whole DP ranks: `--data-parallel-size-local`) or
-    spans whole hosts: every host holds the same share and TP is a multiple of it, so vLLM's
-    local world size (world // --nnodes) is every host's share (vllm/engine/arg_utils.py); with DP > 1 that
-    is srt-slurm's "spans nodes" layout, dp x (tp / share) hosts.
-    """
-    if len(shares) <= 1:
-        return
-    fix = "give each host whole TP groups (TP <= devices per host) or TP over whole, equal hosts"
-    if topo.tp <= max(shares):
-        if any(s % topo.tp for s in shares):
-            raise TopologyError(f"{topo.name}: a TP{topo.tp} group would straddle hosts with {list(shares)} "
-                                "devices; a TP group must fit in one host or span whole hosts",
-                                field="hosts", fix=fix)
-        return
-    share = shares[0]
-    if any(s != share for s in shares) or topo.tp % share:
-        raise TopologyError(f"{topo.name}: TP{topo.tp} spans hosts unevenly ({list(shares)} devices); vLLM runs "
-                            f"world // --nnodes workers on every host, so each host must hold the same share and "
-                            "TP must be a multiple of it", field="hosts", fix=fix)
-    if len(shares) != topo.dp * topo.tp // share:
-        raise TopologyError(f"{topo.name}: {len(shares)} hosts of {share} devices do not hold DP{topo.dp} ranks "
-                            f"of TP{topo.tp}", field="hosts", fix=fix)
+    return [(g, i) for g in deployment.groups_in_launch_order for i in range(g.count)]
 
 
 def place_instances(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment]

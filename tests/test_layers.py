@@ -1,0 +1,61 @@
+"""The import arrows docs/architecture.md promises, read from the source (no import side effects).
+
+A lower layer never imports a higher one: launch sits below the backends and the executors (both start
+processes through it), and an executor never knows which backend it runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from _support.paths import REPO
+
+TUNER = REPO / "tuner"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every absolute module a file imports, at module level or inside a function (lazy imports count too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    files = sorted((TUNER / package).rglob("*.py")) if (TUNER / package).is_dir() else [TUNER / f"{package}.py"]
+    assert files, f"no source under tuner/{package}"
+    return [f"{path.relative_to(REPO)} imports {name}" for path in files for name in sorted(_imports(path))
+            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [
+    # launch: below both of its users, so the process launcher and its types never pull in a backend
+    ("launch", ("tuner.backends", "tuner.executors", "tuner.study", "tuner.doctor", "tuner.export", "api")),
+    # executors serve ExecutorNeeds and the deployment's placement rules, never one backend's internals
+    ("executors", ("tuner.backends.vllm", "tuner.backends._simulated", "tuner.study", "api")),
+    # the shared vocabulary the two seams moved into stays at the bottom
+    ("deployment", ("tuner.backends", "tuner.executors", "tuner.launch", "tuner.study", "api")),
+    ("trial_status", ("tuner",)),
+])
+def test_lower_layer_never_imports_a_higher_one(package: str, forbidden: tuple[str, ...]) -> None:
+    assert _violations(package, forbidden) == []
+
+
+def test_tuner_never_imports_api() -> None:
+    assert _violations("", ("api",)) == []
+
+
+def test_moved_types_keep_their_public_names() -> None:
+    """Users import these from tuner.backends (and check_host_split from tuner.backends.vllm): still the same."""
+    from tuner import deployment, trial_status
+    from tuner.backends import HostAssignment, TrialStatus
+    from tuner.backends.vllm import check_host_split
+
+    assert TrialStatus is trial_status.TrialStatus
+    assert HostAssignment is deployment.HostAssignment
+    assert check_host_split is deployment.check_host_split
