@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -14,8 +15,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
+from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
 from tuner.errors import ConfigError, InfeasibleError
+from tuner.export import RecipeContext, export_deployment
 from tuner.frontier import (
+    PERCENTILES,
     AggregatedPoint,
     ComposedPoint,
     Constraints,
@@ -29,7 +33,15 @@ from tuner.frontier import (
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
-from tuner.perf import Calibration, Curves, RooflineModel, candidate_topologies, default_calibration, sweep_curves
+from tuner.perf import (
+    Calibration,
+    Curves,
+    RooflineModel,
+    candidate_topologies,
+    default_calibration,
+    predict_traffic,
+    sweep_curves,
+)
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import (
     DEFAULT_ALL2ALL_BACKEND,
@@ -173,11 +185,17 @@ def simulate(
     all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
+    workload: WorkloadOpt = None,
+    request_rate: RequestRateOpt = None,
+    arrival: ArrivalOpt = "poisson",
     json_out: JsonOpt = False,
 ) -> None:
     """Predict one vLLM instance in one role over a concurrency sweep (the simulated backend)."""
     _positive(isl=isl, osl=osl)
     levels = _levels(concurrency)
+    traffic = load_workload(workload, isl=isl, osl=osl, concurrency=tuple(levels), request_rate=request_rate,
+                            arrival=arrival)
+    isl, osl = traffic.isl, traffic.osl
     the_role = _role(role)
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
@@ -187,30 +205,42 @@ def simulate(
                           all2all_backend=all2all_backend)
     topo.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
-    curve = perf.predict_curve(topo, the_role, isl=isl, osl=osl, concurrencies=levels)
+    predicted = predict_traffic(perf, topo, the_role, traffic)
+    curve = predicted.points
     breakdown = _breakdown(perf, topo, the_role, curve, isl=isl, osl=osl)
     role_name = "aggregated" if the_role is Role.BOTH else the_role.value
     if json_out:
         print_json({"model": spec.name, "gpu": gpu.name, "topology": topo.label(), "role": role_name,
-                    "isl": isl, "osl": osl, "calibration": perf.calibration.model_dump(),
-                    "points": [{**m.model_dump(), "step": b.as_json()} for m, b in zip(curve, breakdown, strict=True)]})
+                    "isl": isl, "osl": osl, "workload": traffic.describe(),
+                    "calibration": perf.calibration.model_dump(),
+                    "points": [{**m.model_dump(), "step": b.as_json()} for m, b in zip(curve, breakdown, strict=True)],
+                    "saturated": [{"offered_rps": s.offered_rps, "capacity_rps": s.capacity_rps}
+                                  for s in predicted.saturated]})
         return
     table = Table(title=f"{spec.name} on {topo.num_gpus} x {gpu.name}, {topo.name}"
-                        f"{f' MTP{mtp}' if mtp else ''} {role_name}, {isl}/{osl}", title_justify="left")
+                        f"{f' MTP{mtp}' if mtp else ''} {role_name}: {traffic.describe()}", title_justify="left")
     last = "chunk share / chunk tokens" if the_role is Role.BOTH else "mem/compute/comm/ovh/req ms"
-    for col in ("conc", "running", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "req/s",
-                "step ms", last):
+    for col in ("req/s in" if traffic.open_loop else "conc", "running", "tok/s/GPU", "out tok/s/GPU", "tok/s/user",
+                "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "req/s", "step ms", last):
         table.add_column(col, justify="right")
     for m, b in zip(curve, breakdown, strict=True):
         queued = m.running_requests < m.concurrency
         detail = (f"{b.chunk_share:.2f} / {b.chunk_tokens:,.0f}" if the_role is Role.BOTH else
                   f"{b.memory_ms:.1f}/{b.compute_ms:.1f}/{b.comm_ms:.1f}/{b.overhead_ms + b.draft_ms:.1f}"
                   f"/{b.requests_ms:.1f}")
-        table.add_row(str(m.concurrency), f"{m.running_requests:.0f}" + (" [yellow](queue)[/]" if queued else ""),
+        load = f"{m.offered_rps:g}" if m.offered_rps is not None else str(m.concurrency)
+        table.add_row(load, f"{m.running_requests:.0f}" + (" [yellow](queue)[/]" if queued else ""),
                       f"{m.total_tok_s_per_gpu:,.0f}", f"{m.output_tok_s_per_gpu:,.0f}", f"{m.tok_s_per_user:.1f}",
-                      f"{m.ttft_ms_mean:,.0f}", f"{m.itl_ms_mean:.2f}", f"{m.request_throughput_rps:.2f}",
-                      f"{b.step_ms:.1f}", detail)
+                      f"{m.ttft_ms_p50:,.0f}/{m.ttft_ms_at('p90'):,.0f}/{m.ttft_ms_p99:,.0f}",
+                      f"{m.itl_ms_p50:.1f}/{m.itl_ms_at('p90'):.1f}/{m.itl_ms_p99:.1f}",
+                      f"{m.request_throughput_rps:.2f}", f"{b.step_ms:.1f}", detail)
     console.print(table)
+    for s in predicted.saturated:
+        console.print(f"[yellow]saturated:[/] {s.describe()}", highlight=False)
+    if curve and curve[0].prefix_hit_share:
+        console.print(f"prefix cache serves {curve[0].prefix_hit_share:.1%} of input tokens", highlight=False)
+    if not curve:
+        return
     tokens = isl + (1 if the_role is Role.PREFILL else osl)
     console.print(f"KV cache holds {curve[0].max_concurrency:,.1f} requests of {tokens:,} tokens per instance; "
                   "past that, requests queue (TTFT grows, throughput stays).", highlight=False)
@@ -238,9 +268,15 @@ def frontier(
     gpus: Annotated[int, typer.Option(help="GPU budget of the whole deployment (prefill + decode).")] = 72,
     isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
     osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
-    max_ttft_ms: Annotated[float | None, typer.Option(help="TTFT limit (prefill + decode-side wait).")] = None,
-    max_itl_ms: Annotated[float | None, typer.Option(help="Inter-token latency limit.")] = None,
-    percentile: Annotated[str, typer.Option(help="Latency percentile the limits apply to: p50 or p99.")] = "p50",
+    workload: WorkloadOpt = None,
+    max_ttft_ms: Annotated[float | None, typer.Option(help="SLA: TTFT limit (prefill + decode-side wait).")] = None,
+    max_itl_ms: Annotated[float | None, typer.Option(help="SLA: inter-token latency limit.")] = None,
+    min_tok_s_user: Annotated[float | None, typer.Option(
+        "--min-tok-s-user", help="Per-user speed floor (tokens/s each user sees, at the percentile).")] = None,
+    percentile: Annotated[str, typer.Option(help="Latency percentile the limits apply to: p50, p90 or p99.")]
+    = "p90",
+    weights: Annotated[str | None, typer.Option(
+        help="Model path the recommended commands load (default: MODEL, the config used for modelling).")] = None,
     max_mtp: Annotated[int, typer.Option(help="Decode MTP depths 0..N are swept (models with MTP layers).")] = 3,
     same_tp: Annotated[bool | None, typer.Option(
         "--same-tp/--any-tp", help="Pair only prefill/decode with equal TP and MTP (default: on for hybrid models, "
@@ -265,15 +301,18 @@ def frontier(
         raise ConfigError(f"unknown mode {serving!r}", field="--mode", fix="use both, disagg or agg")
     if not 0 <= max_mtp <= 8:
         raise ConfigError(f"must be 0..8, got {max_mtp}", field="--max-mtp", fix="give 0 (off) to 8")
-    if percentile not in ("p50", "p99"):
-        raise ConfigError(f"unknown percentile {percentile!r}", field="--percentile", fix="use p50 or p99")
+    if percentile not in PERCENTILES:
+        raise ConfigError(f"unknown percentile {percentile!r}", field="--percentile", fix="use p50, p90 or p99")
     started = time.perf_counter()
+    traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
+    isl, osl = traffic.isl, traffic.osl
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
     pair_rules = spec.is_hybrid if same_tp is None else same_tp
     constraints = Constraints(max_gpus=gpus, max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms,
-                              percentile=percentile, same_tp=pair_rules, same_mtp=pair_rules)  # type: ignore[arg-type]
+                              min_tok_s_per_user=min_tok_s_user, percentile=percentile,  # type: ignore[arg-type]
+                              same_tp=pair_rules, same_mtp=pair_rules)
     depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
@@ -292,24 +331,32 @@ def frontier(
 
         curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
                               prefill_mtp_depths=(depths if pair_rules else (0,)) if serving != "agg" else (),
-                              aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance)
+                              aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
+                              workload=traffic)
     fronts = _fronts(curves, constraints, serving)
+    pick = recommend(fronts)
     elapsed = time.perf_counter() - started
+    setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe()}"
     title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
              f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
     if html is not None:
         _write_html(html, title, fronts.points, fronts.front, fronts.aggregated)
     if json_out:
         print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
+                    "workload": traffic.describe(),
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
-                                    "same_tp_and_mtp": pair_rules},
+                                    "min_tok_s_per_user": min_tok_s_user, "same_tp_and_mtp": pair_rules},
+                    "recommendation": pick.as_json(),
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
                     "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
                     "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(fronts.front)],
                     "aggregated_front": [_agg_dict(p) for p in reversed(fronts.aggregated)],
                     "winners": [asdict(w) for w in fronts.winners]})
         return
-    _print_fronts(fronts, title, f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}", elapsed, html)
+    _print_fronts(fronts, title, setting, elapsed, html)
+    _print_recommendation(pick, constraints, setting, RecipeContext(
+        model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
+        isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest))
 
 
 def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, html: Path | None) -> None:
@@ -375,3 +422,72 @@ def _print_aggregated(front: list[AggregatedPoint], title: str) -> None:
         table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.tok_s_per_user:.1f}",
                       f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.concurrency_per_instance))
     console.print(table)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The best deployment of each mode under the SLA (most total tok/s/GPU) and which one wins, by how much."""
+
+    disaggregated: ComposedPoint | None
+    aggregated: AggregatedPoint | None
+
+    @property
+    def winner(self) -> ComposedPoint | AggregatedPoint | None:
+        candidates = [p for p in (self.disaggregated, self.aggregated) if p is not None]
+        return max(candidates, key=lambda p: p.total_tok_s_per_gpu) if candidates else None
+
+    @property
+    def margin(self) -> float | None:
+        """Winner's tok/s/GPU over the other mode's best (None when one mode has no point)."""
+        if self.disaggregated is None or self.aggregated is None:
+            return None
+        a, b = self.disaggregated.total_tok_s_per_gpu, self.aggregated.total_tok_s_per_gpu
+        return max(a, b) / min(a, b) if min(a, b) > 0 else None
+
+    def as_json(self) -> dict[str, object]:
+        w = self.winner
+        return {"winner": None if w is None else w.mode, "margin": self.margin,
+                "disaggregated": None if self.disaggregated is None else _point_dict(self.disaggregated),
+                "aggregated": None if self.aggregated is None else _agg_dict(self.aggregated)}
+
+
+def recommend(fronts: _Fronts) -> Recommendation:
+    """Every front point already meets the SLA and the per-user floor: the most tok/s/GPU of each mode wins."""
+    best_pd = max(fronts.front, key=lambda p: p.total_tok_s_per_gpu, default=None)
+    best_agg = max(fronts.aggregated, key=lambda p: p.total_tok_s_per_gpu, default=None)
+    return Recommendation(best_pd, best_agg)
+
+
+def operating_deployment(point: ComposedPoint | AggregatedPoint):
+    """The deployment with --max-num-seqs at the point's running requests per DP rank: vLLM then admits no more
+    than the batch that holds the SLA (the rest wait in the router's and the server's queues)."""
+    from tuner.deployment import Deployment
+
+    def capped(topo: Topology, running: float) -> Topology:
+        per_rank = max(1, math.ceil(running / topo.dp - 1e-9))
+        return topo.model_copy(update={"max_num_seqs": min(topo.max_num_seqs, per_rank)})
+
+    if isinstance(point, AggregatedPoint):
+        return Deployment.single(capped(point.topology, point.instance.running_requests), count=point.num_instances)
+    return Deployment.disaggregated(point.prefill_topology, point.num_prefill,
+                                    capped(point.decode_topology, point.decode.running_requests), point.num_decode)
+
+
+def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext) -> None:
+    sla = ", ".join(part for part in (
+        f"TTFT <= {c.max_ttft_ms:g} ms" if c.max_ttft_ms else "", f"ITL <= {c.max_itl_ms:g} ms" if c.max_itl_ms else "",
+        f">= {c.min_tok_s_per_user:g} tok/s/user" if c.min_tok_s_per_user else "") if part) or "no SLA"
+    console.print(f"\n[bold]Recommendation[/] for {setting}; {sla} at {c.percentile}:", highlight=False)
+    for label, p in (("disaggregated", pick.disaggregated), ("aggregated", pick.aggregated)):
+        if p is None:
+            console.print(f"  best {label}: none meets the limits", highlight=False)
+            continue
+        console.print(f"  best {label}: {p.name} on {p.num_gpus} GPUs: {p.total_tok_s_per_gpu:,.0f} tok/s/GPU total, "
+                      f"{p.tok_s_per_user:.1f} tok/s/user, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.2f} ms "
+                      f"({c.percentile})", highlight=False)
+    winner = pick.winner
+    if winner is None:
+        return
+    margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
+    console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
+    console.print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), highlight=False, markup=False)

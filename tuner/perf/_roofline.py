@@ -211,6 +211,16 @@ class RooflineModel(PerformanceModel):
             return self._prefill(topology, isl, concurrency, _new_tokens(isl, cached_tokens))
         return self._aggregated(topology, isl, osl, concurrency, _new_tokens(isl, cached_tokens))
 
+    def predict_with_parts(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int,
+                           cached_tokens: float = 0.0) -> tuple[ServingMetrics, LatencyParts]:
+        """`predict` and `latency_parts` together (an aggregated instance's steady state is solved once)."""
+        if role is not Role.BOTH:
+            return (self.predict(topology, role, isl=isl, osl=osl, concurrency=concurrency,
+                                 cached_tokens=cached_tokens),
+                    self.latency_parts(topology, role, isl=isl, osl=osl, concurrency=concurrency,
+                                       cached_tokens=cached_tokens))
+        return self._aggregated_parts(topology, isl, osl, concurrency, _new_tokens(isl, cached_tokens))
+
     def latency_parts(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int,
                       cached_tokens: float = 0.0) -> LatencyParts:
         """What a request's TTFT and ITL are made of at this load (the spread of a length mix scales them)."""
@@ -233,17 +243,22 @@ class RooflineModel(PerformanceModel):
             return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt, front_ms=front,
                                 first_token_ms=0.0, itl_plain_ms=0.0, itl_chunk_ms=0.0, chunk_share=0.0,
                                 decode_steps=0.0)
+        return self._aggregated_parts(topology, isl, osl, concurrency, new)[1]
+
+    def _aggregated_parts(self, topology: Topology, isl: int, osl: int, concurrency: int,
+                          new: int) -> tuple[ServingMetrics, LatencyParts]:
+        front = self.front_end_ms(isl)
         steady = self._steady(topology, concurrency, isl, osl, new)
-        m = self._aggregated(topology, isl, osl, concurrency, new)
+        m = self._aggregated(topology, isl, osl, concurrency, new, steady)
         point = steady.point
         plain = (self._mixed(topology, isl, osl, steady.occupancy.busy_ranks, new)(point.decode_requests, 0.0).step_ms
                  if point.decode_requests > 0 else point.chunk_step_ms)
         accepted = accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
         prompt = point.prefill_steps * point.chunk_step_ms
-        return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt, front_ms=front,
-                            first_token_ms=0.0, itl_plain_ms=plain / accepted,
-                            itl_chunk_ms=point.chunk_step_ms / accepted, chunk_share=point.chunk_share,
-                            decode_steps=point.decode_steps)
+        return m, LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt,
+                               front_ms=front, first_token_ms=0.0, itl_plain_ms=plain / accepted,
+                               itl_chunk_ms=point.chunk_step_ms / accepted, chunk_share=point.chunk_share,
+                               decode_steps=point.decode_steps)
 
     def service_capacity(self, topology: Topology, role: Role, *, isl: int, osl: int,
                          cached_tokens: float = 0.0) -> tuple[float, float]:
@@ -322,8 +337,8 @@ class RooflineModel(PerformanceModel):
             max_concurrency=steady.state.memory.max_concurrency_instance, running=steady.occupancy.running)
 
     def _aggregated(self, topo: Topology, isl: int, osl: int, concurrency: int,
-                    new: int | None = None) -> ServingMetrics:
-        steady = self._steady(topo, concurrency, isl, osl, new)
+                    new: int | None = None, steady: _Steady | None = None) -> ServingMetrics:
+        steady = steady or self._steady(topo, concurrency, isl, osl, new)
         occ, point = steady.occupancy, steady.point
         gpu_rps = point.requests_per_s * occ.busy_ranks
         in_system_ms = max(concurrency / gpu_rps * 1e3, point.service_ms)  # Little's law, queue included

@@ -8,10 +8,16 @@ from dataclasses import dataclass, field
 from tuner.errors import DoesNotFitError, TopologyError
 from tuner.metrics import ServingMetrics
 from tuner.perf._base import PerformanceModel
+from tuner.perf._roofline import RooflineModel
+from tuner.perf._traffic import predict_traffic
 from tuner.topology import Role, Topology, enumerate_topologies
+from tuner.workload import Workload
 
-DECODE_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
-PREFILL_LADDER = (1, 2, 4, 8, 16, 32, 64)
+# Load levels a sweep predicts: steps of about sqrt(2), so neighbouring points of a front are close (powers of two
+# alone left jumps of x3 in tok/s/GPU between neighbours).
+DECODE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
+                 4096)
+PREFILL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
@@ -47,12 +53,13 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
                  prefill_mtp_depths: Sequence[int] = (0,), decode_ladder: Sequence[int] = DECODE_LADDER,
                  prefill_ladder: Sequence[int] = PREFILL_LADDER,
                  aggregated_mtp_depths: Sequence[int] = (),
-                 on_topology: Callable[[Topology], None] | None = None) -> Curves:
+                 on_topology: Callable[[Topology], None] | None = None, workload: Workload | None = None) -> Curves:
     """Predict every topology as PD prefill (only at `prefill_mtp_depths`) and decode, and as an aggregated
     instance at `aggregated_mtp_depths` (none by default); skip those that do not fit.
 
     Levels past the instance's capacity only add queueing (same rate and ITL, longer TTFT), so the ladder stops
-    at the capacity itself.
+    at the capacity itself. With a `workload` (a RooflineModel's), each level is predicted for its length mix and
+    prefix reuse, with latency percentiles; `isl`/`osl` are then its typical lengths.
     """
     curves = Curves()
     for topo in topologies:
@@ -70,6 +77,10 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
                 continue
             levels = [c for c in ladder if c < cap] + ([cap] if cap <= ladder[-1] else [])
             placed = topo.model_copy(update={"role": role})
-            for metrics in perf.predict_curve(placed, role, isl=isl, osl=osl, concurrencies=levels):
-                target.append((placed, metrics))
+            if workload is not None and isinstance(perf, RooflineModel):
+                points = predict_traffic(perf, placed, role, workload.model_copy(
+                    update={"concurrency": tuple(levels), "arrival": "closed", "request_rates": ()})).points
+            else:
+                points = perf.predict_curve(placed, role, isl=isl, osl=osl, concurrencies=levels)
+            target.extend((placed, metrics) for metrics in points)
     return curves

@@ -17,10 +17,12 @@ gives p50 = p90 = p99 = the mean, exactly as before.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats
 
 from tuner.metrics import SKETCH_PROBABILITIES, ServingMetrics
 from tuner.perf._roofline import LatencyParts, RooflineModel
@@ -71,11 +73,11 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
     curve = TrafficCurve()
     if not workload.open_loop:
         for c in workload.concurrency:
-            mean = perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
             if workload.is_fixed and role is not Role.BOTH:  # every request alike, steady steps: no spread
-                curve.points.append(_uniform(mean))
+                curve.points.append(_uniform(perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c)))
                 continue
-            parts = perf.latency_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
+            mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c,
+                                                  cached_tokens=cached)
             curve.points.append(_spread(mean, parts, workload, role, hit, wait=None))
         return curve
     servers, capacity = perf.service_capacity(topo, role, isl=isl, osl=osl_role, cached_tokens=cached)
@@ -84,8 +86,7 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
             curve.saturated.append(SaturatedLevel(rate, capacity))
             continue
         c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
-        mean = perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
-        parts = perf.latency_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
+        mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
         wait = _poisson_wait(rate, capacity, servers, _service_scv(workload, role))
         curve.points.append(_spread(_at_rate(mean, rate), parts, workload, role, hit, wait=wait, offered_rps=rate))
     return curve
@@ -196,17 +197,23 @@ def _uniform(m: ServingMetrics) -> ServingMetrics:
                                 "itl_ms_sketch": (m.itl_ms_p50,) * len(SKETCH_PROBABILITIES)})
 
 
+@functools.cache
 def _normal_quantiles(n_outputs: int) -> np.ndarray:
-    from scipy import stats
-
+    """Standard-normal mid-quantiles: about 256 ITL draws over the output lengths' points."""
     k = max(4, 256 // max(1, n_outputs))
     return stats.norm.ppf((np.arange(k) + 0.5) / k)
 
 
+_PROBS = np.array(sorted({0.5, 0.9, 0.99, *SKETCH_PROBABILITIES}))
+
+
 def _quantiles(sorted_values: np.ndarray, exact: float | None) -> dict[float, float]:
-    """Quantiles of an equal-weight sample; `exact` when every request is alike (no interpolation drift)."""
-    probs = sorted({0.5, 0.9, 0.99, *SKETCH_PROBABILITIES})
+    """Quantiles of an ascending equal-weight sample (linear, as numpy's default); `exact` when every request is
+    alike (no interpolation drift)."""
     if exact is not None:
-        return dict.fromkeys(probs, exact)
-    values = np.quantile(sorted_values, probs)
-    return {p: float(v) for p, v in zip(probs, values, strict=True)}
+        return dict.fromkeys(_PROBS.tolist(), exact)
+    position = _PROBS * (len(sorted_values) - 1)
+    lo = np.floor(position).astype(int)
+    hi = np.minimum(lo + 1, len(sorted_values) - 1)
+    values = sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (position - lo)
+    return dict(zip(_PROBS.tolist(), values.tolist(), strict=True))
