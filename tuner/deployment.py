@@ -113,6 +113,13 @@ class Deployment(BaseModel):
     def group(self, role: Role) -> InstanceGroup | None:
         return next((g for g in self.groups if g.role is role), None)
 
+    def with_decode_seqs(self, max_num_seqs: int) -> Deployment:
+        """The decode (or aggregated) instances capped at `max_num_seqs` running requests per DP rank: the batch
+        that holds an SLA (the prefill side keeps its own)."""
+        return self.model_copy(update={"groups": tuple(
+            g if g.role is Role.PREFILL else g.model_copy(update={"topology": g.topology.model_copy(
+                update={"max_num_seqs": max_num_seqs})}) for g in self.groups)})
+
     @property
     def groups_in_launch_order(self) -> tuple[InstanceGroup, ...]:
         """The groups as instances launch and hosts are listed: prefill, aggregated, decode (LAUNCH_ORDER)."""

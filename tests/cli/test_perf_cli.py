@@ -152,3 +152,50 @@ def test_frontier_bad_calibration_file(ref: str, tmp_path: Path, capsys: pytest.
     bad.write_text("hbm_efficiency: 3\n")
     assert main(["frontier", ref, "--calibration", str(bad)]) == 2
     assert "hbm_efficiency" in capsys.readouterr().err
+
+
+def _mix_trace(tmp_path: Path) -> Path:
+    rows = [{"timestamp": 100 * i, "input_length": 1000 + 300 * (i % 7), "output_length": 100 + 20 * (i % 5),
+             "hash_ids": [0, 1, 2 + i]} for i in range(50)]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_workload_command_summarises_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["workload", str(_mix_trace(tmp_path)), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["requests"] == 50 and data["arrival_rps"] == pytest.approx(49 / 4.9)
+    assert data["input_tokens"]["longest"] == 2800 and data["output_tokens"]["p50"] == 140
+    assert 0 < data["prefix_reuse"] < 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_length": 5, "output_length": 3}\n{"input_length": 0, "output_length": 3}\n')
+    assert main(["workload", str(bad)]) == 2
+    assert "bad.jsonl line 2: input_length" in capsys.readouterr().err
+
+
+def test_frontier_recommends_under_the_sla(ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One answer: the best of each mode under the SLA, the winner and its margin, and commands that carry the
+    operating point; no front point breaks a bound or the per-user floor."""
+    args = ["frontier", ref, "--gpus", "32", "--max-mtp", "1", "--workload", str(_mix_trace(tmp_path)),
+            "--max-ttft-ms", "1500", "--max-itl-ms", "40", "--min-tok-s-user", "30", "--percentile", "p90"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    pick = data["recommendation"]
+    assert pick["winner"] in ("disaggregated", "aggregated") and pick["margin"] >= 1.0
+    for p in data["front"] + data["aggregated_front"]:
+        assert p["ttft_ms"] <= 1500 and p["itl_ms"] <= 40 and p["tok_s_per_user"] >= 30
+    best = max(data["front"] + data["aggregated_front"], key=lambda p: p["total_tok_s_per_gpu"])
+    assert pick[pick["winner"]]["total_tok_s_per_gpu"] == best["total_tok_s_per_gpu"]
+    assert main([*args, "--weights", "/models/ref-weights"]) == 0
+    out = capsys.readouterr().out
+    assert "Recommendation" in out and "wins by x" in out and "vllm serve /models/ref-weights" in out
+    assert "--max-num-seqs" in out
+
+
+def test_simulate_open_loop_says_saturated(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", ref, "--topology", "TEP8", "--role", "aggregated", "--isl", "2000", "--osl", "200",
+                 "--request-rate", "1,100000", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["offered_rps"] for p in data["points"]] == [1.0]
+    assert data["saturated"][0]["offered_rps"] == 100000.0

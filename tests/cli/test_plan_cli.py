@@ -39,3 +39,21 @@ def test_plan_names_the_version_and_refuses_what_it_cannot_run(reference_model_p
     assert main(["plan", "TP4", "--hosts", "no-such-host.invalid", "--vllm", "/nonexistent/vllm"]) == 2
     assert "does not resolve" in capsys.readouterr().err
     assert main(["plan", "1P:TP4,1D:TP4", "--front", "dynamo"]) == 2  # the option is gone
+
+
+@pytest.mark.parametrize("printed", ["4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)", "4P(TP1) 1D(DP4)", "4x(TP4DP4 MTP3)",
+                                     "1P(TP8) 8D(TP8)"])
+def test_plan_takes_a_deployment_as_frontier_prints_it(printed: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """What `frontier` and `tune` print is what `plan` reads: the names round-trip, MTP depth included, and
+    --max-num-seqs caps the decode (or aggregated) side only."""
+    from tuner.backends.vllm import parse_deployment
+
+    assert parse_deployment(printed).name == printed
+    assert main(["plan", printed, "--max-num-seqs", "96", "--isl", "1024", "--osl", "128", "--vllm",
+                 "/nonexistent/vllm", "--not-hybrid", "--json"]) == 0
+    servers = [p for p in json.loads(capsys.readouterr().out)["processes"] if p["role"] != "router"]
+    for proc in servers:
+        seqs = proc["argv"][proc["argv"].index("--max-num-seqs") + 1]
+        assert (seqs == "96") == (proc["role"] != "prefill")
+    assert main(["plan", "1P(TP4 MTP1) 1D(TP4 MTP2)", "--vllm", "/nonexistent/vllm"]) == 2
+    assert "two MTP depths" in capsys.readouterr().err

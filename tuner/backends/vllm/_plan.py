@@ -144,9 +144,33 @@ class LaunchPlan(BaseModel):
 _GROUP = re.compile(r"^(\d+)\s*([PD])\s*:\s*(.+)$", re.IGNORECASE)
 
 
+_PRINTED_GROUP = re.compile(r"(\d+)\s*([PDx])\s*\(\s*([^()\s]+)(?:\s+MTP(\d+))?\s*\)", re.IGNORECASE)
+
+
+def _from_printed(text: str) -> tuple[str, int | None]:
+    """A deployment as `frontier` and `tune` print it ('4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)', '4x(TP4DP4 MTP3)')
+    in the colon form, with the MTP depth it names (None: it names none)."""
+    groups = _PRINTED_GROUP.findall(text)
+    if not groups or _PRINTED_GROUP.sub("", text).strip(" ,"):
+        return text, None
+    depths = {int(d) for *_, d in groups if d}
+    if len(depths) > 1:
+        raise ConfigError(f"{text!r} names two MTP depths", field="deployment",
+                          fix="prefill and decode run one speculative config: give one depth")
+    parts = [f"{count}{'x' if kind.lower() == 'x' else kind.upper()}:{name}" for count, kind, name, _ in groups]
+    return ",".join(parts), depths.pop() if depths else None
+
+
 def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment:
-    """'3P:TP4DP2+EP,1D:TEP8' (PD), '2x:TP4' or 'TP4' (aggregated). MTP is the decode/aggregated depth; a PD
-    prefill runs the same speculative config (Deployment enforces it: NIXL's handshake compares them)."""
+    """'3P:TP4DP2+EP,1D:TEP8' (PD), '2x:TP4' or 'TP4' (aggregated), or the form `frontier` and `tune` print
+    ('4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)', whose MTP depth wins over `mtp`). MTP is the decode/aggregated depth;
+    a PD prefill runs the same speculative config (Deployment enforces it: NIXL's handshake compares them)."""
+    text, printed_mtp = _from_printed(text)
+    if printed_mtp is not None:
+        if mtp and mtp != printed_mtp:
+            raise ConfigError(f"--mtp {mtp} differs from the deployment's MTP{printed_mtp}", field="--mtp",
+                              fix="drop --mtp: the printed deployment names its depth")
+        mtp = printed_mtp
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
         raise ConfigError("empty deployment", field="deployment", fix="write e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8")
