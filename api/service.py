@@ -107,17 +107,34 @@ def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
                            loc=("body", "space_path"))
             if not path.is_file():
                 raise FieldError(("body", "space_path"), "no such space file")
-            return load_space(path)
+            return _with_trace(load_space(path), path.parent, settings, ("body", "space_path"))
         if isinstance(body.space, dict):
-            return parse_space(yaml.safe_dump(body.space), "space")
-        if isinstance(body.space, str):
-            return parse_space(body.space, "space")
-        return load_space(settings.default_space)
+            space = parse_space(yaml.safe_dump(body.space), "space")
+        elif isinstance(body.space, str):
+            space = parse_space(body.space, "space")
+        else:
+            return load_space(settings.default_space)
+        return _with_trace(space, settings.default_space.parent, settings, ("body", "space", "workload", "trace"))
     except TopotuneError as exc:
         loc = ("body", "space_path") if body.space_path is not None else ("body", "space")
         raise FieldError(loc, exc.user_message()) from exc
     except (ValueError, TypeError, RecursionError) as exc:  # yaml oddities the space loader does not wrap
         raise FieldError(("body", "space"), f"not a valid search space: {exc}") from exc
+
+
+def _with_trace(space: SearchSpace, base: Path, settings: ApiSettings, loc: tuple[str, ...]) -> SearchSpace:
+    """A trace the space names is read only under an allowed root (like a model path), and read now: a bad
+    line is the request's 422, not a study that fails later."""
+    trace = space.workload.trace
+    if trace is None:
+        return space
+    path = confine(trace, settings.allowed_roots, base=base, loc=loc)
+    if not path.is_file():
+        raise FieldError(loc, f"no such trace file: {trace}")
+    confined = space.model_copy(update={"workload": space.workload.model_copy(update={"trace": str(path)})})
+    confined.with_base_dir(base)
+    confined.traffic  # noqa: B018 - reads and summarises the trace (errors name its line and field)
+    return confined
 
 
 def confine_model_path(raw: str | Path, settings: ApiSettings, loc: tuple[str, ...]) -> Path:

@@ -1,5 +1,6 @@
 """How fast the performance model is: instance points per second, and the full reference frontier with the
-aggregated front too (goal < 2 s on one core).
+aggregated front too, as `topotune frontier` computes it (each level with its latency percentiles), for the fixed
+8192/1024 workload and for the example multi-turn trace (goal: one second on one core).
 
 Run: taskset -c 0 .venv/bin/python benchmarks/frontier_speed.py [MODEL_DIR]
 """
@@ -23,10 +24,30 @@ from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import DECODE_LADDER, RooflineModel, candidate_topologies, sweep_curves
 from tuner.topology import Role
+from tuner.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = (REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4",
               Path("/work/shared/models/qwen3.8-2.4t-a95b-nvfp4"))
+
+
+TRACE = REPO / "examples" / "traces" / "chat-multiturn.jsonl"
+
+
+def trace_frontier(path: Path) -> tuple[float, int]:
+    """The frontier of the example trace (length mix, 72% prefix reuse) under an SLA: seconds, front points."""
+    started = time.perf_counter()
+    model = load_model(path)
+    perf = RooflineModel(model, get_gpu("gb300"))
+    workload = Workload.from_trace(TRACE)
+    topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3), all2all_backend="flashinfer_nvlink_one_sided")
+    curves = sweep_curves(perf, topologies, isl=workload.isl, osl=workload.osl, prefill_mtp_depths=(0, 1, 2, 3),
+                          aggregated_mtp_depths=(0, 1, 2, 3), workload=workload)
+    constraints = Constraints(max_gpus=72, max_ttft_ms=1000, max_itl_ms=30, same_tp=True, same_mtp=True)
+    front = combined_front(compose_disaggregated(curves.prefill, curves.decode, constraints))
+    aggregated = compose_aggregated(curves.aggregated, constraints)
+    return time.perf_counter() - started, len(front) + len(pareto_front(aggregated, x="total_tok_s_per_gpu",
+                                                                          y="tok_s_per_user"))
 
 
 def main() -> None:
@@ -38,7 +59,7 @@ def main() -> None:
     perf = RooflineModel(model, gpu)
     topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3), all2all_backend="flashinfer_nvlink_one_sided")
     curves = sweep_curves(perf, topologies, isl=8192, osl=1024, prefill_mtp_depths=(0, 1, 2, 3),
-                          aggregated_mtp_depths=(0, 1, 2, 3))
+                          aggregated_mtp_depths=(0, 1, 2, 3), workload=Workload.fixed(8192, 1024))
     swept = time.perf_counter()
     constraints = Constraints(max_gpus=72, same_tp=True, same_mtp=True)
     points = compose_disaggregated(curves.prefill, curves.decode, constraints)
@@ -79,6 +100,9 @@ def main() -> None:
     for w in winners:
         print(f"  {w.mode:<13} wins {w.from_tok_s_per_user:6.1f} .. {w.to_tok_s_per_user:6.1f} tok/s/user "
               f"(up to {w.best_tok_s_per_gpu:,.0f} tok/s/GPU)")
+    seconds, count = trace_frontier(path)
+    print(f"frontier of the example trace      : {seconds:.2f} s (goal 1 s; length mix, prefix reuse, SLA TTFT <= "
+          f"1 s and ITL <= 30 ms at p90): {count} front points")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,12 @@ class ComposedPoint:
     def name(self) -> str:
         return self.deployment.name
 
+    @property
+    def output_tok_s_per_gpu(self) -> float:
+        """Generated tokens/s over every GPU (peers quote this or the total; topotune prints both)."""
+        d = self.decode
+        return self.num_decode * d.request_throughput_rps * d.osl / self.num_gpus
+
 
 def _fail(message: str, field: str, fix: str) -> InfeasibleError:
     return InfeasibleError(message, field=field, fix=fix)
@@ -245,6 +251,17 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
     return out
 
 
+def binding_bound(ttft_ms: float, itl_ms: float, *, max_ttft_ms: float | None,
+                  max_itl_ms: float | None) -> str | None:
+    """Which SLA bound a point (the front's throughput end) uses most of, in words; None without bounds."""
+    used = [(value / bound, name, value, bound) for name, value, bound in
+            (("TTFT", ttft_ms, max_ttft_ms), ("ITL", itl_ms, max_itl_ms)) if bound]
+    if not used:
+        return None
+    share, name, value, bound = max(used)
+    return f"{name} binds: {value:,.1f} of {bound:,.0f} ms ({share:.0%})"
+
+
 def _itl_bound_names(c: Constraints) -> tuple[str, str]:
     """The flag whose bound binds the ITL, and what it says."""
     floor = 1000.0 / c.min_tok_s_per_user if c.min_tok_s_per_user else None
@@ -308,6 +325,10 @@ class AggregatedPoint:
     def name(self) -> str:
         mtp = f" MTP{self.topology.mtp}" if self.topology.mtp else ""
         return f"{self.num_instances}x({self.topology.name}{mtp})"
+
+    @property
+    def output_tok_s_per_gpu(self) -> float:
+        return self.instance.output_tok_s_per_gpu
 
     @property
     def concurrency_per_instance(self) -> int:

@@ -44,6 +44,17 @@ class ServingMetrics(BaseModel):
     itl_ms_sketch: tuple[float, ...] = Field((), description="per-request mean ITL at SKETCH_PROBABILITIES")
     offered_rps: float | None = Field(None, ge=0, description="open loop: the request rate sent (None: closed loop)")
     prefix_hit_share: float = Field(0.0, ge=0, le=1, description="input tokens served from the prefix cache")
+    sla_attainment: float = Field(1.0, ge=0, le=1, description="share of requests within the study's SLA")
+
+    @property
+    def goodput_tok_s_per_gpu(self) -> float:
+        """Total tokens/s per GPU of the requests that meet the SLA (all of them when there is none)."""
+        return self.total_tok_s_per_gpu * self.sla_attainment
+
+    def within_sla(self, *, max_ttft_ms: float | None, max_itl_ms: float | None) -> ServingMetrics:
+        """This point with its SLA attainment set (the study's bounds; None lifts a bound)."""
+        return self.model_copy(update={"sla_attainment": self.share_within(max_ttft_ms=max_ttft_ms,
+                                                                            max_itl_ms=max_itl_ms)})
     request_throughput_rps: float = Field(ge=0)
     max_concurrency: float = Field(ge=0, description="requests the KV cache holds at once (whole deployment)")
     running_requests: float = Field(0, ge=0, description="requests actually running (the rest queue)")

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tuner.errors import ConfigError, TopologyError
+from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
 from tuner.topology import DEFAULT_ALL2ALL_BACKEND, All2AllBackend, KVCacheDtype, Role, Topology
 from tuner.workload import Lengths, PrefixSharing, Workload, workload_error
@@ -200,6 +201,12 @@ class WorkloadSpec(_Strict):
             raise ValueError("a trace gives the lengths and prefixes: drop isl/osl/input_tokens/output_tokens/prefix")
         return self
 
+    def describe(self) -> str:
+        """In words, without reading a trace (the service's pages show it)."""
+        if self.trace is not None:
+            return f"trace {self.trace}"
+        return self.resolve(Path.cwd()).describe(load=False)
+
     def resolve(self, base_dir: Path, concurrency: tuple[int, ...] = (1,)) -> Workload:
         try:
             if self.trace is not None:
@@ -223,6 +230,12 @@ class Constraints(_Strict):
     percentile: Percentile = "p90"
     min_tok_s_per_user: float | None = Field(None, gt=0)
     min_accuracy: float | None = Field(None, ge=0, le=1)
+
+    def judge(self, m: ServingMetrics) -> ServingMetrics:
+        """The point with its share of requests within the SLA: what a study's goodput objective counts."""
+        if self.max_ttft_ms is None and self.max_itl_ms is None:
+            return m
+        return m.within_sla(max_ttft_ms=self.max_ttft_ms, max_itl_ms=self.max_itl_ms)
 
 
 class SearchSpace(_Strict):

@@ -27,6 +27,8 @@ from api.models import EventRecord, StudyRecord
 from api.schemas import StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.errors import TopotuneError
+from tuner.frontier import binding_bound
+from tuner.space import WorkloadSpec
 from tuner.study import PHASE_AXES
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
@@ -103,14 +105,27 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
     events = session.scalars(select(EventRecord).where(EventRecord.study_id == record.id)
                              .order_by(EventRecord.id.desc()).limit(15)).all()
     result = snap.result
+    front = result.front_table() if result else []
+    limits = record.space.get("constraints", {})
+    top = max(front, key=lambda r: r.total_tok_s_per_gpu, default=None)
+    binding = binding_bound(top.ttft_ms, top.itl_ms, max_ttft_ms=limits.get("max_ttft_ms"),
+                            max_itl_ms=limits.get("max_itl_ms")) if top else None
     return TEMPLATES.TemplateResponse(request, "study.html", {
         "study": record, "snap": snap, "result": result, "phases": phase_progress(record, snap),
         "constraints": record.space.get("constraints", {}), "violations": constraint_summary(snap),
-        "front": result.front_table() if result else [],
+        "front": front, "binding": binding, "traffic": _traffic(record.space),
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,
         "dashboard": {ph: dashboard_url(sid) for ph, sid in snap.study_ids.items()}})
+
+
+def _traffic(space: dict) -> str:
+    """The study's workload in words (a stored space was validated when the study was created)."""
+    try:
+        return WorkloadSpec.model_validate(space.get("workload", {})).describe()
+    except (ValueError, TopotuneError) as exc:
+        return f"unreadable workload block ({exc})"
 
 
 @router.get("/studies/{study_id}/live")

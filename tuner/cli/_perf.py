@@ -252,7 +252,8 @@ def _point_dict(p: ComposedPoint) -> dict[str, object]:
             "num_prefill": p.num_prefill, "prefill_concurrency": p.prefill.concurrency,
             "decode_topology": p.decode_topology.name, "decode_mtp": p.decode_topology.mtp,
             "num_decode": p.num_decode, "decode_concurrency": p.decode.concurrency,
-            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
+            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1),
+            "output_tok_s_per_gpu": round(p.output_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
             "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
 
 
@@ -337,7 +338,7 @@ def frontier(
     fronts = _fronts(curves, constraints, serving)
     pick = recommend(fronts)
     elapsed = time.perf_counter() - started
-    setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe()}"
+    setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe(load=False)}"
     title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
              f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
     if html is not None:
@@ -364,10 +365,12 @@ def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, htm
     """The PD table, the aggregated table and which mode wins where."""
     if fronts.front:
         table = Table(title=title, title_justify="left")
-        for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "P conc", "D conc"):
+        for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms",
+                    "P conc", "D conc"):
             table.add_column(col, justify="left" if col.startswith("deployment") else "right")
         for p in reversed(fronts.front):  # throughput end first
-            table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.tok_s_per_user:.1f}",
+            table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.output_tok_s_per_gpu:,.0f}",
+                          f"{p.tok_s_per_user:.1f}",
                           f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.prefill.concurrency), str(p.decode.concurrency))
         console.print(table)
     if fronts.aggregated:
@@ -411,16 +414,19 @@ def _fronts(curves: Curves, constraints: Constraints, serving: str) -> _Fronts:
 def _agg_dict(p: AggregatedPoint) -> dict[str, object]:
     return {"deployment": p.name, "num_gpus": p.num_gpus, "topology": p.topology.name, "mtp": p.topology.mtp,
             "num_instances": p.num_instances, "concurrency_per_instance": p.concurrency_per_instance,
-            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
+            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1),
+            "output_tok_s_per_gpu": round(p.output_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
             "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
 
 
 def _print_aggregated(front: list[AggregatedPoint], title: str) -> None:
     table = Table(title=title, title_justify="left")
-    for col in ("deployment (replicas)", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms", "conc/inst"):
+    for col in ("deployment (replicas)", "GPUs", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms",
+                "conc/inst"):
         table.add_column(col, justify="left" if col.startswith("deployment") else "right")
     for p in reversed(front):
-        table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.tok_s_per_user:.1f}",
+        table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.output_tok_s_per_gpu:,.0f}",
+                      f"{p.tok_s_per_user:.1f}",
                       f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.concurrency_per_instance))
     console.print(table)
 
@@ -477,7 +483,8 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
         if p is None:
             console.print(f"  best {label}: none meets the limits", highlight=False)
             continue
-        console.print(f"  best {label}: {p.name} on {p.num_gpus} GPUs: {p.total_tok_s_per_gpu:,.0f} tok/s/GPU total, "
+        console.print(f"  best {label}: {p.name} on {p.num_gpus} GPUs: {p.total_tok_s_per_gpu:,.0f} tok/s/GPU total "
+                      f"({p.output_tok_s_per_gpu:,.0f} output), "
                       f"{p.tok_s_per_user:.1f} tok/s/user, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.2f} ms "
                       f"({c.percentile})", highlight=False)
     winner = pick.winner

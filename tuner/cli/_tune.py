@@ -54,11 +54,12 @@ class _Progress:
 
 def _front_table(result) -> Table:  # type: ignore[no-untyped-def]
     table = Table(title=f"{result.name}: composed PD front from measured curves", title_justify="left")
-    for col in ("point", "deployment", "GPUs", "tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms"):
+    for col in ("point", "deployment", "GPUs", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms"):
         table.add_column(col, justify="left" if col == "deployment" else "right")
     for row in result.front_table():
         table.add_row(str(row.point), row.deployment, str(row.gpus), f"{row.total_tok_s_per_gpu:,.0f}",
-                      f"{row.tok_s_per_user:.1f}", f"{row.ttft_ms:,.0f}", f"{row.itl_ms:.2f}")
+                      f"{row.output_tok_s_per_gpu:,.0f}", f"{row.tok_s_per_user:.1f}", f"{row.ttft_ms:,.0f}",
+                      f"{row.itl_ms:.2f}")
     return table
 
 

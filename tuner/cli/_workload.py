@@ -96,7 +96,7 @@ def workload_command(
     w = load_workload(path, isl=1, osl=1, concurrency=(1,))
     q = (0.5, 0.9, 0.99)
     summary = {
-        "describe": w.describe(),
+        "describe": w.describe(load=False),
         "input_tokens": {"mean": round(w.input_tokens.expected, 1), "longest": w.input_tokens.longest,
                          **{f"p{int(p * 100)}": round(w.input_tokens.quantile(p)) for p in q}},
         "output_tokens": {"mean": round(w.output_tokens.expected, 1), "longest": w.output_tokens.longest,
@@ -111,7 +111,7 @@ def workload_command(
     if json_out:
         print_json(summary)
         return
-    console.print(f"{path}: {w.describe()}", highlight=False)
+    console.print(f"{path}: {w.describe(load=False)}", highlight=False)
     table = Table(title_justify="left")
     for col in ("tokens", "mean", "p50", "p90", "p99", "longest"):
         table.add_column(col, justify="right")

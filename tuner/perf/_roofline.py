@@ -251,8 +251,10 @@ class RooflineModel(PerformanceModel):
         steady = self._steady(topology, concurrency, isl, osl, new)
         m = self._aggregated(topology, isl, osl, concurrency, new, steady)
         point = steady.point
-        plain = (self._mixed(topology, isl, osl, steady.occupancy.busy_ranks, new)(point.decode_requests, 0.0).step_ms
-                 if point.decode_requests > 0 else point.chunk_step_ms)
+        # the mean step mixes chunk and plain steps: the plain one falls out of it (no step priced again)
+        share = point.chunk_share
+        plain = ((point.mean_step_ms - share * point.chunk_step_ms) / (1.0 - share) if share < 1.0
+                 else point.chunk_step_ms)
         accepted = accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
         prompt = point.prefill_steps * point.chunk_step_ms
         return m, LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt,

@@ -1,6 +1,8 @@
 """What each phase maximises, and how its two axes are labelled everywhere (CLI tables, HTML report, web pages).
 
-Both objectives are maximised so a failed trial is simply (0, 0).
+Both objectives are maximised so a failed trial is simply (0, 0). The first is goodput: tokens/s per GPU of the
+requests that meet the space's SLA (a point's `sla_attainment`, set by the study); with no SLA every request
+counts and it is the total throughput per GPU, as before SLAs existed.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ PHASE_METRICS: dict[str, tuple[str, str]] = {
 }
 # The same two objectives, in words, for chart axes.
 PHASE_AXES: dict[str, tuple[str, str]] = {
-    "prefill": ("total tokens/s per GPU", "prompt tokens/s per user"),
-    "decode": ("total tokens/s per GPU", "generated tokens/s per user"),
-    "aggregated": ("total tokens/s per GPU", "generated tokens/s per user"),
+    "prefill": ("total tokens/s per GPU (within the SLA)", "prompt tokens/s per user"),
+    "decode": ("total tokens/s per GPU (within the SLA)", "generated tokens/s per user"),
+    "aggregated": ("total tokens/s per GPU (within the SLA)", "generated tokens/s per user"),
 }
 
 
 def phase_values(phase: str, m: ServingMetrics) -> tuple[float, float]:
     if phase == "prefill":
-        return (m.total_tok_s_per_gpu, m.isl * 1000.0 / m.ttft_ms_p50 if m.ttft_ms_p50 > 0 else 0.0)
-    return (m.total_tok_s_per_gpu, m.tok_s_per_user)
+        return (m.goodput_tok_s_per_gpu, m.isl * 1000.0 / m.ttft_ms_p50 if m.ttft_ms_p50 > 0 else 0.0)
+    return (m.goodput_tok_s_per_gpu, m.tok_s_per_user)

@@ -64,7 +64,7 @@ class SimulatorPrior:
         for topo in space.expand(phase, model):
             if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
                 continue
-            curve = predict_traffic(perf, topo, topo.role, workload).points
+            curve = [space.constraints.judge(m) for m in predict_traffic(perf, topo, topo.role, workload).points]
             candidates.append(_params_of(topo, choices))
             predicted.append([phase_values(phase, m) for m in curve])
             feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])

@@ -445,7 +445,8 @@ class PhaseRun:
         # the gate's verdict: feasible unless the interval's upper bound is below the bar (sampling noise)
         gate = result.accuracy_gate
         accuracy = gate.ci_high if gate is not None else result.accuracy
-        points = [(m, point_constraints(m, c, accuracy)) for m in result.points]
+        judged = [c.judge(m) for m in result.points]
+        points = [(m, point_constraints(m, c, accuracy)) for m in judged]
         best = self._representative(study, points)
         m, constraints = points[best]
         for name, value in sampler_constraints(constraints).items():

@@ -24,7 +24,7 @@ def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: Gp
         if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
             continue
         for m in predict_traffic(perf, topo, phase_role(phase), workload).points:
-            out.append((topo, phase_values(phase, m)))
+            out.append((topo, phase_values(phase, space.constraints.judge(m))))
     return out
 
 

@@ -193,16 +193,16 @@ class Workload(BaseModel):
                                "requests_per_level": self.requests_per_level}, separators=(",", ":"))
         return self.model_dump_json()
 
-    def describe(self) -> str:
-        load = (f"{self.arrival} arrivals at {', '.join(f'{r:g}' for r in self.request_rates)} req/s"
+    def describe(self, *, load: bool = True) -> str:
+        levels = (f"{self.arrival} arrivals at {', '.join(f'{r:g}' for r in self.request_rates)} req/s"
                 if self.open_loop else f"concurrency {', '.join(str(c) for c in self.concurrency)}")
         prefix = ""
         if self.trace is not None:
             prefix = f", prefix reuse {self.trace.prefix_reuse:.0%}"
         elif self.prefix is not None:
             prefix = f", {self.prefix.num_prefixes} shared prefix(es) of {self.prefix.shared_tokens:,} tokens"
-        return (f"input {self.input_tokens.describe()}, output {self.output_tokens.describe()} tokens{prefix}; "
-                f"{load}")
+        text = f"input {self.input_tokens.describe()}, output {self.output_tokens.describe()} tokens{prefix}"
+        return f"{text}; {levels}" if load else text
 
 
 def workload_error(exc: Exception, field: str = "workload") -> ConfigError:
