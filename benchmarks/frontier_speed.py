@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
 from tuner.errors import DoesNotFitError
 from tuner.frontier import (
     Constraints,
@@ -40,7 +41,9 @@ def main() -> None:
     curves = sweep_curves(perf, topologies, isl=8192, osl=1024, prefill_mtp_depths=(0, 1, 2, 3),
                           aggregated_mtp_depths=(0, 1, 2, 3))
     swept = time.perf_counter()
-    constraints = Constraints(max_gpus=72, same_tp=True, same_mtp=True)
+    # the one PD pairing check, as the CLI's frontier and the study compose (vLLM 0.32's NIXL rules)
+    pairing = pairing_predicate(launch_rules(), PairingContext(model=model, architecture=gpu.architecture))
+    constraints = Constraints(max_gpus=72, pairing=pairing)
     points = compose_disaggregated(curves.prefill, curves.decode, constraints)
     front = combined_front(points)
     aggregated = pareto_front(compose_aggregated(curves.aggregated, constraints), x="total_tok_s_per_gpu",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -242,9 +242,9 @@ def frontier(
     max_itl_ms: Annotated[float | None, typer.Option(help="Inter-token latency limit.")] = None,
     percentile: Annotated[str, typer.Option(help="Latency percentile the limits apply to: p50 or p99.")] = "p50",
     max_mtp: Annotated[int, typer.Option(help="Decode MTP depths 0..N are swept (models with MTP layers).")] = 3,
-    same_tp: Annotated[bool | None, typer.Option(
-        "--same-tp/--any-tp", help="Pair only prefill/decode with equal TP and MTP (default: on for hybrid models, "
-                                   "as vLLM's NIXL connector requires).")] = None,
+    vllm_version: Annotated[str | None, typer.Option(
+        help="The vLLM whose NIXL pairing rules apply (TP divisibility, replicated KV heads, hybrid block sizes): "
+             "pairs it refuses are not composed (default: the newest version topotune's table checks).")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -271,9 +271,12 @@ def frontier(
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
-    pair_rules = spec.is_hybrid if same_tp is None else same_tp
+    from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
+
+    rules = launch_rules(vllm_version)
+    pairing = pairing_predicate(rules, PairingContext(model=spec, architecture=gpu.architecture))
     constraints = Constraints(max_gpus=gpus, max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms,
-                              percentile=percentile, same_tp=pair_rules, same_mtp=pair_rules)  # type: ignore[arg-type]
+                              percentile=percentile, pairing=pairing)  # type: ignore[arg-type]
     depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
@@ -291,8 +294,11 @@ def frontier(
             progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
 
         curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
-                              prefill_mtp_depths=(depths if pair_rules else (0,)) if serving != "agg" else (),
+                              prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
                               aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance)
+    if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode side's depth
+        curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
+                                          for d in depths])
     fronts = _fronts(curves, constraints, serving)
     elapsed = time.perf_counter() - started
     title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
@@ -302,7 +308,7 @@ def frontier(
     if json_out:
         print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
-                                    "same_tp_and_mtp": pair_rules},
+                                    "pairing": f"vLLM {rules.version} NIXL rules"},
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
                     "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
                     "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(fronts.front)],
