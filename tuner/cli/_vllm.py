@@ -81,6 +81,9 @@ def plan(
              "checks).")] = None,
     hybrid: Annotated[bool | None, typer.Option(
         "--hybrid/--not-hybrid", help="Hybrid (GDN/mamba) model (default: read from the model folder).")] = None,
+    prefix_caching: Annotated[bool, typer.Option(
+        "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (its default: on). Off, a hybrid "
+        "model's PD pair may use TPs whose block sizes differ.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
@@ -117,7 +120,8 @@ def plan(
                             router_argv=(router,), max_model_len=max_model_len, vllm_version=version,
                             model_is_hybrid=(spec is not None and spec.is_hybrid) if hybrid is None else hybrid,
                             multi_node_nvlink=has_multi_node_nvlink("cuda", hardware),
-                            gpu_architecture=get_gpu(hardware).architecture)
+                            gpu_architecture=get_gpu(hardware).architecture,
+                            extra_flags=() if prefix_caching else ("--no-enable-prefix-caching",))
     launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
                         resolve=resolve_address if addresses else keep_names, model=spec)
     if json_out:
