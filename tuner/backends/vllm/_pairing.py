@@ -217,12 +217,19 @@ def check_pd_pairing(deployment: Deployment, rules: LaunchRules, ctx: PairingCon
 
 
 def pairing_predicate(rules: LaunchRules, ctx: PairingContext):  # type: ignore[no-untyped-def]
-    """(prefill, decode) -> why not (None: pairs), cached per topology pair: what the frontier's composition
-    calls for every candidate pair."""
+    """(prefill, decode) -> why not (None: pairs): what the frontier's composition calls for every candidate
+    pair. Cached on the only fields the rules read (TP, MTP, KV-cache dtype of each side), so a sweep of
+    thousands of points costs a few dozen verdicts."""
 
-    @lru_cache(maxsize=65536)
-    def why_not(prefill: Topology, decode: Topology) -> str | None:
+    @lru_cache(maxsize=4096)
+    def verdict(p: tuple[int, int, str], d: tuple[int, int, str]) -> str | None:
+        prefill = Topology(tp=p[0], mtp=p[1], kv_cache_dtype=p[2], role=Role.PREFILL)  # type: ignore[arg-type]
+        decode = Topology(tp=d[0], mtp=d[1], kv_cache_dtype=d[2], role=Role.DECODE)  # type: ignore[arg-type]
         refusal = pairing_refusal(prefill, decode, rules, ctx)
         return None if refusal is None else f"{refusal.rule}: {refusal.message}"
+
+    def why_not(prefill: Topology, decode: Topology) -> str | None:
+        return verdict((prefill.tp, prefill.mtp, prefill.kv_cache_dtype),
+                       (decode.tp, decode.mtp, decode.kv_cache_dtype))
 
     return why_not
