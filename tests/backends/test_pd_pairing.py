@@ -102,6 +102,11 @@ def test_4_the_capture_cap_is_aligned_to_vllms_grid_and_an_explicit_one_truncate
     d = parse_deployment("TP4", mtp=2, max_num_seqs=100)
     (server,) = build_plan(d, pack_hosts(d, 4), PlanSettings(**GB300), resolve=keep_names).servers
     assert server.argv[server.argv.index("--max-cudagraph-capture-size") + 1] == "304"
+    from tuner.space import parse_space  # the searched knob is what vLLM keeps: 300 and 288 are one config
+
+    text = ("name: x\ncluster: {gpu: gb300, num_gpus: 8}\nworkload: {isl: 1, osl: 1}\n"
+            "phases: {decode: {concurrency: [1], max_cudagraph_capture_size: [auto, 300, 288, 512, 3]}}\n")
+    assert parse_space(text).phases["decode"].max_cudagraph_capture_size == ["auto", 2, 288, 512]
     # prefill keeps vLLM's default cap: 1024 on SM10x (the catalog's blackwell), 512 elsewhere
     prefill = Topology(max_num_seqs=1024, role=Role.PREFILL)
     assert cudagraph_capture_sizes(prefill, "blackwell")[-1] == 1024
