@@ -86,7 +86,8 @@ class SideBlocks:
 def _kernel_sizes(model: ModelSpec, tp: int, architecture: str) -> tuple[int, ...] | int:
     """The first attention backend's supported kernel block sizes: a tuple of exact sizes, or an int base for
     MultipleOf(base). FlashInfer is first on SM10x, FlashAttention (MultipleOf(16)) elsewhere on GPUs
-    (vllm/platforms/cuda.py _get_backend_priorities)."""
+    (vllm/platforms/cuda.py _get_backend_priorities). MLA backends are not modelled: only a hybrid MLA model's
+    block rules would read them, and no such family loads in topotune yet."""
     if architecture == "blackwell" and model.attention is not None:
         q = model.attention.num_heads // tp
         kv = max(1, model.attention.num_kv_heads // tp)
@@ -97,17 +98,12 @@ def _kernel_sizes(model: ModelSpec, tp: int, architecture: str) -> tuple[int, ..
 
 def side_blocks(model: ModelSpec, topo: Topology, architecture: str, block_size: int | None) -> SideBlocks:
     """The logical block vLLM settles on (hybrid models: raised per TP by _align_hybrid_block_size) and the
-    kernel block select_common_block_size picks for it."""
-    return _side_blocks(model, topo.tp, topo.mtp, topo.kv_cache_dtype, architecture, block_size)
-
-
-def _side_blocks(model: ModelSpec, tp: int, mtp: int, kv_cache_dtype: str, architecture: str,
-                 block_size: int | None) -> SideBlocks:
-    topo = Topology(tp=tp, mtp=mtp, kv_cache_dtype=kv_cache_dtype)  # type: ignore[arg-type]
+    kernel block select_common_block_size picks for it (the largest exact size dividing it; a MultipleOf backend
+    takes the logical block itself)."""
     logical = kv_layout(model, topo, architecture=architecture, block_size=block_size).block_size
-    sizes = _kernel_sizes(model, tp, architecture)
+    sizes = _kernel_sizes(model, topo.tp, architecture)
     if isinstance(sizes, int):
-        return SideBlocks(logical, logical if logical % sizes == 0 else sizes)
+        return SideBlocks(logical, logical)  # alignment keeps logical a multiple of the base
     if logical in sizes:
         return SideBlocks(logical, logical)
     fitting = [s for s in sizes if logical % s == 0]
