@@ -107,7 +107,10 @@ def test_topotunes_pairing_verdicts_equal_vllms_own_code() -> None:
     models = [load_model(ROOT / "examples" / "models" / name)
               for name in ("qwen3.8-2.4t-a95b-nvfp4", "qwen3-next-80b-a3b", "llama-3.1-70b", "deepseek-v3")]
     cases, expected = [], []
-    for model, p, d, mtp in itertools.product(models, prefill_tps, decode_tps, depths):
+    # every pair the spaces propose, plus pairs that reach the TP-divisibility and replicated-KV rules
+    proposed = [(p, d, mtp) for p, d, mtp in itertools.product(prefill_tps, decode_tps, depths)]
+    beyond = [(16, 8, 0), (16, 4, 0), (32, 16, 0), (4, 6, 0), (6, 4, 0), (12, 8, 0)]
+    for model, (p, d, mtp) in itertools.product(models, proposed + beyond):
         if mtp and not model.num_mtp_layers:
             continue
         pt, dt = Topology(tp=p, mtp=mtp), Topology(tp=d, mtp=mtp)
@@ -130,6 +133,9 @@ def test_topotunes_pairing_verdicts_equal_vllms_own_code() -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout)
     assert len(got["pairs"]) == len(expected) > 100
+    rules_hit = {rule for *_, rule, _, _ in expected}
+    assert {"tp_divisible", "replicated_kv_prefill_wider", "block_size_ratio", "hybrid_prefix_caching_blocks",
+            None} <= rules_hit
     for (name, p, d, mtp, rule, pb, db), v in zip(expected, got["pairs"], strict=True):
         where = f"{name} P TP{p} -> D TP{d} MTP{mtp}"
         assert (v["kp"], v["kd"]) == (pb.kernel, db.kernel), where
