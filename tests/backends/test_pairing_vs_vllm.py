@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from _support.cpu_vllm import needs_envs
 
 from tuner.backends.vllm import PairingContext, default_envs_dir, launch_rules, pairing_refusal, side_blocks
 from tuner.backends.vllm._pairing import _kernel_sizes
-from tuner.models import load_model
+from tuner.models import LayerKind, MambaSpec, load_model
 from tuner.topology import Role, Topology
 
 pytestmark = [pytest.mark.slow, needs_envs]
@@ -75,6 +76,25 @@ for kind in req["kinds"]:
                      mamba_type=MambaAttentionBackendEnum[kind.upper()])
     _, err = try_(lambda: derive_mamba_conv_split(spec, 1))
     out["kinds"][kind] = err != "NotImplementedError"  # a shape assertion means the family is handled
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator as Shapes
+out["mamba2"] = []
+for g, d in req["mamba2"]:  # prefill TP1 -> decode TP d: where each decode rank reads its x/B/C slices
+    def split(tp):
+        shapes = Shapes.mamba2_state_shape(tp, 4096, g, 64, 64, 128, 4)
+        spec = MambaSpec(shapes=shapes, dtypes=(torch.bfloat16, torch.bfloat16), block_size=64,
+                         mamba_type=MambaAttentionBackendEnum.MAMBA2)
+        return derive_mamba_conv_split(spec, tp)
+    p_split, d_split = split(1), split(d)
+    group = 128 * p_split.conv_rows * p_split.conv_dtype_size  # one group's B (or C) columns, all conv rows
+    (x_off, _), (b_off, _), (c_off, _) = p_split.local_conv_offsets
+    wrong = False
+    for r in range(d):  # the decode rank's slices, as NIXL reads them, against where they are in the P page
+        got = d_split.remote_conv_offsets(r, d)
+        x_want = x_off + r * got[0][1]
+        bc_index = r * g // d if g % d else r * (g // d)  # replicated: the group its heads use
+        want = [x_want, b_off + bc_index * group, c_off + bc_index * group]
+        wrong |= [o for o, _ in got] != want
+    out["mamba2"].append(wrong)
 for c in req["captures"]:
     cfg = types.SimpleNamespace(
         model_config=types.SimpleNamespace(enforce_eager=False),
@@ -123,12 +143,24 @@ def test_topotunes_pairing_verdicts_equal_vllms_own_code() -> None:
         refusal = pairing_refusal(pt, dt, rules, ctx)
         expected.append((model.name, p, d, mtp, refusal.rule if refusal else None, pb, db))
     kinds = ["mamba1", "mamba2", "gdn_attn", "short_conv", "linear"]
+    # Mamba2 (a Falcon-H1-like mixer on the reference layout) from prefill TP1 to decode TP2/4/8, n_groups 1/2/8
+    mamba_cases = list(itertools.product((1, 2, 8), (2, 4, 8)))
+    base = models[0]
+    mamba_verdicts = []
+    for g, d in mamba_cases:
+        kinds_ = tuple(LayerKind.MAMBA if k is LayerKind.LINEAR_ATTENTION else k for k in base.layer_kinds)
+        m2 = replace(base, linear_attention=None, layer_kinds=kinds_, mamba=MambaSpec(
+            num_heads=64, head_dim=64, state_size=128, num_groups=g, conv_kernel=4, intermediate_size=4096))
+        r = pairing_refusal(Topology(tp=1), Topology(tp=d), launch_rules("0.32.0"),
+                            PairingContext(model=m2, prefix_caching=False))
+        mamba_verdicts.append(r is not None and r.rule == "mamba2_replicated_groups")
     captures = [{"seqs": s, "mtp": m, "mnbt": n, "cap": Topology(max_num_seqs=s, mtp=m, max_num_batched_tokens=n,
                                                                  role=Role.DECODE).cudagraph_capture_tokens}
                 for s, m, n in itertools.product((16, 64, 100, 256, 1024), (0, 1, 2, 3), (512, 8192))]
     python = str(default_envs_dir() / "vllm" / "bin" / "python")
     run = subprocess.run([python, "-c", VLLM_SIDE], input=json.dumps({"pairs": cases, "kinds": kinds,
-                                                                      "captures": captures}),
+                                                                      "captures": captures,
+                                                                      "mamba2": mamba_cases}),
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout)
@@ -150,5 +182,7 @@ def test_topotunes_pairing_verdicts_equal_vllms_own_code() -> None:
         else:
             assert rule is None, (where, rule)
     assert {k for k, ok in got["kinds"].items() if ok} == set(rules.conv_split_kinds)
+    # vLLM's own offsets read the wrong bytes exactly where topotune refuses (issue #55208: n_groups < TP)
+    assert got["mamba2"] == mamba_verdicts and any(mamba_verdicts) and not all(mamba_verdicts)
     for case, vllm_cap in zip(captures, got["captures"], strict=True):
         assert vllm_cap == case["cap"], case  # vLLM keeps exactly the cap topotune sets: no truncation
