@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,7 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
     return composed, combined_front(composed), None
 
 
-def pd_pairing(space: SearchSpace, model: ModelSpec):  # type: ignore[no-untyped-def]
+def pd_pairing(space: SearchSpace, model: ModelSpec) -> Callable[[Topology, Topology], str | None]:
     """The one PD pairing check (tuner.backends.vllm._pairing) for this space's targeted vLLM and GPU: the
     composition pairs only what a launch plan would accept, so no front point is one vLLM refuses or corrupts.
 

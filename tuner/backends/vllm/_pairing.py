@@ -21,6 +21,7 @@ export refuse the same pairs. Every rule names the vLLM 0.32 source it was read 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -212,7 +213,10 @@ def check_pd_pairing(deployment: Deployment, rules: LaunchRules, ctx: PairingCon
                             field="deployment", fix=refusal.fix)
 
 
-def pairing_predicate(rules: LaunchRules, ctx: PairingContext):  # type: ignore[no-untyped-def]
+Pairing = Callable[[Topology, Topology], str | None]  # (prefill, decode) -> why not, None: vLLM accepts it
+
+
+def pairing_predicate(rules: LaunchRules, ctx: PairingContext) -> Pairing:
     """(prefill, decode) -> why not (None: pairs): what the frontier's composition calls for every candidate
     pair. Cached on the only fields the rules read (TP, MTP, KV-cache dtype of each side), so a sweep of
     thousands of points costs a few dozen verdicts."""
