@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
 from tuner.errors import DoesNotFitError
 from tuner.frontier import (
     Constraints,
@@ -43,7 +44,8 @@ def trace_frontier(path: Path) -> tuple[float, int]:
     topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3), all2all_backend="flashinfer_nvlink_one_sided")
     curves = sweep_curves(perf, topologies, isl=workload.isl, osl=workload.osl, prefill_mtp_depths=(0, 1, 2, 3),
                           aggregated_mtp_depths=(0, 1, 2, 3), workload=workload)
-    constraints = Constraints(max_gpus=72, max_ttft_ms=1000, max_itl_ms=30, same_tp=True, same_mtp=True)
+    pairing = pairing_predicate(launch_rules(), PairingContext(model=model, architecture=perf.gpu.architecture))
+    constraints = Constraints(max_gpus=72, max_ttft_ms=1000, max_itl_ms=30, pairing=pairing)
     front = combined_front(compose_disaggregated(curves.prefill, curves.decode, constraints))
     aggregated = compose_aggregated(curves.aggregated, constraints)
     return time.perf_counter() - started, len(front) + len(pareto_front(aggregated, x="total_tok_s_per_gpu",
@@ -61,7 +63,9 @@ def main() -> None:
     curves = sweep_curves(perf, topologies, isl=8192, osl=1024, prefill_mtp_depths=(0, 1, 2, 3),
                           aggregated_mtp_depths=(0, 1, 2, 3), workload=Workload.fixed(8192, 1024))
     swept = time.perf_counter()
-    constraints = Constraints(max_gpus=72, same_tp=True, same_mtp=True)
+    # the one PD pairing check, as the CLI's frontier and the study compose (vLLM 0.32's NIXL rules)
+    pairing = pairing_predicate(launch_rules(), PairingContext(model=model, architecture=gpu.architecture))
+    constraints = Constraints(max_gpus=72, percentile="p50", pairing=pairing)  # no SLA: every percentile alike
     points = compose_disaggregated(curves.prefill, curves.decode, constraints)
     front = combined_front(points)
     aggregated = pareto_front(compose_aggregated(curves.aggregated, constraints), x="total_tok_s_per_gpu",

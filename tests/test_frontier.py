@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
 from tuner.frontier import (
     Constraints,
     InfeasibleError,
@@ -109,7 +110,7 @@ def test_constraints_name_what_removed_everything() -> None:
     with pytest.raises(InfeasibleError, match="once the decode side"):
         compose_disaggregated(prefill, decode, Constraints(max_gpus=72, max_ttft_ms=102))
     with pytest.raises(InfeasibleError, match="pairs"):
-        compose_disaggregated(prefill[1:], decode, Constraints(max_gpus=72, same_tp=True))
+        compose_disaggregated(prefill[1:], decode, Constraints(max_gpus=72, pairing=_same_tp))
     with pytest.raises(InfeasibleError, match="no prefill point"):
         compose_disaggregated([], decode, Constraints(max_gpus=72))
 
@@ -123,6 +124,10 @@ def test_itl_limit_keeps_only_fast_decode_and_p99_is_used() -> None:
         compose_disaggregated(prefill, slow_tail, Constraints(max_gpus=72, max_itl_ms=20, percentile="p99"))
 
 
+def _same_tp(prefill: Topology, decode: Topology) -> str | None:
+    return None if prefill.tp == decode.tp else "tp: prefill and decode TP differ"
+
+
 # -- the GB300 reference calibration ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def reference_front(reference_model_path: Path) -> tuple[RooflineModel, list]:
@@ -131,8 +136,9 @@ def reference_front(reference_model_path: Path) -> tuple[RooflineModel, list]:
     # EP over DP on the rack's routed all-to-all, as the reference space sets (search_spaces/gb300-nvl72-8k1k.yaml)
     topologies = candidate_topologies(perf, 72, mtp_depths=(0, 1, 2, 3), all2all_backend="flashinfer_nvlink_one_sided")
     curves = sweep_curves(perf, topologies, isl=ISL, osl=OSL, prefill_mtp_depths=(0, 1, 2, 3))
+    pairing = pairing_predicate(launch_rules(), PairingContext(model=perf.model, architecture="blackwell"))
     return perf, combined_front(compose_disaggregated(curves.prefill, curves.decode,
-                                                      Constraints(max_gpus=72, same_tp=True, same_mtp=True)))
+                                                      Constraints(max_gpus=72, pairing=pairing)))
 
 
 def test_reference_frontier_matches_the_campaign(reference_front: tuple[RooflineModel, list]) -> None:

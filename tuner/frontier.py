@@ -65,9 +65,9 @@ class Constraints:
     max_itl_ms: float | None = None
     percentile: Percentile = "p90"
     min_tok_s_per_user: float | None = None
-    same_tp: bool = False  # hybrid (GDN/mamba) models on a vLLM that cannot transfer their KV across TP
-    same_mtp: bool = False  # equal speculative config (NIXL's handshake compares it, vLLM PR #49230)
-    pairing_reason: str = "hybrid models need equal TP and MTP on both sides"  # why same_tp/same_mtp are on
+    # (prefill, decode) -> why vLLM refuses the pair, None when it accepts it: the one PD pairing check
+    # (tuner.backends.vllm.pairing_predicate), passed in so this pure module needs no backend. None: any pair.
+    pairing: Callable[[Topology, Topology], str | None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_gpus < 1:
@@ -190,8 +190,11 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
     p_gpus = np.array([t.num_gpus for t, _ in prefill], dtype=float)
     p_rps = np.array([m.request_throughput_rps for _, m in prefill], dtype=float)
     p_ttft = np.array([_ttft(m, pct) for _, m in prefill], dtype=float)
-    p_tp = np.array([t.tp for t, _ in prefill])
-    p_mtp = np.array([t.mtp for t, _ in prefill])
+    p_index = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in prefill))}  # distinct prefill topologies
+    p_topos = list(p_index)
+    p_topo_index = np.array([p_index[t] for t, _ in prefill]) if c.pairing else np.zeros(0, dtype=int)
+    pair_cache: dict[Topology, np.ndarray] = {}
+    refusals: dict[str, int] = {}
     p_ok = (p_rps > 0) & (p_gpus < c.max_gpus)
     if c.max_ttft_ms is not None:
         p_ok &= p_ttft <= c.max_ttft_ms
@@ -205,10 +208,14 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
             reasons["itl"] += 1
             continue
         ok = p_ok.copy()
-        if c.same_tp:
-            ok &= p_tp == d_topo.tp
-        if c.same_mtp:
-            ok &= p_mtp == d_topo.mtp
+        if c.pairing is not None:
+            if d_topo not in pair_cache:
+                why = [c.pairing(t, d_topo) for t in p_topos]
+                for w in why:
+                    if w:
+                        refusals[w.split(":", 1)[0]] = refusals.get(w.split(":", 1)[0], 0) + 1
+                pair_cache[d_topo] = np.array([w is None for w in why])[p_topo_index]
+            ok &= pair_cache[d_topo]
         if not ok.any():
             reasons["pairing"] += 1
             continue
@@ -247,7 +254,7 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
                 tok_s_per_user=1000.0 / d_itl if d_itl > 0 else 0.0, ttft_ms=float(p_ttft[i]) + d_ttft,
                 itl_ms=d_itl, family=f"{p_topo.name} -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")))
     if not out:
-        raise _explain(reasons, len(decode), c)
+        raise _explain(reasons, len(decode), c, refusals)
     return out
 
 
@@ -270,14 +277,16 @@ def _itl_bound_names(c: Constraints) -> tuple[str, str]:
     return "--max-itl-ms", "the SLA"
 
 
-def _explain(reasons: dict[str, int], num_decode: int, c: Constraints) -> InfeasibleError:
+def _explain(reasons: dict[str, int], num_decode: int, c: Constraints, refusals: dict[str, int]
+             ) -> InfeasibleError:
     if reasons["itl"] == num_decode:
         field, what = _itl_bound_names(c)
         return _fail(f"no decode point meets ITL <= {c.max_itl_for_users_ms:g} ms ({what})", field, f"relax {field}")
     worst = max(reasons, key=lambda k: reasons[k])
     if worst == "pairing":
-        return _fail(f"no prefill topology pairs with a decode topology ({c.pairing_reason})", "topologies",
-                     "sweep prefill topologies with the decode topologies' TP")
+        rules = ", ".join(f"{k} x{n}" for k, n in sorted(refusals.items(), key=lambda kv: -kv[1]))
+        return _fail(f"no prefill topology pairs with a decode topology: vLLM refuses every pair ({rules})",
+                     "topologies", "sweep prefill topologies with the decode topologies' TP and MTP")
     if worst == "ttft":
         return _fail(f"no prefill + decode pair meets TTFT <= {c.max_ttft_ms:g} ms once the decode side's queueing "
                      "and KV transfer are added", "--max-ttft-ms", "raise the TTFT limit or lower the concurrency")

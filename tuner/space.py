@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from tuner.errors import ConfigError, TopologyError
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.topology import DEFAULT_ALL2ALL_BACKEND, All2AllBackend, KVCacheDtype, Role, Topology
+from tuner.topology import (
+    DEFAULT_ALL2ALL_BACKEND,
+    All2AllBackend,
+    KVCacheDtype,
+    Role,
+    Topology,
+    cudagraph_grid_floor,
+)
 from tuner.workload import Lengths, PrefixSharing, Workload, workload_error
 
 Phase = Literal["prefill", "decode", "aggregated"]
@@ -134,6 +141,9 @@ class PhaseSpace(_Strict):
     def _capture(cls, values: list[int | str]) -> list[int | str]:
         if any(v != "auto" and int(v) < 1 for v in values):
             raise ValueError("capture sizes must be >= 1 tokens, or auto")
+        # vLLM truncates a cap to its capture grid (1, 2, 4, x8 below 256, x16 from 256): search what it keeps,
+        # so 300 and 288 are one config, not two (vllm/config/vllm.py _set_cudagraph_sizes)
+        values = ["auto" if v == "auto" else cudagraph_grid_floor(int(v)) for v in values]
         return sorted(set(values), key=lambda v: (v != "auto", v if v != "auto" else 0))
 
     @field_validator("mtp")

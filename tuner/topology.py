@@ -34,6 +34,22 @@ DEFAULT_ALL2ALL_BACKEND = "allgather_reducescatter"
 DEEPEP_BACKENDS = ("deepep_high_throughput", "deepep_low_latency")
 
 
+def cudagraph_grid_floor(tokens: int) -> int:
+    """The largest size on vLLM's CUDA-graph capture grid at or below `tokens` (what vLLM truncates a cap to)."""
+    if tokens < 8:
+        return max(s for s in (1, 2, 4) if s <= max(tokens, 1))
+    return tokens - tokens % 8 if tokens < 256 else tokens - tokens % 16
+
+
+def cudagraph_grid_ceil(tokens: int) -> int:
+    """The smallest size on vLLM's CUDA-graph capture grid at or above `tokens` (a cap that captures it)."""
+    if tokens <= 4:
+        return min(s for s in (1, 2, 4) if s >= tokens)
+    if tokens < 256:
+        return -(-tokens // 8) * 8
+    return -(-tokens // 16) * 16
+
+
 class Role(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -156,15 +172,22 @@ class Topology(BaseModel):
     def cudagraph_capture_tokens(self) -> int | None:
         """The largest CUDA-graph capture size a plan sets (tokens per forward step), None for vLLM's default.
 
-        A decoding instance steps max_num_seqs x (1 + MTP) tokens at full batch: graphs must reach that or the
-        largest batches run eager (vLLM's default cap is 512). A smaller explicit value trades speed for the
-        graphs' memory. Prefill steps are chunked prefill: vLLM's default applies unless set. Never above
-        max_num_batched_tokens (no step is larger). The memory model's CUDA-graph reserve reads this.
+        vLLM captures only sizes on its grid (1, 2, 4, multiples of 8 below 256, of 16 from 256; plus
+        max_num_batched_tokens when it fits) and truncates --max-cudagraph-capture-size to the largest grid size
+        at or below it (vllm/config/vllm.py _set_cudagraph_sizes, "Truncating max_cudagraph_capture_size"): 100
+        sequences with MTP 2 step 300 tokens, and a cap of 300 would capture only up to 288, so those batches
+        would run eager. A decoding instance therefore asks for max_num_seqs x (1 + MTP) rounded UP to the grid
+        (304); an explicit value is modelled as what vLLM keeps (300 -> 288). Never above max_num_batched_tokens
+        (no step is larger; vLLM captures it exactly). Prefill steps are chunked prefill: None, vLLM's default
+        applies (min(2 x max_num_seqs x (1 + MTP), 1024) on SM10x: B200/GB200/B300/GB300, 512 elsewhere;
+        `current_platform.is_device_capability_family(100)`). The memory model's CUDA-graph reserve reads this.
         """
         size = self.max_cudagraph_capture_size
         if size is None and self.role is not Role.PREFILL:
-            size = self.max_num_seqs * (1 + self.mtp)
-        return None if size is None else min(size, self.max_num_batched_tokens)
+            size = cudagraph_grid_ceil(self.max_num_seqs * (1 + self.mtp))
+        if size is None:
+            return None
+        return self.max_num_batched_tokens if size >= self.max_num_batched_tokens else cudagraph_grid_floor(size)
 
     def label(self) -> str:
         """Name plus the engine settings that differ between trials."""

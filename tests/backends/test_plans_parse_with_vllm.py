@@ -93,6 +93,11 @@ def test_every_gpu_plan_argv_parses_with_vllms_own_parser_and_configs(installed_
                      PlanSettings(model_path="/m", device="cpu", pd_block_size=128), resolve=keep_names)
     items += [{"name": f"cpu {p.name}", "argv": list(p.argv[p.argv.index("serve") + 1:]), "env": p.env}
               for p in cpu.servers]
+    hetero = parse_deployment("1P:TP4DP2+EP,1D:TEP8", mtp=3)  # `topotune plan --no-prefix-caching` (issue 38)
+    no_prefix = build_plan(hetero, pack_hosts(hetero, 4), PlanSettings(
+        model_path="/m", model_is_hybrid=True, extra_flags=("--no-enable-prefix-caching",)), resolve=keep_names)
+    items += [{"name": f"no prefix caching {p.name}", "argv": list(p.argv[p.argv.index("serve") + 1:]),
+               "env": p.env} for p in no_prefix.servers]
     assert len(items) > 300  # every pair x MTP x node rank, deduplicated
     # the check must be able to fail: a misspelt flag, a removed one, a bad env value, a bad speculative method
     bad = [

@@ -88,7 +88,7 @@ def test_2_the_backend_reads_hybrid_from_the_model_and_the_version_from_the_requ
     backend = VllmBackend(VllmBackendSettings(vllm_argv=("/nonexistent/vllm",)))
     dep = parse_deployment("1P:TEP4,1D:TEP4")
     request = TrialRequest(trial_id="t", model_path=str(reference_model_path), gpu="gb300", deployment=dep,
-                           workload=Workload(isl=1024, osl=128, concurrency=(1,)), vllm_version="0.20.0",
+                           workload=Workload(isl=1024, osl=128, concurrency=(1,)), vllm_version="0.22.0",
                            hosts=(HostAssignment(address="127.0.0.1", gpu_ids=(0, 1, 2, 3)),
                                   HostAssignment(address="127.0.0.2", gpu_ids=(0, 1, 2, 3))))
     plan = backend.plan(request, port_base=9000)
@@ -159,24 +159,32 @@ def test_5_block_size_is_pinned_equal_on_both_pd_sides() -> None:
 
 def test_5_hybrid_pairs_across_tp_where_the_version_allows_and_are_refused_naming_it() -> None:
     dep = parse_deployment("1P:TP4DP2+EP,1D:TEP8", mtp=3)
+    # (the model is unreadable here: only the TP and version rules apply)
     assert plan_of(dep, PlanSettings(**GB300, model_is_hybrid=True, vllm_version="0.26.1rc1")).servers
-    with pytest.raises(TopologyError, match=r"vLLM 0\.25\.0 cannot .* vLLM 0\.26\.1 lifts it"):
-        plan_of(dep, PlanSettings(**GB300, model_is_hybrid=True, vllm_version="0.25.0"))
-    assert plan_of(dep, PlanSettings(**GB300, model_is_hybrid=False, vllm_version="0.25.0")).servers
+    with pytest.raises(TopologyError, match=r"vLLM 0\.19\.1 cannot .*target vLLM >= 0\.20\.0"):
+        plan_of(dep, PlanSettings(**GB300, model_is_hybrid=True, vllm_version="0.19.1"))
+    assert plan_of(dep, PlanSettings(**GB300, model_is_hybrid=False, vllm_version="0.19.1")).servers
 
 
 def test_5_composition_and_warm_start_pair_the_campaigns_own_front(reference_model_path: Path) -> None:
     from tuner.models import load_model
     from tuner.space import parse_space
-    from tuner.study._campaign import hybrid_tp_refusal
+    from tuner.study._campaign import equal_tp_only, pd_pairing
 
     model = load_model(reference_model_path)
     text = ("name: x\ncluster: {gpu: gb300, num_gpus: 72%s}\nworkload: {isl: 8192, osl: 1024}\n"
-            "phases: {decode: {tp: [8], concurrency: [1]}}\n")
-    assert hybrid_tp_refusal(parse_space(text % ""), model) is None  # newest checked: any TP pairs
-    assert hybrid_tp_refusal(parse_space(text % ", vllm_version: 0.26.1rc1"), model) is None
-    refusal = hybrid_tp_refusal(parse_space(text % ", vllm_version: 0.24.0"), model)
-    assert refusal and "0.26.1" in refusal
+            "phases: {decode: {tp: [4, 8], concurrency: [1]}}\n")
+    # 0.32: hetero TP transfers, but the TP-dependent hybrid block size meets prefix caching: equal TP only
+    newest = pd_pairing(parse_space(text % ""), model)
+    assert newest(Topology(tp=4), Topology(tp=4)) is None
+    assert newest(Topology(tp=4), Topology(tp=8)).startswith("hybrid_prefix_caching_blocks")
+    assert equal_tp_only(parse_space(text % ""), model)
+    assert newest(Topology(tp=4), Topology(tp=8, mtp=1)).startswith("speculative_config")
+    # 0.21: prefix-caching check not there yet, but no GDN transfer at all
+    assert pd_pairing(parse_space(text % ", vllm_version: 0.21.0"), model)(
+        Topology(tp=4), Topology(tp=4)).startswith("hybrid_family")
+    assert pd_pairing(parse_space(text % ", vllm_version: 0.19.1"), model)(
+        Topology(tp=4), Topology(tp=8)).startswith("hybrid_hetero_tp_version")
 
 
 # -- 6. context headroom ----------------------------------------------------------------------------------
@@ -251,7 +259,13 @@ def test_version_table_is_one_table_with_sources_shown_in_the_docs() -> None:
     with pytest.raises(ConfigError, match=r"cluster\.vllm_version"):
         VllmVersion.parse("latest")
     assert all(e.source and e.basis for e in TABLE)
-    assert launch_rules("0.32.0").hybrid_hetero_tp and not launch_rules("0.25.9").hybrid_hetero_tp
+    assert launch_rules("0.32.0").hybrid_hetero_tp and not launch_rules("0.19.1").hybrid_hetero_tp
+    assert launch_rules("0.20.0").hybrid_hetero_tp  # PR #37635: absent in the 0.19.1 wheel, present in 0.20.0
+    assert launch_rules("0.21.0").conv_split_kinds == ("mamba2",)
+    assert launch_rules("0.32.0").conv_split_kinds == ("mamba1", "mamba2", "gdn_attn")
+    assert not launch_rules("0.26.1").hybrid_mla_prefill_wider and launch_rules("0.27.0").hybrid_mla_prefill_wider
+    sources = " ".join(e.source for e in TABLE)
+    assert "#49612" not in sources and "#58034" not in sources and "#54387" in sources
     docs = (Path(__file__).parents[2] / "docs" / "vllm-backend.md").read_text()
     assert table_markdown() in docs, "docs/vllm-backend.md must show the version table as _versions.py has it"
 
@@ -291,5 +305,6 @@ def test_a_plan_the_targeted_vllm_cannot_run_ends_the_trial_unsupported_with_the
                            workload=Workload(isl=1024, osl=128, concurrency=(1,)), artifacts_dir=str(tmp_path),
                            hosts=tuple(HostAssignment(address=f"192.0.2.{i}", gpu_ids=(0, 1, 2, 3)) for i in range(3)))
     result = backend.run(request)
-    assert result.status.value == "unsupported" and "vLLM 0.26.1 lifts it" in result.reason
+    assert result.status.value == "unsupported" and "prefix caching with physical blocks" in result.reason
+    assert "TP4" in result.reason and "--no-enable-prefix-caching" in result.reason
     assert not (tmp_path / "logs").exists()  # nothing was launched

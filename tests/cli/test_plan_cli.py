@@ -12,8 +12,13 @@ from tuner.cli import main
 
 def test_the_issues_command_plans_what_the_campaign_needs(reference_model_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["plan", "1P:TP4DP2+EP,1D:TEP8", "--model", str(reference_model_path), "--hardware", "gb300",
-                 "--mtp", "3", "--isl", "8192", "--osl", "1024", "--vllm", "/nonexistent/vllm", "--json"])
+    args = ["plan", "1P:TP4DP2+EP,1D:TEP8", "--model", str(reference_model_path), "--hardware", "gb300",
+            "--mtp", "3", "--isl", "8192", "--osl", "1024", "--vllm", "/nonexistent/vllm", "--json"]
+    # TP4 -> TP8: the hybrid block sizes differ per TP (1,088 vs 576 tokens) and vLLM 0.32's prefix caching
+    # refuses that at the first request (issue 38); without prefix caching the pair runs
+    assert main(args) == 2
+    assert "prefix caching with physical blocks per logical block 17" in capsys.readouterr().err
+    code = main([*args, "--no-prefix-caching"])
     assert code == 0
     plan = json.loads(capsys.readouterr().out)
     servers = [p for p in plan["processes"] if p["role"] != "router"]
@@ -24,6 +29,7 @@ def test_the_issues_command_plans_what_the_campaign_needs(reference_model_path: 
         assert argv[argv.index("--block-size") + 1] == "64"
         assert argv[argv.index("--max-model-len") + 1] == "9728"
         assert proc["env"]["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"  # read from the model folder: hybrid
+        assert "--no-enable-prefix-caching" in argv
     hosts = {p["host"] for p in servers}
     assert len(hosts) == 4  # TP4DP2 on two whole hosts, TEP8 on two more
 
@@ -31,11 +37,14 @@ def test_the_issues_command_plans_what_the_campaign_needs(reference_model_path: 
 def test_plan_names_the_version_and_refuses_what_it_cannot_run(reference_model_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "1P:TP4,1D:TEP8", "--model", str(reference_model_path), "--vllm-version", "0.26.1rc1",
-                 "--vllm", "/nonexistent/vllm"]) == 0
+                 "--vllm", "/nonexistent/vllm", "--no-prefix-caching"]) == 0
     assert "# vLLM 0.26.1 (given); hybrid model: True" in capsys.readouterr().out
-    assert main(["plan", "1P:TP4,1D:TEP8", "--model", str(reference_model_path), "--vllm-version", "0.24.0",
-                 "--vllm", "/nonexistent/vllm"]) == 2
-    assert "vLLM 0.26.1 lifts it" in capsys.readouterr().err
+    assert main(["plan", "1P:TP4,1D:TEP8", "--model", str(reference_model_path), "--vllm-version", "0.19.1",
+                 "--vllm", "/nonexistent/vllm", "--no-prefix-caching"]) == 2
+    assert "target vLLM >= 0.20.0" in capsys.readouterr().err
+    assert main(["plan", "1P:TP4,1D:TEP8", "--model", str(reference_model_path), "--vllm-version", "0.21.0",
+                 "--vllm", "/nonexistent/vllm"]) == 2  # no GDN transfer before 0.22.0, whatever the TP
+    assert "target vLLM >= 0.22.0" in capsys.readouterr().err
     assert main(["plan", "TP4", "--hosts", "no-such-host.invalid", "--vllm", "/nonexistent/vllm"]) == 2
     assert "does not resolve" in capsys.readouterr().err
     assert main(["plan", "1P:TP4,1D:TP4", "--front", "dynamo"]) == 2  # the option is gone

@@ -113,8 +113,9 @@ def test_vllm_version_must_match_the_space_and_lists_required_settings() -> None
     ok = check_vllm_version(facts(), None, hybrid=True, multi_node_nvlink=True)
     assert ok.status is CheckStatus.PASS and ok.detail.startswith("vLLM 0.26.1")
     assert "VLLM_SSM_CONV_STATE_LAYOUT=DS" in ok.detail and "UCX_CUDA_IPC_ENABLE_MNNVL=y" in ok.detail
-    assert "across TP allowed" in ok.detail  # 0.26.1 transfers hybrid KV between different TP (PR #49612)
-    old = facts(tools={"vllm": ToolFacts(name="vllm", argv=("vllm",), path="/v", ran=True, version="0.22.0")})
+    assert "across TP allowed" in ok.detail  # hybrid state between different TP from 0.20.0 (PR #37635)
+    assert "NIXL transfers mamba1, mamba2, gdn_attn state" in ok.detail
+    old = facts(tools={"vllm": ToolFacts(name="vllm", argv=("vllm",), path="/v", ran=True, version="0.19.1")})
     older = check_vllm_version(old, None, hybrid=True, multi_node_nvlink=False)
     assert "--no-disable-hybrid-kv-cache-manager" in older.detail and "only at equal TP" in older.detail
     mismatch = check_vllm_version(facts(), "0.32.0", hybrid=False, multi_node_nvlink=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -280,9 +280,9 @@ def frontier(
     weights: Annotated[str | None, typer.Option(
         help="Model path the recommended commands load (default: MODEL, the config used for modelling).")] = None,
     max_mtp: Annotated[int, typer.Option(help="Decode MTP depths 0..N are swept (models with MTP layers).")] = 3,
-    same_tp: Annotated[bool | None, typer.Option(
-        "--same-tp/--any-tp", help="Pair only prefill/decode with equal TP and MTP (default: on for hybrid models, "
-                                   "as vLLM's NIXL connector requires).")] = None,
+    vllm_version: Annotated[str | None, typer.Option(
+        help="The vLLM whose NIXL pairing rules apply (TP divisibility, replicated KV heads, hybrid block sizes): "
+             "pairs it refuses are not composed (default: the newest version topotune's table checks).")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
     max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -311,10 +311,13 @@ def frontier(
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
-    pair_rules = spec.is_hybrid if same_tp is None else same_tp
+    from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
+
+    rules = launch_rules(vllm_version)
+    pairing = pairing_predicate(rules, PairingContext(model=spec, architecture=gpu.architecture))
     constraints = Constraints(max_gpus=gpus, max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms,
                               min_tok_s_per_user=min_tok_s_user, percentile=percentile,  # type: ignore[arg-type]
-                              same_tp=pair_rules, same_mtp=pair_rules)
+                              pairing=pairing)
     depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
     engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
@@ -332,9 +335,12 @@ def frontier(
             progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
 
         curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
-                              prefill_mtp_depths=(depths if pair_rules else (0,)) if serving != "agg" else (),
+                              prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
                               aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
                               workload=traffic)
+    if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode side's depth
+        curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
+                                          for d in depths])
     fronts = _fronts(curves, constraints, serving)
     pick = recommend(fronts)
     elapsed = time.perf_counter() - started
@@ -347,7 +353,8 @@ def frontier(
         print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
                     "workload": traffic.describe(),
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
-                                    "min_tok_s_per_user": min_tok_s_user, "same_tp_and_mtp": pair_rules},
+                                    "min_tok_s_per_user": min_tok_s_user,
+                                    "pairing": f"vLLM {rules.version} NIXL rules"},
                     "recommendation": pick.as_json(),
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
                     "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),

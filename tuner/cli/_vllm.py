@@ -84,6 +84,9 @@ def plan(
     max_num_seqs: Annotated[int | None, typer.Option(
         help="Running requests per DP rank of the decode (or aggregated) instances: the batch that holds the SLA "
              "(`frontier` prints it).")] = None,
+    prefix_caching: Annotated[bool, typer.Option(
+        "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (its default: on). Off, a hybrid "
+        "model's PD pair may use TPs whose block sizes differ.")] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
@@ -96,7 +99,7 @@ def plan(
         detect_version,
         has_multi_node_nvlink,
         keep_names,
-        model_is_hybrid,
+        model_or_none,
         pack_hosts,
         parse_deployment,
         resolve_address,
@@ -119,12 +122,15 @@ def plan(
                                                                              "the newest the version table checks")
     if max_model_len is None and isl and osl:
         max_model_len = served_context_tokens(isl, osl)
+    spec = model_or_none(model)
     settings = PlanSettings(model_path=model, served_model_name=served_model_name, vllm_argv=(vllm,),
                             router_argv=(router,), max_model_len=max_model_len, vllm_version=version,
-                            model_is_hybrid=model_is_hybrid(model) if hybrid is None else hybrid,
-                            multi_node_nvlink=has_multi_node_nvlink("cuda", hardware))
+                            model_is_hybrid=(spec is not None and spec.is_hybrid) if hybrid is None else hybrid,
+                            multi_node_nvlink=has_multi_node_nvlink("cuda", hardware),
+                            gpu_architecture=get_gpu(hardware).architecture,
+                            extra_flags=() if prefix_caching else ("--no-enable-prefix-caching",))
     launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
-                        resolve=resolve_address if addresses else keep_names)
+                        resolve=resolve_address if addresses else keep_names, model=spec)
     if json_out:
         print_json(launch.model_dump(mode="json"))
         return

@@ -179,8 +179,9 @@ def required_settings(version: VllmVersion, *, hybrid: bool, multi_node_nvlink: 
     if hybrid:
         out += [f"{k}={v} on PD instances" for k, v in rules.hybrid_pd_env.items()]
         out += [f"{f} on PD instances" for f in rules.hybrid_pd_flags]
-        out.append("hybrid PD pairs across TP allowed" if rules.hybrid_hetero_tp else
-                   "hybrid PD pairs only at equal TP")
+        out.append(("hybrid PD pairs across TP allowed where both sides' block sizes agree (the PD pairing check)"
+                    if rules.hybrid_hetero_tp else "hybrid PD pairs only at equal TP")
+                   + (f"; NIXL transfers {', '.join(rules.conv_split_kinds)} state" if rules.conv_split_kinds else ""))
     if multi_node_nvlink:
         out.append("UCX " + ", ".join(f"{k}={v}" for k, v in rules.ucx_multi_node_nvlink_env.items()))
     return out

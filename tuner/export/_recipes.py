@@ -12,9 +12,10 @@ from tuner.backends.vllm import (
     LaunchPlan,
     PlanSettings,
     build_plan,
+    gpu_architecture,
     has_multi_node_nvlink,
     keep_names,
-    model_is_hybrid,
+    model_or_none,
     pack_hosts,
 )
 from tuner.deployment import Deployment
@@ -54,12 +55,20 @@ class RecipeContext:
         return PlanSettings(model_path=self.model_path, served_model_name=self.model_name,
                             max_model_len=served_context_tokens(self.isl, self.osl), vllm_version=self.vllm_version,
                             model_is_hybrid=model_is_hybrid(self.model_path),
-                            multi_node_nvlink=has_multi_node_nvlink("cuda", self.gpu))
+                            multi_node_nvlink=has_multi_node_nvlink("cuda", self.gpu),
+                            gpu_architecture=gpu_architecture(self.gpu))
+
+
+def model_is_hybrid(model_path: str) -> bool:
+    model = model_or_none(model_path)
+    return model is not None and model.is_hybrid
 
 
 def _plan(deployment: Deployment, ctx: RecipeContext) -> LaunchPlan:
-    """hostN placeholders (the user maps them to hosts), packed so no TP group straddles hosts."""
-    return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host), ctx.plan_settings(), resolve=keep_names)
+    """hostN placeholders (the user maps them to hosts), packed so no TP group straddles hosts; the PD pairing
+    check reads the model's config when it is readable here."""
+    return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host), ctx.plan_settings(), resolve=keep_names,
+                      model=model_or_none(ctx.model_path))
 
 
 def to_vllm_commands(deployment: Deployment, ctx: RecipeContext) -> str:

@@ -32,7 +32,8 @@ def _request_counts(max_reqs: int) -> list[int]:
 def cudagraph_capture_sizes(topo: Topology, architecture: str = "hopper") -> list[int]:
     """vllm/config/vllm.py VllmConfig._set_cudagraph_sizes, default compilation config.
 
-    1, 2, 4, every 8 below 256, every 16 from 256, up to max_cudagraph_capture_size (default above, then capped
+    1, 2, 4, every 8 below 256, every 16 from 256, up to max_cudagraph_capture_size (default: min(2 x max-num-seqs x
+    (1 + mtp), 1024 on SM10x = the catalog's blackwell GPUs, 512 elsewhere), then capped
     by max-num-batched-tokens, which is itself added when it fits); with MTP the uniform-decode sizes
     n x (1 + mtp) for n up to max-num-seqs are added too. An explicit --max-cudagraph-capture-size replaces the
     default cap: launch plans set Topology.cudagraph_capture_tokens (the searched knob, or by default the decode
@@ -48,6 +49,8 @@ def _capture_sizes(explicit: int | None, max_num_seqs: int, mtp: int, max_tokens
     """Pure and cached: a sweep asks for the same few engine settings thousands of times."""
     if architecture == "cpu":
         return ()  # the CPU backend runs eagerly
+    # vllm/config/vllm.py: 1024 if current_platform.is_device_capability_family(100) else 512. The catalog's
+    # "blackwell" GPUs (B200, GB200, GB300) are all SM10x.
     platform_max = 1024 if architecture == "blackwell" else 512
     qlen = 1 + mtp
     cap = explicit if explicit is not None else min(max_num_seqs * qlen * 2, platform_max)

@@ -159,6 +159,9 @@ class LinearAttentionSpec:
     conv_kernel: int
     conv_state_dtype: str = "bfloat16"
     ssm_state_dtype: str = "bfloat16"
+    # vLLM's mamba_type for this mixer (MambaAttentionBackendEnum, lower case): NIXL's conv-state transfer
+    # supports only mamba1, mamba2 and gdn_attn (kv_connector/v1/ssm_conv_transfer_utils.py)
+    kind: str = "gdn_attn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +176,7 @@ class MambaSpec:
     intermediate_size: int
     conv_state_dtype: str = "bfloat16"
     ssm_state_dtype: str = "bfloat16"
+    kind: str = "mamba2"  # vLLM's mamba_type (see LinearAttentionSpec.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +226,14 @@ class ModelSpec:
     @property
     def is_hybrid(self) -> bool:
         return any(not k.has_kv_cache for k in self.layer_kinds)
+
+    @property
+    def state_kind(self) -> str | None:
+        """vLLM's mamba_type of the recurrent layers (gdn_attn, mamba2, ...), None without any: the PD pairing
+        check reads it (only some families transfer over NIXL)."""
+        if self.linear_attention is not None:
+            return self.linear_attention.kind
+        return self.mamba.kind if self.mamba is not None else None
 
     @property
     def num_moe_layers(self) -> int:

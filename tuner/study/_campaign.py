@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,28 +155,38 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
     depths = sorted({t.mtp for t, _ in decode})
     prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
     c = space.constraints
-    refusal = hybrid_tp_refusal(space, model)
     try:
         composed = compose_disaggregated(prefill, decode, Constraints(
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
-            percentile=c.percentile, same_tp=refusal is not None, same_mtp=True,
-            pairing_reason=refusal or "prefill runs its decode side's MTP depth"))
+            percentile=c.percentile, pairing=pd_pairing(space, model)))
     except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
         return [], [], exc.user_message()
     return composed, combined_front(composed), None
 
 
-def hybrid_tp_refusal(space: SearchSpace, model: ModelSpec) -> str | None:
-    """Why prefill and decode must share TP for this model on the targeted vLLM (None: any TP pairs).
+def pd_pairing(space: SearchSpace, model: ModelSpec) -> Callable[[Topology, Topology], str | None]:
+    """The one PD pairing check (tuner.backends.vllm._pairing) for this space's targeted vLLM and GPU: the
+    composition pairs only what a launch plan would accept, so no front point is one vLLM refuses or corrupts.
 
     The space's cluster.vllm_version decides (the version table in tuner.backends.vllm); without one, the
     newest version the table was checked against, and the launch plan refuses a pair the hosts' vLLM cannot run.
     """
-    if not model.is_hybrid:
-        return None
-    from tuner.backends.vllm import launch_rules
+    from tuner.backends.vllm import PlanSettings, pairing_predicate
 
-    return launch_rules(space.cluster.vllm_version).hetero_tp_refusal()
+    arch = get_gpu(space.cluster.gpu).architecture
+    settings = PlanSettings(model_path=model.name, vllm_version=space.cluster.vllm_version, gpu_architecture=arch,
+                            device="cpu" if arch == "cpu" else "cuda")
+    return pairing_predicate(settings.rules(), settings.pairing(model))
+
+
+def equal_tp_only(space: SearchSpace, model: ModelSpec) -> bool:
+    """Whether the pairing check refuses every pair of different TPs the space can propose (a hybrid model on
+    a vLLM without hetero-TP transfer, or whose TP-dependent block size meets prefix caching): the warm start
+    then seeds the second phase with the first phase's front TPs."""
+    pairing = pd_pairing(space, model)
+    tps = sorted({tp for phase in space.phases.values() for tp in phase.tp})
+    pairs = [(a, b) for a in tps for b in tps if a != b and max(a, b) % min(a, b) == 0]
+    return bool(pairs) and all(pairing(Topology(tp=a), Topology(tp=b)) for a, b in pairs)
 
 
 def _per_topology_fronts(points: list[StoredPoint]) -> list[tuple[Topology, ServingMetrics]]:
@@ -265,7 +276,7 @@ class Campaign:
                            warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps),
                            pair_with_tps=pair_with)
             study = run.run()
-            if hybrid_tp_refusal(self.space, self.model):
+            if equal_tp_only(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp
                                       for p in _phase_result(study, phase).front)
         result, _, _ = load_campaign(self.storage_url, self.name)

