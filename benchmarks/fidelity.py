@@ -34,9 +34,10 @@ TABLE = REPO / "benchmarks" / "data" / "public_measurements.yaml"
 ROLES = {"aggregated": Role.BOTH, "prefill": Role.PREFILL, "decode": Role.DECODE}
 #: Engine settings a row replays with unless its `serve:` gives the source's own flags (vLLM's
 #: --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype, --stream-interval,
-#: --all2all-backend).
+#: --all2all-backend, --enable-dbo, --enable-eplb's redundant experts).
 SERVE_DEFAULTS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-                  "kv_cache_dtype": "auto", "stream_interval": 1, "all2all_backend": DEFAULT_ALL2ALL_BACKEND}
+                  "kv_cache_dtype": "auto", "stream_interval": 1, "all2all_backend": DEFAULT_ALL2ALL_BACKEND,
+                  "dbo": False, "num_redundant_experts": 0}
 #: Engine settings that size memory rather than the topology (--kv-cache-memory-bytes: the KV budget, exactly).
 MEMORY_SETTINGS = ("kv_cache_memory_bytes",)
 #: Factors fitted per GPU class: decode bandwidth, decode and prefill compute, the per-kernel latency floor, the
