@@ -34,9 +34,10 @@ TABLE = REPO / "benchmarks" / "data" / "public_measurements.yaml"
 ROLES = {"aggregated": Role.BOTH, "prefill": Role.PREFILL, "decode": Role.DECODE}
 #: Engine settings a row replays with unless its `serve:` gives the source's own flags (vLLM's
 #: --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype, --stream-interval,
-#: --all2all-backend).
+#: --all2all-backend, --enable-dbo, --enable-eplb's redundant experts).
 SERVE_DEFAULTS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-                  "kv_cache_dtype": "auto", "stream_interval": 1, "all2all_backend": DEFAULT_ALL2ALL_BACKEND}
+                  "kv_cache_dtype": "auto", "stream_interval": 1, "all2all_backend": DEFAULT_ALL2ALL_BACKEND,
+                  "dbo": False, "num_redundant_experts": 0}
 #: Engine settings that size memory rather than the topology (--kv-cache-memory-bytes: the KV budget, exactly).
 MEMORY_SETTINGS = ("kv_cache_memory_bytes",)
 #: Factors fitted per GPU class: decode bandwidth, decode and prefill compute, the per-kernel latency floor, the
@@ -140,6 +141,11 @@ def load_table(path: Path) -> tuple[dict[str, dict[str, str]], list[Row]]:
 
 def gpu_class(gpu: GpuSpec) -> str:
     return gpu.architecture
+
+
+def crosses_hosts(row: Row, gpu: GpuSpec) -> bool:
+    """One instance larger than the GPU's NVLink domain: its EP group runs over the hosts' network."""
+    return Topology.parse(row.topology).num_gpus > gpu.nvlink_domain_gpus
 
 
 class Replayer:
@@ -344,9 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         members = [r for r in vllm if gpu_class(replayer.gpu(r.gpu)) == cls]
         fitted = fit_class(replayer, members, PRIORS[cls])
         full.update({r.gpu: fitted for r in members})
-    others = [r for r in rows if r.engine != "vllm"]
+    wide = [r for r in rows if crosses_hosts(r, replayer.gpu(r.gpu))]
+    others = [r for r in rows if r.engine != "vllm" and r not in wide]
     unscored = [r for r in rows if r.engine == "vllm" and not r.scored]
-    for r in (*others, *unscored):
+    for r in (*others, *unscored, *wide):
         full.setdefault(r.gpu, default_calibration(r.gpu))
     in_sample = score(replayer, vllm, full)
 
@@ -359,9 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary("SGLang/TRT-LLM (vLLM fit, not fitted)", score(replayer, others, full)))
     if unscored:
         print(summary("vLLM rows left out (vLLM fit)", score(replayer, unscored, full)))
+    if wide:
+        print(summary("multi-host wide EP (vLLM fit, not fitted)", score(replayer, wide, full)))
     for cls in classes:
         print(summary(f"  of which {cls} (held out)", [s for s in held if gpu_class(replayer.gpu(s.row.gpu)) == cls]))
-    print("\ntargets, held-out vLLM rows: median <= 15% and worst <= 50% on both metrics")
+    print("\ntargets, held-out vLLM rows: median <= 15% and worst <= 50% on both metrics; "
+          "multi-host wide EP rows: median <= 20%, every row within x1.5")
     print("\nper source (held out):")
     for source, note in notes.items():
         print(f"  {summary(source, [s for s in held if s.row.source == source])}  [{note}]")
@@ -374,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if others:
             print("\nother engines (vLLM fit):")
             print_rows(score(replayer, others, full))
+        if wide:
+            print("\nmulti-host wide EP, across hosts' RDMA network (vLLM fit, not fitted):")
+            print_rows(score(replayer, wide, full))
         if unscored:
             print("\nleft out of the targets (vLLM fit):")
             print_rows(score(replayer, unscored, full))

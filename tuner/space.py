@@ -101,6 +101,9 @@ class PhaseSpace(_Strict):
     # vLLM's --all2all-backend for layouts with EP over DP ranks (the others have none): one value is a setting
     # of every such layout, more are a knob.
     all2all_backend: list[All2AllBackend] = Field([DEFAULT_ALL2ALL_BACKEND], min_length=1)
+    # Dual-batch overlap (--enable-dbo) for layouts with EP over DP ranks (the others have none): two micro-batches
+    # hide the all-to-all behind compute, on a DeepEP backend.
+    dbo: list[bool] = Field([False], min_length=1)
     workload: PhaseWorkload = PhaseWorkload()
 
     @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
@@ -116,7 +119,7 @@ class PhaseSpace(_Strict):
     def _expandable(self) -> PhaseSpace:
         sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
                  self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts,
-                 self.max_cudagraph_capture_size, self.stream_interval, self.all2all_backend)
+                 self.max_cudagraph_capture_size, self.stream_interval, self.all2all_backend, self.dbo)
         if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
             raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
                              "narrow some lists")
@@ -301,6 +304,8 @@ class SearchSpace(_Strict):
             choices["stream_interval"] = s.stream_interval
         if len(set(s.all2all_backend)) > 1:  # one backend is a setting (`topology` applies it), not a parameter
             choices["all2all_backend"] = list(dict.fromkeys(s.all2all_backend))
+        if s.dbo != [False]:
+            choices["dbo"] = list(dict.fromkeys(s.dbo))
         return choices
 
     def params_of(self, phase: Phase, topo: Topology) -> dict[str, Any]:
@@ -312,7 +317,7 @@ class SearchSpace(_Strict):
             "max_num_batched_tokens": topo.max_num_batched_tokens, "kv_cache_dtype": topo.kv_cache_dtype,
             "num_redundant_experts": topo.num_redundant_experts,
             "max_cudagraph_capture_size": topo.max_cudagraph_capture_size or "auto",
-            "stream_interval": topo.stream_interval, "all2all_backend": topo.all2all_backend}
+            "stream_interval": topo.stream_interval, "all2all_backend": topo.all2all_backend, "dbo": topo.dbo}
         return {name: every[name] for name in self.param_choices(phase)}
 
     def topology(self, phase: Phase, params: dict) -> Topology:
@@ -326,7 +331,8 @@ class SearchSpace(_Strict):
                                stream_interval=int(params.get("stream_interval", 1)),
                                all2all_backend=params.get("all2all_backend", self.phases[phase].all2all_backend[0]),
                                num_redundant_experts=params.get("num_redundant_experts", 0)
-                               if params["ep"] and params["tp"] * params["dp"] > 1 else 0)
+                               if params["ep"] and params["tp"] * params["dp"] > 1 else 0,
+                               dbo=bool(params.get("dbo", False)) and params["ep"] and params["dp"] > 1)
 
     def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
         """All valid configurations of a phase; raises if constraints leave none, saying which."""

@@ -56,11 +56,23 @@ def _deployments() -> list[tuple[Deployment, bool, str | None]]:
     return out
 
 
+def _wide_ep() -> list[Deployment]:
+    """Multi-host wide EP on 8-GPU hosts without multi-node NVLink: DeepEP over RDMA, DBO, EPLB, per-host DP."""
+    return [parse_deployment("1P:DEP16,1D:DEP32", all2all_backend="deepep_low_latency", dbo=True,
+                             num_redundant_experts=32, max_num_seqs=256),
+            parse_deployment("2x:DEP16", all2all_backend="deepep_high_throughput", dbo=True, num_redundant_experts=16),
+            Deployment.single(Topology.parse("DEP32", role=Role.DECODE, all2all_backend="allgather_reducescatter"))]
+
+
 def _plans(version: str):  # type: ignore[no-untyped-def]
     for dep, hybrid, target in _deployments():
         settings = PlanSettings(model_path="/models/m", served_model_name="m", max_model_len=9728,
                                 vllm_version=target or version, model_is_hybrid=hybrid, multi_node_nvlink=True)
         yield dep, build_plan(dep, pack_hosts(dep, 4), settings, resolve=keep_names)
+    for dep in _wide_ep():
+        settings = PlanSettings(model_path="/models/m", served_model_name="m", max_model_len=4096,
+                                vllm_version=version)
+        yield dep, build_plan(dep, pack_hosts(dep, 8), settings, resolve=keep_names)
 
 
 def _server_items(version: str) -> tuple[list[dict], list[tuple[str, ...]]]:
@@ -99,6 +111,8 @@ def test_every_gpu_plan_argv_parses_with_vllms_own_parser_and_configs(installed_
     items += [{"name": f"no prefix caching {p.name}", "argv": list(p.argv[p.argv.index("serve") + 1:]),
                "env": p.env} for p in no_prefix.servers]
     assert len(items) > 300  # every pair x MTP x node rank, deduplicated
+    assert any({"deepep_low_latency", "--enable-dbo", "--enable-eplb", "--data-parallel-start-rank"} <= set(i["argv"])
+               for i in items)  # the multi-host wide-EP plans are among them
     # the check must be able to fail: a misspelt flag, a removed one, a bad env value, a bad speculative method
     bad = [
         {"name": "misspelt", "argv": ["/m", "--tensor-parallel-sise", "8"], "env": {}},

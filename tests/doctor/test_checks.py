@@ -13,9 +13,22 @@ from tuner.doctor._checks import (
     check_nixl,
     check_ports,
     check_tool,
+    check_wide_ep,
     needs_imex,
 )
-from tuner.doctor._probe import ModelFacts, NixlFacts, NodeFacts, PortFacts, ToolFacts, _model, _ports
+from tuner.doctor._probe import (
+    DeepEPFacts,
+    ModelFacts,
+    NixlFacts,
+    NodeFacts,
+    PortFacts,
+    RdmaDevice,
+    ToolFacts,
+    _model,
+    _ports,
+    rdma_devices,
+    stream_mem_ops,
+)
 from tuner.hardware import get_gpu
 
 GB300 = get_gpu("gb300")
@@ -127,3 +140,47 @@ def test_vllm_version_must_match_the_space_and_lists_required_settings() -> None
     assert check_vllm_version(broken, None, hybrid=False, multi_node_nvlink=False).status is CheckStatus.FAIL
     split = check_same_vllm([facts(), newer.model_copy(update={"node": "gpu-08"})])
     assert split.status is CheckStatus.FAIL and "gpu-07 0.26.1" in split.detail and "gpu-08 0.40.0" in split.detail
+
+
+# -- wide EP across hosts: RDMA devices, DeepEP/NVSHMEM in vLLM's Python, IBGDA ------------------------------------
+
+
+def test_wide_ep_is_not_checked_inside_one_nvlink_domain() -> None:
+    assert check_wide_ep(facts(), H100, 8, deepep=True).status is CheckStatus.PASS
+    assert check_wide_ep(facts(), GB300, 72, deepep=True).status is CheckStatus.PASS  # the rack's NVLink
+
+
+def test_wide_ep_needs_an_active_rdma_device_on_every_node() -> None:
+    none = check_wide_ep(facts(), H100, 32, deepep=False)
+    assert none.status is CheckStatus.FAIL and "gpu-07" in none.detail and "RDMA" in none.detail
+    down = check_wide_ep(facts(rdma_devices=(RdmaDevice(name="mlx5_0", link_layer="InfiniBand", state="1: DOWN"),)),
+                         H100, 32, deepep=False)
+    assert down.status is CheckStatus.FAIL and "mlx5_0 1: DOWN" in down.detail
+    up = (RdmaDevice(name="mlx5_0", link_layer="Ethernet", state="4: ACTIVE"),)
+    assert check_wide_ep(facts(rdma_devices=up), H100, 32, deepep=False).status is CheckStatus.PASS
+
+
+def test_wide_ep_on_deepep_needs_deepep_and_ibgda() -> None:
+    up = (RdmaDevice(name="mlx5_0", link_layer="InfiniBand", state="4: ACTIVE"),)
+    missing = check_wide_ep(facts(rdma_devices=up, deepep=DeepEPFacts(error="No module named 'deep_ep'")), H100, 32,
+                            deepep=True)
+    assert missing.status is CheckStatus.FAIL and "deep_ep" in missing.detail and "ep_kernels" in missing.fix
+    ready = facts(rdma_devices=up, deepep=DeepEPFacts(deep_ep="1.2.1", nvshmem="3.3.9"), stream_mem_ops=True)
+    ok = check_wide_ep(ready, H100, 32, deepep=True)
+    assert ok.status is CheckStatus.PASS and "NVSHMEM 3.3.9" in ok.detail
+    no_ibgda = check_wide_ep(ready.model_copy(update={"stream_mem_ops": False}), H100, 32, deepep=True)
+    assert no_ibgda.status is CheckStatus.FAIL and "EnableStreamMemOPs" in no_ibgda.fix
+
+
+def test_rdma_devices_and_driver_params_are_read_from_sysfs(tmp_path: Path) -> None:
+    port = tmp_path / "infiniband" / "mlx5_3" / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "link_layer").write_text("InfiniBand\n")
+    (port / "state").write_text("4: ACTIVE\n")
+    assert rdma_devices(tmp_path / "infiniband") == (RdmaDevice(name="mlx5_3", link_layer="InfiniBand",
+                                                                state="4: ACTIVE"),)
+    assert rdma_devices(tmp_path / "none") == ()
+    params = tmp_path / "params"
+    params.write_text("ResmanDebugLevel: 4294967295\nEnableStreamMemOPs: 1\n")
+    assert stream_mem_ops(params) is True
+    assert stream_mem_ops(tmp_path / "missing") is None

@@ -170,6 +170,43 @@ def check_imex(facts: NodeFacts, gpu: GpuSpec | None, gpus_per_host: int, num_gp
                  "NVreg_CreateImexChannel0=1); in Kubernetes request a ComputeDomain")
 
 
+def crosses_hosts(gpu: GpuSpec | None, num_gpus: int) -> bool:
+    """The space's biggest instance is wider than the NVLink domain: its EP all-to-all runs over the network."""
+    return gpu is not None and num_gpus > gpu.nvlink_domain_gpus
+
+
+def check_wide_ep(facts: NodeFacts, gpu: GpuSpec | None, num_gpus: int, *, deepep: bool) -> CheckResult:
+    """A wide-EP space across hosts needs RDMA devices on every node, and for DeepEP's backends deep_ep with
+    NVSHMEM in vLLM's Python and the driver's stream memory operations (IBGDA)."""
+    name = "wide ep"
+    if not crosses_hosts(gpu, num_gpus):
+        return _ok(facts.node, name, "not needed (no instance is wider than the NVLink domain)")
+    assert gpu is not None
+    active = [d for d in facts.rdma_devices if "ACTIVE" in d.state.upper()]
+    if not active:
+        seen = ", ".join(f"{d.name} {d.state or '?'}" for d in facts.rdma_devices) or "none in /sys/class/infiniband"
+        return _fail(facts.node, name, f"instances of up to {num_gpus} {gpu.name} GPUs cross hosts, and {facts.node} "
+                                       f"has no active RDMA device ({seen})",
+                     "bring up the InfiniBand/RoCE NICs (ibstat, the rdma-core and mlx5 drivers); in Kubernetes "
+                     "mount /dev/infiniband and request the RDMA devices")
+    links = sorted({d.link_layer or "?" for d in active})
+    detail = f"{len(active)} active RDMA device(s) ({', '.join(links)}): {active[0].name}"
+    if not deepep:
+        return _ok(facts.node, name, detail + "; no DeepEP backend in the space")
+    if not facts.deepep.deep_ep:
+        return _fail(facts.node, name, f"{detail}, but DeepEP does not import in vLLM's Python: "
+                                       f"{facts.deepep.error}",
+                     "install DeepEP and NVSHMEM into vLLM's environment (vLLM's tools/ep_kernels/"
+                     "install_python_libraries.sh), or search allgather_reducescatter only")
+    if facts.stream_mem_ops is False:
+        return _fail(facts.node, name, f"{detail}; DeepEP {facts.deepep.deep_ep}, but the NVIDIA driver runs with "
+                                       "EnableStreamMemOPs=0: DeepEP's internode kernels (IBGDA) cannot start",
+                     "set NVreg_EnableStreamMemOPs=1 (vLLM's tools/ep_kernels/configure_system_drivers.sh) and "
+                     "reboot")
+    nvshmem = f", NVSHMEM {facts.deepep.nvshmem}" if facts.deepep.nvshmem else ""
+    return _ok(facts.node, name, f"{detail}; DeepEP {facts.deepep.deep_ep}{nvshmem}")
+
+
 def required_settings(version: VllmVersion, *, hybrid: bool, multi_node_nvlink: bool) -> list[str]:
     """The version table's choices for this vLLM that a campaign on this model and GPU will apply."""
     rules = launch_rules(version)
@@ -227,7 +264,7 @@ def check_same_vllm(nodes: Sequence[NodeFacts]) -> CheckResult:
 
 def node_checks(facts: NodeFacts, *, gpu: GpuSpec | None, gpus_per_host: int, num_gpus: int,
                 needs_pd: bool, fixed_ports: bool, vllm_version: str | None = None,
-                hybrid: bool = False) -> list[CheckResult]:
+                hybrid: bool = False, deepep: bool = False) -> list[CheckResult]:
     """Every per-node check, in the order they are printed."""
     out = [check_gpus(facts, gpu, gpus_per_host), check_model(facts)]
     out += [check_tool(facts, name) for name in facts.tools]
@@ -235,5 +272,5 @@ def node_checks(facts: NodeFacts, *, gpu: GpuSpec | None, gpus_per_host: int, nu
         out.append(check_vllm_version(facts, vllm_version, hybrid=hybrid,
                                       multi_node_nvlink=needs_imex(gpu, gpus_per_host, num_gpus)))
     out += [check_nixl(facts, needed=needs_pd), check_ports(facts, fixed_ports),
-            check_imex(facts, gpu, gpus_per_host, num_gpus)]
+            check_imex(facts, gpu, gpus_per_host, num_gpus), check_wide_ep(facts, gpu, num_gpus, deepep=deepep)]
     return out

@@ -20,6 +20,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 IMEX_CHANNELS_DIR = Path("/dev/nvidia-caps-imex-channels")
+RDMA_CLASS_DIR = Path("/sys/class/infiniband")  # one entry per RDMA device (InfiniBand or RoCE) the kernel sees
+NVIDIA_PARAMS = Path("/proc/driver/nvidia/params")  # the driver's module parameters
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _VERSION_TEXT = re.compile(r"\d+\.\d+(?:\.\d+)?[\w.+-]*")
 
@@ -36,6 +38,7 @@ class ProbeRequest(_Frozen):
     port_base: int | None = None  # the settings' fixed block, else any free block is looked for
     port_block: int = 200
     timeout_s: float = 900.0  # wall clock cap per tool run (its CPU use decides first: _run)
+    deepep: bool = False  # import DeepEP in vLLM's Python (a space whose EP all-to-all crosses hosts on DeepEP)
 
 
 class ToolFacts(_Frozen):
@@ -63,6 +66,20 @@ class NixlFacts(_Frozen):
     error: str = ""
 
 
+class DeepEPFacts(_Frozen):
+    """DeepEP and NVSHMEM in vLLM's Python (what --all2all-backend deepep_* imports)."""
+
+    deep_ep: str = ""  # version ("" when not importable)
+    nvshmem: str = ""  # the nvidia-nvshmem wheel's version ("" when absent)
+    error: str = ""
+
+
+class RdmaDevice(_Frozen):
+    name: str  # e.g. mlx5_0
+    link_layer: str = ""  # InfiniBand or Ethernet (RoCE), port 1
+    state: str = ""  # e.g. "4: ACTIVE"
+
+
 class PortFacts(_Frozen):
     base: int = 0
     size: int = 0
@@ -84,6 +101,9 @@ class NodeFacts(_Frozen):
     tools: dict[str, ToolFacts]
     nixl: NixlFacts
     ports: PortFacts
+    rdma_devices: tuple[RdmaDevice, ...] = ()
+    stream_mem_ops: bool | None = None  # NVreg_EnableStreamMemOPs=1 (IBGDA, DeepEP's internode kernels); None: unread
+    deepep: DeepEPFacts = DeepEPFacts(error="not probed")
 
 
 # A tool's run is judged by its CPU use, not by the clock: on a loaded host `vllm --version` (an import of ~12 CPU
@@ -236,6 +256,58 @@ def _nixl(vllm: ToolFacts, timeout_s: float) -> NixlFacts:
     return NixlFacts(version=version, plugins=tuple(plugins))
 
 
+_DEEPEP_SNIPPET = """
+import importlib.metadata as m
+def version(*names):
+    for name in names:
+        try:
+            return m.version(name)
+        except m.PackageNotFoundError:
+            pass
+    return "-"
+import deep_ep
+print("DEEPEP", version("deep_ep", "deep-ep"), version("nvidia-nvshmem-cu12", "nvidia-nvshmem-cu13", "nvshmem"))
+"""
+
+
+def _deepep(vllm: ToolFacts, timeout_s: float) -> DeepEPFacts:
+    """deep_ep importable in vLLM's Python, and the NVSHMEM wheel it links against."""
+    python = _interpreter(vllm.path) if vllm.path else ""
+    if not python:
+        return DeepEPFacts(error="vLLM's Python not found")
+    code, out = _run([python, "-c", _DEEPEP_SNIPPET], timeout_s)
+    line = next((ln for ln in out.splitlines() if ln.startswith("DEEPEP ")), "")
+    if code != 0 or not line:
+        return DeepEPFacts(error=f"importing deep_ep in {python} failed: "
+                                 f"{out.splitlines()[-1][:300] if out else code}")
+    _, deep_ep, nvshmem = line.split()
+    return DeepEPFacts(deep_ep=deep_ep if deep_ep != "-" else "unknown", nvshmem="" if nvshmem == "-" else nvshmem)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def rdma_devices(root: Path = RDMA_CLASS_DIR) -> tuple[RdmaDevice, ...]:
+    """The node's RDMA devices with port 1's link layer and state (sysfs; empty without any)."""
+    if not root.is_dir():
+        return ()
+    return tuple(RdmaDevice(name=d.name, link_layer=_read(d / "ports" / "1" / "link_layer"),
+                            state=_read(d / "ports" / "1" / "state")) for d in sorted(root.iterdir()))
+
+
+def stream_mem_ops(params: Path = NVIDIA_PARAMS) -> bool | None:
+    """The driver's EnableStreamMemOPs (IBGDA needs 1: vLLM's tools/ep_kernels/configure_system_drivers.sh)."""
+    for line in _read(params).splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "EnableStreamMemOPs":
+            return value.strip() == "1"
+    return None
+
+
 def _ports(base: int | None, size: int) -> PortFacts:
     """The fixed block's busy ports, or the first free block (what a trial here would get)."""
     if base is None:
@@ -265,6 +337,8 @@ def probe_node(request: ProbeRequest, node_id: str = "") -> NodeFacts:
         tools = {name: f.result() for name, f in futures.items()}
     vllm = tools.get("vllm")
     nixl = _nixl(vllm, request.timeout_s) if vllm is not None and vllm.ran else NixlFacts(error="vLLM did not run")
+    deepep = (_deepep(vllm, request.timeout_s) if request.deepep and vllm is not None and vllm.ran
+              else DeepEPFacts(error="not probed" if not request.deepep else "vLLM did not run"))
     channels = tuple(sorted(p.name for p in IMEX_CHANNELS_DIR.glob("channel*"))) if IMEX_CHANNELS_DIR.is_dir() \
         else ()
     hostname = socket.gethostname()
@@ -273,4 +347,5 @@ def probe_node(request: ProbeRequest, node_id: str = "") -> NodeFacts:
     except OSError:
         address = "127.0.0.1"
     return NodeFacts(node=hostname, address=address, node_id=node_id, cpu_count=os.cpu_count() or 0, gpus=gpus,
-                     gpu_source=source, imex_channels=channels, model=model, tools=tools, nixl=nixl, ports=ports)
+                     gpu_source=source, imex_channels=channels, model=model, tools=tools, nixl=nixl, ports=ports,
+                     rdma_devices=rdma_devices(), stream_mem_ops=stream_mem_ops(), deepep=deepep)

@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict
 from tuner.backends import HostAssignment, TrialRequest
 from tuner.backends.vllm import PORT_BLOCK, VllmBackend, VllmBackendSettings, uniform_hosts
 from tuner.deployment import Deployment
-from tuner.doctor._checks import CheckResult, CheckStatus, check_cluster_size, check_same_vllm, node_checks
+from tuner.doctor._checks import (
+    CheckResult,
+    CheckStatus,
+    check_cluster_size,
+    check_same_vllm,
+    crosses_hosts,
+    node_checks,
+)
 from tuner.doctor._probe import NodeFacts, ProbeRequest, probe_node
 from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec, get_gpu
@@ -74,10 +81,15 @@ def backend_settings(space: SearchSpace) -> VllmBackendSettings:
     return VllmBackendSettings.for_cpu() if space.cluster.gpu == "cpu" else VllmBackendSettings()
 
 
-def _probe_request(settings: VllmBackendSettings, model_path: str) -> ProbeRequest:
+def _probe_request(settings: VllmBackendSettings, model_path: str, *, deepep: bool = False) -> ProbeRequest:
     return ProbeRequest(model_path=model_path, port_base=settings.port_base, port_block=PORT_BLOCK,
                         tools={"vllm": settings.vllm_argv, "aiperf": settings.aiperf_argv,
-                               "vllm-router": settings.router_argv})
+                               "vllm-router": settings.router_argv}, deepep=deepep)
+
+
+def uses_deepep(space: SearchSpace) -> bool:
+    """Some phase searches a DeepEP all-to-all (what a multi-host wide-EP campaign launches)."""
+    return any(b.startswith("deepep") for phase in space.phases.values() for b in phase.all2all_backend)
 
 
 def _probe_ray(request: ProbeRequest, space: SearchSpace, address: str | None,
@@ -161,7 +173,8 @@ def run_doctor(space: SearchSpace, model_path: str | Path | None, *, space_name:
     catalog_gpu = get_gpu(space.cluster.gpu)
     gpu = None if catalog_gpu.architecture == "cpu" else catalog_gpu  # the checks' "no GPU needed"
     per_host = space.cluster.gpus_per_host or catalog_gpu.gpus_per_host
-    request = _probe_request(settings, model)
+    deepep = uses_deepep(space) and crosses_hosts(gpu, space.cluster.num_gpus)
+    request = _probe_request(settings, model, deepep=deepep)
     if executor == "ray":
         nodes, checks, cluster = _probe_ray(request, space, ray_address if ray_address is not None
                                             else os.environ.get("RAY_ADDRESS"), ray_port)
@@ -172,7 +185,7 @@ def run_doctor(space: SearchSpace, model_path: str | Path | None, *, space_name:
     for facts in nodes:
         checks += node_checks(facts, gpu=gpu, gpus_per_host=per_host, num_gpus=space.cluster.num_gpus,
                               needs_pd=False, fixed_ports=settings.port_base is not None,
-                              vllm_version=space.cluster.vllm_version, hybrid=hybrid)
+                              vllm_version=space.cluster.vllm_version, hybrid=hybrid, deepep=deepep)
     if settings.vllm_version is None:  # plan the first trial for the version the nodes run, as trials will
         found = next((n.tools["vllm"].version for n in nodes if "vllm" in n.tools and n.tools["vllm"].ran), "")
         target = space.cluster.vllm_version or found or None

@@ -1,10 +1,12 @@
 """GPU specs: a built-in catalog plus user YAML files."""
 
 from tuner.hardware._catalog import (
+    RDMA_FABRICS,
     GpuSpec,
     HardwareCatalog,
+    ScaleOutNetwork,
     default_catalog,
     get_gpu,
 )
 
-__all__ = ["GpuSpec", "HardwareCatalog", "default_catalog", "get_gpu"]
+__all__ = ["RDMA_FABRICS", "GpuSpec", "HardwareCatalog", "ScaleOutNetwork", "default_catalog", "get_gpu"]

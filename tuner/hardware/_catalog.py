@@ -6,12 +6,37 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.errors import ConfigError
 
 ComputeDtype = Literal["fp4", "fp8", "bf16"]
+Fabric = Literal["infiniband", "roce", "efa", "tcp"]
 GIB = 1024**3
+#: Fabrics DeepEP's internode and low-latency kernels run on: NVSHMEM/NCCL-GIN over InfiniBand verbs, which RoCE
+#: also speaks (DeepEP docs/legacy.md "Network Configurations": fully tested on InfiniBand, compatible with RoCE).
+RDMA_FABRICS: tuple[str, ...] = ("infiniband", "roce")
+
+
+class ScaleOutNetwork(BaseModel):
+    """The host's network to other hosts (outside the NVLink domain): what a multi-host EP group runs over."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nics_per_host: int = Field(gt=0, description="RDMA NICs per host (HGX H100/H200/B200: 8, one per GPU).")
+    nic_gbit_s: float = Field(gt=0, description="Line rate of one NIC port, Gbit/s (ConnectX-7: 400).")
+    fabric: Fabric = Field("infiniband", description="infiniband, roce, efa or tcp.")
+    gpudirect_rdma: bool = Field(True, description="NICs read and write GPU memory directly (GPUDirect RDMA; "
+                                                   "DeepEP's internode kernels need it, with IBGDA).")
+
+    @property
+    def rdma(self) -> bool:
+        """DeepEP can cross hosts on this network: an RDMA fabric with GPUDirect RDMA."""
+        return self.fabric in RDMA_FABRICS and self.gpudirect_rdma
+
+    def gb_s_per_gpu(self, gpus_per_host: int) -> float:
+        """Per-direction bytes/s share of one GPU, GB/s (NICs split evenly over the host's GPUs)."""
+        return self.nics_per_host * self.nic_gbit_s / 8 / gpus_per_host
 
 
 class GpuSpec(BaseModel):
@@ -26,10 +51,40 @@ class GpuSpec(BaseModel):
     hbm_bandwidth_tb_s: float = Field(gt=0)
     peak_tflops: dict[ComputeDtype, float] = Field(description="Dense tensor-core peak per dtype.")
     nvlink_bandwidth_gb_s: float = Field(gt=0, description="Per GPU, both directions.")
-    inter_host_bandwidth_gb_s: float = Field(gt=0, description="Per GPU, outside the NVLink domain.")
+    inter_host_bandwidth_gb_s: float = Field(gt=0, description=(
+        "Per GPU and direction, outside the NVLink domain, GB/s; derived from `scale_out` when that is given."))
     gpus_per_host: int = Field(gt=0)
     nvlink_domain_gpus: int = Field(gt=0)
     non_torch_memory_gib: float = Field(ge=0, description="Driver, CUDA context, NCCL buffers.")
+    scale_out: ScaleOutNetwork | None = Field(None, description=(
+        "The host's RDMA network (NICs, link speed, fabric, GPUDirect RDMA); None: only inter_host_bandwidth_gb_s "
+        "is known (old files), priced as an InfiniBand fabric with GPUDirect RDMA."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_inter_host(cls, data: object) -> object:
+        """inter_host_bandwidth_gb_s follows from scale_out; given both, they must agree (one truth per GPU)."""
+        if not isinstance(data, dict) or not isinstance(data.get("scale_out"), dict):
+            return data
+        try:
+            net = ScaleOutNetwork.model_validate(data["scale_out"])
+            per_gpu = net.gb_s_per_gpu(int(data["gpus_per_host"]))
+        except (ValidationError, KeyError, TypeError, ValueError, ZeroDivisionError):
+            return data  # field validation reports the bad entry by name
+        given = data.get("inter_host_bandwidth_gb_s")
+        if given is None:
+            return {**data, "inter_host_bandwidth_gb_s": per_gpu}
+        if abs(float(given) - per_gpu) > 0.01 * per_gpu:
+            raise ValueError(f"inter_host_bandwidth_gb_s {given} disagrees with scale_out ({per_gpu:g} GB/s per GPU "
+                             "= nics_per_host x nic_gbit_s / 8 / gpus_per_host); give one of them")
+        return data
+
+    @property
+    def network(self) -> ScaleOutNetwork:
+        """The scale-out network; an old entry's single figure reads as one InfiniBand NIC per GPU at that rate."""
+        if self.scale_out is not None:
+            return self.scale_out
+        return ScaleOutNetwork(nics_per_host=self.gpus_per_host, nic_gbit_s=self.inter_host_bandwidth_gb_s * 8)
 
     @property
     def memory_bytes(self) -> int:

@@ -39,6 +39,25 @@ def allreduce_s(message_bytes: float, group: int, link_bytes_s: float, cal: Cali
     return cal.allreduce_latency_us * 1e-6 * stages + wire / (link_bytes_s * cal.allreduce_bw_efficiency)
 
 
+def _scale_out_s(rdma_bytes: float, nvlink_bytes: float, costs: InstanceCosts, cal: Calibration) -> float:
+    """A collective with an RDMA leg (this GPU's NIC share) and an NVLink leg that run at once (DeepEP forwards
+    over NVLink while RDMA traffic arrives; NCCL's rings use both): the slower leg sets the time."""
+    return max(rdma_bytes / (costs.scale_out_bytes_s * cal.scale_out_bw_efficiency),
+               nvlink_bytes / (costs.nvlink_bytes_s * cal.alltoall_bw_efficiency))
+
+
+def _gathered_across_domains_s(tokens_per_rank: float, group: int, costs: InstanceCosts, cal: Calibration) -> float:
+    """All-gatherv of every rank's tokens (dispatch dtype) + reduce-scatter of the BF16 outputs over a group that
+    spans `ep_domains` NVLink domains: each domain imports the other domains' tokens once over its NICs
+    ((domains - 1) x tokens_per_rank per GPU's NIC, what NCCL's bandwidth-optimal rings move), and every GPU
+    receives the other group - 1 ranks' tokens over NVLink or the network."""
+    per_rank = tokens_per_rank * costs.hidden_size * (costs.dispatch_bytes + ACT_BYTES)
+    rdma = (costs.ep_domains - 1) * per_rank
+    nvlink = (group - costs.ep_domains) * per_rank
+    stages = math.ceil(math.log2(group))
+    return 2 * cal.allreduce_latency_us * 1e-6 * stages + _scale_out_s(rdma, nvlink, costs, cal)
+
+
 def gather_scatter_s(tokens_per_rank: float, group: int, costs: InstanceCosts, cal: Calibration) -> float:
     """Plain DP's MoE collectives (no EP): every DP rank's tokens all-gathered at the dispatch dtype, the BF16
     outputs reduce-scattered back, over the DP group (vLLM's naive DP/EP prepare/finalize, the same as EP's
@@ -47,6 +66,8 @@ def gather_scatter_s(tokens_per_rank: float, group: int, costs: InstanceCosts, c
     for NVFP4 experts (tests/perf/test_wire.py)."""
     if group <= 1:
         return 0.0
+    if costs.ep_domains > 1:
+        return _gathered_across_domains_s(tokens_per_rank, group, costs, cal)
     wire = (group - 1) * tokens_per_rank * costs.hidden_size * (costs.dispatch_bytes + ACT_BYTES)
     stages = math.ceil(math.log2(group))
     return 2 * cal.allreduce_latency_us * 1e-6 * stages + wire / (costs.ep_link_bytes_s * cal.allreduce_bw_efficiency)
@@ -61,9 +82,39 @@ def alltoall_pair_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibratio
     DP/EP prepare step does before its all_gatherv) and reduce-scatters the outputs: (EP - 1) remote ranks per
     token, whatever the routing, so 1 / (1 - (1 - 1/EP)^k) times the routed volume.
     """
+    if costs.ep_domains > 1:
+        return cross_domain_alltoall_s(tokens_per_gpu, costs, cal, load_factor)
     load = load_factor if costs.a2a_routed else 1.0
     wire = tokens_per_gpu * costs.hidden_size * costs.a2a_remote_ranks * (costs.dispatch_bytes + ACT_BYTES) * load
     return 2 * cal.alltoall_latency_us * 1e-6 + wire / (costs.ep_link_bytes_s * cal.alltoall_bw_efficiency)
+
+
+def cross_domain_alltoall_s(tokens_per_gpu: float, costs: InstanceCosts, cal: Calibration,
+                            load_factor: float = 1.0) -> float:
+    """EP dispatch + combine of one MoE layer when the EP group spans several NVLink domains (hosts), per backend.
+
+    With G EP ranks in H domains of L, k experts per token, B bytes per token (dispatch dtype + BF16 combine):
+    - deepep_high_throughput (DeepEP's normal internode kernels, csrc/kernels/internode.cu): a token crosses the
+      network once per destination domain, to the same-index GPU there, which forwards it over NVLink to the ranks
+      holding its experts. RDMA: (H - 1)(1 - (1 - 1/H)^k) copies per token; NVLink: one per remote rank.
+    - deepep_low_latency (csrc/kernels/internode_ll.cu) and any other routed kernel: one message per (token,
+      expert) straight to the expert's rank, no deduplication by rank or host: k (G - L) / G copies over RDMA,
+      k (L - 1) / G over NVLink (DeepEP's NVLink path for same-host peers).
+    - allgather_reducescatter: every token gathered on every rank (`_gathered_across_domains_s`).
+    The busiest rank receives `load_factor` times the mean (routed backends); the legs overlap (`_scale_out_s`).
+    """
+    group = costs.ep_size
+    if not costs.a2a_routed:
+        return _gathered_across_domains_s(tokens_per_gpu, group, costs, cal)
+    domains, local, k = costs.ep_domains, costs.ep_ranks_per_domain, costs.experts_per_token
+    per_token = tokens_per_gpu * costs.hidden_size * (costs.dispatch_bytes + ACT_BYTES) * load_factor
+    if costs.all2all_backend == "deepep_high_throughput":
+        rdma = (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** k) * per_token
+        nvlink = costs.a2a_remote_ranks * per_token
+    else:
+        rdma = k * (group - local) / group * per_token
+        nvlink = k * (local - 1) / group * per_token
+    return 2 * cal.alltoall_latency_us * 1e-6 + _scale_out_s(rdma, nvlink, costs, cal)
 
 
 def pass_comm(tokens_per_rank: float, num_layers: int, num_moe_layers: int, costs: InstanceCosts,

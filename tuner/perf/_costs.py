@@ -115,6 +115,11 @@ class InstanceCosts:
     redundant_experts: int = 0  # EPLB replicas spread over the EP ranks
     dbo: bool = False  # dual-batch overlap of the EP all-to-all with compute (vLLM --enable-dbo)
     dispatch_bytes: float = ACT_BYTES  # per hidden element sent to the experts (tuner/perf/_wire.py)
+    all2all_backend: str = "allgather_reducescatter"  # vLLM --all2all-backend (tuner/topology.py)
+    ep_domains: int = 1  # NVLink domains (hosts, on HGX) the EP group spans; 1 = it never crosses the network
+    ep_ranks_per_domain: int = 1  # EP ranks inside one NVLink domain
+    nvlink_bytes_s: float = 0.0  # per-direction NVLink bandwidth of one GPU
+    scale_out_bytes_s: float = 0.0  # per-direction RDMA bandwidth of one GPU (its share of the host's NICs)
 
     @property
     def all2all(self) -> bool:
@@ -263,6 +268,13 @@ def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
     return gpu.inter_host_bandwidth_gb_s * GB
 
 
+def ep_domains(gpu: GpuSpec, group_gpus: int) -> tuple[int, int]:
+    """(NVLink domains, ranks per domain) an EP group of `group_gpus` spans: (1, group) inside one domain."""
+    if group_gpus <= gpu.nvlink_domain_gpus:
+        return 1, group_gpus
+    return math.ceil(group_gpus / gpu.nvlink_domain_gpus), gpu.nvlink_domain_gpus
+
+
 def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCosts:
     """Precompute the per-GPU constants of one topology (called once per topology, then cached)."""
     layout = kv_layout(model, topo, architecture=gpu.architecture)
@@ -296,7 +308,10 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
     if topo.ep and topo.dp > 1 and not topo.all2all_routed:
         # allgather_reducescatter (vLLM's default): every token is gathered on every other EP rank
         remote = float(ep - 1) if model.moe else 0.0
+    domains, per_domain = ep_domains(gpu, topo.num_gpus)
     return InstanceCosts(
+        all2all_backend=topo.all2all_backend, ep_domains=domains, ep_ranks_per_domain=per_domain,
+        nvlink_bytes_s=gpu.nvlink_bandwidth_gb_s / 2 * GB, scale_out_bytes_s=gpu.inter_host_bandwidth_gb_s * GB,
         tp=topo.tp, dp=topo.dp, ep_size=ep, expert_parallel=topo.ep, hidden_size=model.hidden_size,
         topk_fraction=k_share, target=target, draft=draft, lm_head_bytes=lm_bytes,
         lm_head_flops_per_token=lm_flops, sliding_window=layout.sliding_window,

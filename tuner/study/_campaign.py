@@ -158,7 +158,7 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
     try:
         composed = compose_disaggregated(prefill, decode, Constraints(
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
-            percentile=c.percentile, pairing=pd_pairing(space, model)))
+            percentile=c.percentile, min_tok_s_per_user=c.min_tok_s_per_user, pairing=pd_pairing(space, model)))
     except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
         return [], [], exc.user_message()
     return composed, combined_front(composed), None

@@ -508,6 +508,19 @@ def check_engine_flags(deployment: Deployment, rules: LaunchRules) -> None:
                               fix=f"use allgather_reducescatter or a DeepEP backend, or target vLLM >= {since}")
 
 
+def check_wide_ep(placements: tuple[InstancePlacement, ...], settings: PlanSettings) -> None:
+    """An EP all-to-all between hosts needs a kernel that speaks RDMA (DeepEP, or vLLM's NCCL gather):
+    FlashInfer's NVLink all-to-alls reach another host only over multi-node NVLink (GB200/GB300 NVL72)."""
+    for placement in placements:
+        backend = placement.topology.all2all_backend
+        if len(placement.hosts) > 1 and backend.startswith("flashinfer_nvlink") and not settings.multi_node_nvlink:
+            raise ConfigError(f"{placement.topology.name} spans {len(placement.hosts)} hosts without multi-node "
+                              f"NVLink, and --all2all-backend {backend} moves tokens over NVLink only",
+                              field="all2all_backend",
+                              fix="across hosts use deepep_high_throughput (prefill) or deepep_low_latency "
+                                  "(decode, and with --enable-dbo), or keep the EP group inside one host")
+
+
 def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[HostAssignment],
                settings: PlanSettings, *, resolve: Resolver = resolve_address, model: ModelSpec | None = None
                ) -> LaunchPlan:
@@ -519,6 +532,7 @@ def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[
     check_pd_pairing(deployment, rules, settings.pairing(model))
     check_engine_flags(deployment, rules)
     placements = place_instances(deployment, hosts)
+    check_wide_ep(placements, settings)
     names = list(dict.fromkeys(h.address for p in placements for h in p.hosts))
     address = {name: resolve(name) for name in names}
     _check_resolved(address)
