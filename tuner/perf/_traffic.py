@@ -52,23 +52,25 @@ class TrafficCurve:
 
 
 def prefix_hit_share(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
-                     cache_aware: bool = True) -> float:
-    """Input-token share the instance's prefix caches serve. A DP rank has its own cache; vLLM balances DP ranks
-    by load, not by prefix, so within an instance the ranks act as round robin. The decode role of a PD pair
-    computes no prompt: its hits only save transfer, which is not modelled (0)."""
+                     cache_aware: bool = True, replicas: int = 1) -> float:
+    """Input-token share the prefix caches serve, over `replicas` instances behind a router (`cache_aware`:
+    vllm-router's consistent hashing on the prefix, else round robin or random). A DP rank has its own cache; vLLM
+    balances DP ranks by load, not by prefix, so within an instance the ranks act as round robin. The decode role
+    of a PD pair computes no prompt: its hits only save transfer, which is not modelled (0)."""
     if role is Role.DECODE or (workload.trace is None and workload.prefix is None):
         return 0.0
     state = perf.state(topo, role, isl=workload.isl, osl=1 if role is Role.PREFILL else workload.osl)
     cache_tokens = state.memory.num_gpu_blocks * state.memory.layout.block_size
-    return workload.prefix_hit_share(cache_tokens, ranks=topo.dp, cache_aware=cache_aware and topo.dp == 1)
+    return workload.prefix_hit_share(cache_tokens, ranks=topo.dp * replicas, cache_aware=cache_aware and topo.dp == 1)
 
 
 def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
-                    cache_aware: bool = True) -> TrafficCurve:
-    """Every load level of `workload` on one instance; open-loop levels past capacity come back saturated."""
+                    cache_aware: bool = True, replicas: int = 1) -> TrafficCurve:
+    """Every load level of `workload` on one instance (of `replicas` behind a router, each getting its share of
+    an open-loop rate: the levels are per instance); open-loop levels past capacity come back saturated."""
     isl, osl = workload.isl, workload.osl
     osl_role = 1 if role is Role.PREFILL else osl
-    hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware)
+    hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware, replicas=replicas)
     cached = hit * workload.input_tokens.expected
     curve = TrafficCurve()
     if not workload.open_loop:
