@@ -374,7 +374,7 @@ def _signed(log_ratio: float | None) -> str:
 
 
 def _ratio(log_ratio: float) -> str:
-    return f"x{math.exp(abs(log_ratio)):.2f}"
+    return f"x{math.exp(abs(log_ratio)):.3f}"
 
 
 def side_by_side(ours: Sequence[Scored], peer: dict[str, PeerEstimate]) -> list[tuple[Scored, Scored]]:
