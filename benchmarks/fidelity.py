@@ -392,7 +392,8 @@ def side_by_side(ours: Sequence[Scored], peer: dict[str, PeerEstimate]) -> list[
     return pairs
 
 
-def print_side_by_side(pairs: Sequence[tuple[Scored, Scored]], skipped: dict[str, str], rows: bool) -> None:
+def print_side_by_side(pairs: Sequence[tuple[Scored, Scored]], skipped: dict[str, str], rows: bool,
+                       missing: Sequence[str] = ()) -> None:
     def stats(scored: Sequence[Scored], attr: str) -> str:
         v = [abs(getattr(x, attr)) for x in scored if getattr(x, attr) is not None]
         return f"median {_ratio(statistics.median(v))}  worst {_ratio(max(v))} (n={len(v)})" if v else "n=0"
@@ -417,6 +418,9 @@ def print_side_by_side(pairs: Sequence[tuple[Scored, Scored]], skipped: dict[str
                 if r.tok_s_per_user else f"{'-':>15} {'-':>9} {'-':>7}"
             print(f"  {r.id:<36} {r.tok_s_per_gpu:14,.0f} {_signed(ours.tput_log_ratio):>9} "
                   f"{_signed(theirs.tput_log_ratio):>7} {user}{'' if r.scored else '  (not scored)'}")
+    if missing:
+        print(f"\n  public rows with no stored aiconfigurator estimate ({len(missing)}; "
+              f"benchmarks/aiconfigurator_runs.py --run --only ID... adds them): {', '.join(missing)}")
     if skipped:
         print(f"\n  rows aiconfigurator does not run ({len(skipped)}):")
         for why in sorted(set(skipped.values())):
@@ -474,7 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.peer.exists():
         peer, skipped = load_peer(args.peer, rows)
         ours = [*held, *score(replayer, others, full)]
-        print_side_by_side(side_by_side(ours, peer), skipped, args.rows)
+        missing = [r.id for r in rows if r.id not in peer and r.id not in skipped]
+        print_side_by_side(side_by_side(ours, peer), skipped, args.rows, missing)
     if args.rows:
         print("\nheld-out rows:")
         print_rows(held)

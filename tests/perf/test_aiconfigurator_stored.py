@@ -43,7 +43,7 @@ def test_stored_estimates_parse_and_match_public_rows(fidelity) -> None:
     stored = yaml.safe_load(fidelity.PEER.read_text())["rows"]
     ids = [e["id"] for e in stored]
     assert len(ids) == len(set(ids)), "an id is stored twice"
-    assert set(ids) == set(by_id), "the stored file and the public table list different rows: re-run --run"
+    assert set(ids) <= set(by_id), "a stored row is not in the public table: re-run --run"
     estimates, skipped = fidelity.load_peer(fidelity.PEER, rows)
     assert set(estimates) | set(skipped) == set(ids) and not set(estimates) & set(skipped)
     assert len(estimates) >= 20, "fewer rows estimated than the comparison needs"
