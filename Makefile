@@ -12,7 +12,7 @@ MODEL ?= examples/models/qwen3.8-2.4t-a95b-nvfp4
 
 CPU_ENVS ?= $(HOME)/.cache/topotune/envs
 
-.PHONY: demo test lint bench venv clean cpu-vllm
+.PHONY: demo test lint bench venv clean cpu-vllm aiconfigurator
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ demo: $(STAMP)
 # `make test` needs them for the slow real-process tests; with --skip-slow they are not installed.
 cpu-vllm:
 	TOPOTUNE_ENVS_DIR=$(CPU_ENVS) bash scripts/setup-cpu-vllm.sh
+
+# NVIDIA aiconfigurator 0.12 in a venv of its own (it pins its own dependencies; topotune never imports it), then its
+# estimates of every public measurement it can represent, stored with their commands in
+# benchmarks/data/aiconfigurator.yaml (benchmarks/fidelity.py prints them beside topotune's; ~10-30 min on 2 cores).
+AIC_VENV ?= $(HOME)/.cache/topotune/aic-venv
+aiconfigurator: $(STAMP)
+	@test -x $(AIC_VENV)/bin/aiconfigurator || { $(PYTHON) -m venv $(AIC_VENV) && \
+		$(AIC_VENV)/bin/pip install --quiet aiconfigurator==0.12.0; }
+	$(BIN)/python benchmarks/aiconfigurator_runs.py --run --aic $(AIC_VENV)/bin/aiconfigurator
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -7,13 +7,19 @@ predicted with it. Errors are |log(predicted / measured)| of throughput per GPU 
 (1000 / TPOT), shown as percentages (exp(|log ratio|) - 1). SGLang / TensorRT-LLM rows are scored apart with the
 full vLLM fit and never fitted on.
 
-Run: .venv/bin/python benchmarks/fidelity.py [--table PATH] [--rows]
+Side by side: NVIDIA aiconfigurator's estimates of the same rows (benchmarks/data/aiconfigurator.yaml, written with
+the exact commands by benchmarks/aiconfigurator_runs.py, so this runs without aiconfigurator installed) are scored
+the same way on the rows both tools run; aiconfigurator is never fitted on this table, so its figures are held out
+by construction, topotune's are the leave-one-source-out ones (vLLM rows) or the vLLM fit (other engines).
+
+Run: .venv/bin/python benchmarks/fidelity.py [--table PATH] [--peer PATH] [--rows]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import statistics
 import sys
 from collections.abc import Sequence
@@ -31,6 +37,7 @@ from tuner.topology import DEFAULT_ALL2ALL_BACKEND, Role, Topology
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "benchmarks" / "data" / "public_measurements.yaml"
+PEER = REPO / "benchmarks" / "data" / "aiconfigurator.yaml"
 ROLES = {"aggregated": Role.BOTH, "prefill": Role.PREFILL, "decode": Role.DECODE}
 #: Engine settings a row replays with unless its `serve:` gives the source's own flags (vLLM's
 #: --gpu-memory-utilization, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype, --stream-interval,
@@ -137,6 +144,50 @@ def load_table(path: Path) -> tuple[dict[str, dict[str, str]], list[Row]]:
                         tpot_ms=m.get("tpot_ms"), ttft_ms=m.get("ttft_ms"), scored=r.get("scored", True),
                         why=r.get("why", ""), serve=tuple(sorted(serve.items()))))
     return sources, rows
+
+
+@dataclass(frozen=True)
+class PeerEstimate:
+    """aiconfigurator's figures for one row, in the row's own units."""
+
+    id: str
+    tok_s_per_gpu: float
+    tok_s_per_user: float | None  # None for a prefill-only run (no TPOT)
+    command: str
+
+
+def peer_throughput(figures: dict[str, object], row: Row) -> float:
+    """The row's throughput figure from aiconfigurator's: its tokens/s/gpu counts output tokens only, so a row
+    counting total (or input) tokens uses its seq/s with the lengths it was given (the row's, rounded) over the
+    command's GPUs (--tp x --dp; a prefill-only run has no output tokens to scale)."""
+    if row.counts == "output":
+        return float(figures["output_tok_s_per_gpu"])  # type: ignore[arg-type]
+    argv = shlex.split(str(figures["command"]))
+    gpus = int(argv[argv.index("--tp") + 1]) * (int(argv[argv.index("--dp") + 1]) if "--dp" in argv else 1)
+    isl, osl = max(1, round(row.isl)), max(1, round(row.osl))
+    tokens = isl if row.counts == "input" else isl + osl
+    return float(figures["seq_per_s"]) * tokens / gpus  # type: ignore[arg-type]
+
+
+def load_peer(path: Path, rows: Sequence[Row]) -> tuple[dict[str, PeerEstimate], dict[str, str]]:
+    """The stored aiconfigurator estimates by row id, and why the others were not run. Every stored id must be a
+    public row's."""
+    data = yaml.safe_load(path.read_text())
+    by_id = {r.id: r for r in rows}
+    estimates: dict[str, PeerEstimate] = {}
+    skipped: dict[str, str] = {}
+    for e in data["rows"]:
+        row = by_id.get(e["id"])
+        if row is None:
+            raise SystemExit(f"{path}: {e['id']!r} matches no row of the public table; re-run "
+                             f"benchmarks/aiconfigurator_runs.py --run")
+        if "why" in e:
+            skipped[row.id] = e["why"]
+            continue
+        estimates[row.id] = PeerEstimate(row.id, peer_throughput(e, row),
+                                         1000.0 / float(e["tpot_ms"]) if e.get("tpot_ms") else None,
+                                         e["command"])
+    return estimates, skipped
 
 
 def gpu_class(gpu: GpuSpec) -> str:
@@ -328,10 +379,66 @@ def _signed(log_ratio: float | None) -> str:
     return f"{(math.exp(log_ratio) - 1) * 100:+.0f}%"
 
 
+def _ratio(log_ratio: float) -> str:
+    return f"x{math.exp(abs(log_ratio)):.3f}"
+
+
+def side_by_side(ours: Sequence[Scored], peer: dict[str, PeerEstimate]) -> list[tuple[Scored, Scored]]:
+    """(topotune, aiconfigurator) scored on every row both tools ran."""
+    pairs = []
+    for s in ours:
+        e = peer.get(s.row.id)
+        if e is None:
+            continue
+        user = s.row.tok_s_per_user
+        theirs = Scored(s.row, Prediction(e.tok_s_per_gpu, e.tok_s_per_user or float("nan"), float("nan")),
+                        math.log(e.tok_s_per_gpu / s.row.tok_s_per_gpu),
+                        math.log(e.tok_s_per_user / user) if user and e.tok_s_per_user else None)
+        pairs.append((s, theirs))
+    return pairs
+
+
+def print_side_by_side(pairs: Sequence[tuple[Scored, Scored]], skipped: dict[str, str], rows: bool,
+                       missing: Sequence[str] = ()) -> None:
+    def stats(scored: Sequence[Scored], attr: str) -> str:
+        v = [abs(getattr(x, attr)) for x in scored if getattr(x, attr) is not None]
+        return f"median {_ratio(statistics.median(v))}  worst {_ratio(max(v))} (n={len(v)})" if v else "n=0"
+
+    print("\naiconfigurator 0.12 side by side, rows both tools run (ratio = max(pred/meas, meas/pred); topotune held "
+          "out by source, aiconfigurator never fitted):")
+    groups = (("vLLM rows", [p for p in pairs if p[0].row.is_vllm]),
+              ("all scored rows", [p for p in pairs if p[0].row.scored]))
+    for name, group in groups:
+        for tool, idx in (("topotune", 0), ("aiconfigurator", 1)):
+            scored = [p[idx] for p in group]
+            print(f"  {name:<16} {tool:<15} tok/s/GPU {stats(scored, 'tput_log_ratio'):<34} | "
+                  f"tok/s/user {stats(scored, 'user_log_ratio')}")
+    print("  targets: topotune below aiconfigurator at the median and the worst row on both metrics; vLLM rows median "
+          "within x1.10, worst within x1.30")
+    if rows:
+        print(f"\n  {'row':<36} {'tok/s/GPU meas':>14} {'topotune':>9} {'aic':>7} {'tok/s/user meas':>15} "
+              f"{'topotune':>9} {'aic':>7}")
+        for ours, theirs in pairs:
+            r = ours.row
+            user = f"{r.tok_s_per_user:15.1f} {_signed(ours.user_log_ratio):>9} {_signed(theirs.user_log_ratio):>7}" \
+                if r.tok_s_per_user else f"{'-':>15} {'-':>9} {'-':>7}"
+            print(f"  {r.id:<36} {r.tok_s_per_gpu:14,.0f} {_signed(ours.tput_log_ratio):>9} "
+                  f"{_signed(theirs.tput_log_ratio):>7} {user}{'' if r.scored else '  (not scored)'}")
+    if missing:
+        print(f"\n  public rows with no stored aiconfigurator estimate ({len(missing)}; "
+              f"benchmarks/aiconfigurator_runs.py --run --only ID... adds them): {', '.join(missing)}")
+    if skipped:
+        print(f"\n  rows aiconfigurator does not run ({len(skipped)}):")
+        for why in sorted(set(skipped.values())):
+            ids = [i for i, w in skipped.items() if w == why]
+            print(f"    {', '.join(ids)}: {why}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", type=Path, default=TABLE)
     parser.add_argument("--rows", action="store_true", help="print every held-out row")
+    parser.add_argument("--peer", type=Path, default=PEER, help="aiconfigurator's stored estimates")
     args = parser.parse_args(argv)
     sources, rows = load_table(args.table)
     replayer = Replayer()
@@ -378,6 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nfitted calibration per GPU class (all vLLM rows):")
     for g, cal in sorted(full.items()):
         print(f"  {g:<6} " + ", ".join(f"{n}={getattr(cal, n):.3g}" for n in FIT_FACTORS))
+    if args.peer.exists():
+        peer, skipped = load_peer(args.peer, rows)
+        ours = [*held, *score(replayer, others, full)]
+        missing = [r.id for r in rows if r.id not in peer and r.id not in skipped]
+        print_side_by_side(side_by_side(ours, peer), skipped, args.rows, missing)
     if args.rows:
         print("\nheld-out rows:")
         print_rows(held)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from tuner.hardware import GpuSpec
 from tuner.memory import kv_layout, shard_fraction
-from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightTensor
+from tuner.models import LayerKind, ModelSpec, Sharding, TensorGroup, WeightFormat, WeightTensor
 from tuner.perf._kernels import pass_kernels
 from tuner.perf._wire import dispatch_bytes, expert_format
 from tuner.topology import Topology
@@ -199,6 +199,20 @@ def _sparse_heads(num_heads_rank: float, architecture: str, kv_cache_is_fp8: boo
     return multiple * math.ceil(num_heads_rank / multiple)
 
 
+def expert_gemm_dtype(model: ModelSpec, topo: Topology, architecture: str, compute_dtype: str) -> str:
+    """The peak a routed expert's GEMMs run at. On Hopper, block-FP8 experts sharded by tensor (no EP) run
+    vLLM's Triton `fused_moe` (w8a8, 128x128 block scales): DeepGEMM's grouped GEMM is skipped for these narrow
+    per-rank slices (`_valid_deep_gemm` in fused_moe/deep_gemm_moe.py requires N > 512; DeepSeek's 2048 columns
+    over TP8 are 256) and FlashInfer's CUTLASS experts are vLLM's Hopper choice only with EP (oracle/fp8.py). That
+    kernel dequantises a scale per K block in its inner loop and reaches the BF16 kernel's rate, not twice it:
+    aiconfigurator's public H200 measurements of vLLM's Triton experts (systems/data/h200_sxm/moe/vllm/0.24.0)
+    give 304 TFLOP/s for DeepSeek's FP8-block TP8 shape at 8,192 tokens and 290 for Qwen3-235B's BF16 TP8 shape."""
+    if (compute_dtype == "fp8" and architecture == "hopper" and not topo.ep
+            and expert_format(model) is WeightFormat.FP8_BLOCK):
+        return "bf16"
+    return compute_dtype
+
+
 def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[LayerKind, ...],
                 moe_flags: tuple[bool, ...], kv_bytes_per_layer: float, state_bytes_per_layer: float,
                 index_bytes_per_layer: float = 0.0, architecture: str = "other") -> PassCosts:
@@ -212,7 +226,8 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
         frac = shard_fraction(c.sharding, model, topo)
         if c.is_expert:
             expert_bytes += c.nbytes * frac
-            expert_flops = expert_flops.add(c.compute_dtype, 2.0 * c.num_params * share)
+            expert_flops = expert_flops.add(expert_gemm_dtype(model, topo, architecture, c.compute_dtype),
+                                            2.0 * c.num_params * share)
             continue
         dense_bytes += c.nbytes * frac
         if c.gemm:
