@@ -205,7 +205,7 @@ def test_compare_page_defaults_to_the_two_newest(app_client):
     ids = [app_client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"] for _ in range(2)]
     page = app_client.get("/ui/compare").text
     assert f"const ids = [{ids[0]}, {ids[1]}]" in page
-    assert '"decode": ["total tokens/s per GPU", "generated tokens/s per user"]' in page  # tuner's PHASE_AXES
+    assert '"decode": ["total tokens/s per GPU (within the SLA)", "generated tokens/s per user"]' in page  # PHASE_AXES
     page = app_client.get(f"/ui/compare?a={ids[1]}&b={ids[0]}").text
     assert f"const ids = [{ids[1]}, {ids[0]}]" in page
 
