@@ -20,9 +20,9 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
-from scipy import stats
 
 from tuner.metrics import SKETCH_PROBABILITIES, ServingMetrics
 from tuner.perf._roofline import LatencyParts, RooflineModel
@@ -203,7 +203,8 @@ def _uniform(m: ServingMetrics) -> ServingMetrics:
 def _normal_quantiles(n_outputs: int) -> np.ndarray:
     """Standard-normal mid-quantiles: about 256 ITL draws over the output lengths' points."""
     k = max(4, 256 // max(1, n_outputs))
-    return stats.norm.ppf((np.arange(k) + 0.5) / k)
+    normal = NormalDist()
+    return np.array([normal.inv_cdf((i + 0.5) / k) for i in range(k)])
 
 
 _PROBS = np.array(sorted({0.5, 0.9, 0.99, *SKETCH_PROBABILITIES}))

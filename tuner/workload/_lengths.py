@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
+from statistics import NormalDist
 from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from scipy import stats
 
 MAX_TOKENS = 10_000_000  # far above any context length: a bound for typed-in values
 QUANTILE_POINTS = 64  # samples a distribution is reduced to (the perf model's and the SLA's resolution)
 TAIL_QUANTILE = 0.999  # an unbounded distribution's longest request, for --max-model-len and the memory check
+
+
+def _z(probabilities: np.ndarray) -> np.ndarray:
+    """Standard-normal quantiles (the standard library's: scipy's import would slow every process that reads a
+    workload, the Ray watchdog included)."""
+    normal = NormalDist()
+    return np.array([normal.inv_cdf(float(p)) for p in probabilities])
 
 
 class _Lengths(BaseModel):
@@ -88,7 +95,7 @@ class NormalLengths(_Lengths):
         return self
 
     def _raw_points(self, probabilities: np.ndarray) -> np.ndarray:
-        return np.maximum(stats.norm.ppf(probabilities, self.mean, self.stddev), self.min_tokens)
+        return np.maximum(self.mean + self.stddev * _z(probabilities), self.min_tokens)
 
     @property
     def longest(self) -> int:
@@ -115,14 +122,14 @@ class LogNormalLengths(_Lengths):
 
     def _raw_points(self, probabilities: np.ndarray) -> np.ndarray:
         sigma, mu = self._sigma_mu
-        return stats.lognorm.ppf(probabilities, sigma, scale=math.exp(mu))
+        return np.exp(mu + sigma * _z(probabilities))
 
     @property
     def longest(self) -> int:
         if self.max_tokens is not None:
             return self.max_tokens
         sigma, mu = self._sigma_mu
-        return min(MAX_TOKENS, math.ceil(float(stats.lognorm.ppf(TAIL_QUANTILE, sigma, scale=math.exp(mu)))))
+        return min(MAX_TOKENS, math.ceil(math.exp(mu + sigma * NormalDist().inv_cdf(TAIL_QUANTILE))))
 
     def describe(self) -> str:
         return f"lognormal(mean {self.mean:,.0f}, sd {self.stddev:,.0f})"
