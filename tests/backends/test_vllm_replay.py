@@ -221,3 +221,20 @@ def test_plans_ask_for_prefix_caching_when_the_workload_reuses_prefixes(tmp_path
     shared = Workload(isl=1024, osl=8, prefix=PrefixSharing(shared_tokens=512))
     assert all("--enable-prefix-caching" in argv for argv in servers(shared))
     assert not any("--enable-prefix-caching" in argv for argv in servers(Workload(isl=1024, osl=8)))
+
+
+def test_a_whole_trace_replayed_reuses_what_its_summary_says(tmp_path: Path) -> None:
+    """The file's own reuse (what an unbounded cache serves) and the trace summary's stack-distance curve at
+    infinite capacity are computed apart: on a window holding the whole trace they agree."""
+    rng = np.random.default_rng(5)
+    rows, fresh = [], 10_000
+    for _ in range(60):
+        shared = [int(p) * 100 + j for p in [rng.integers(4)] for j in range(int(rng.integers(0, 4)))]
+        own = int(rng.integers(1, 3))
+        length = (len(shared) + own - 1) * 64 + int(rng.integers(1, 65))
+        rows.append({"input_length": length, "output_length": 4, "hash_ids": shared + list(range(fresh, fresh + own))})
+        fresh += own
+    w = Workload.from_trace(_trace(tmp_path / "t.jsonl", rows), block_tokens=64)
+    replay = write_replay(w, tmp_path / "r.jsonl", requests=60, seed=0, level_index=2)
+    assert w.trace is not None and w.trace.prefix_reuse > 0.2
+    assert replay.shared_tokens / replay.input_tokens == pytest.approx(w.trace.prefix_reuse, rel=1e-12)
