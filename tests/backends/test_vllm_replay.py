@@ -57,6 +57,7 @@ def test_normal_lengths_use_aiperfs_own_stddev_flags(tmp_path: Path) -> None:
 
 def test_clipped_or_skewed_lengths_prefixes_and_traces_are_replayed_from_a_file() -> None:
     assert not aiperf_synthesizes(Workload(input_tokens=NormalLengths(mean=300, stddev=60, max_tokens=400)))
+    assert not aiperf_synthesizes(Workload(input_tokens=NormalLengths(mean=300, stddev=150)))  # its tail at 0
     assert not aiperf_synthesizes(Workload(input_tokens=LogNormalLengths(mean=300, stddev=200)))
     assert not aiperf_synthesizes(Workload(isl=1024, osl=8, prefix=PrefixSharing(shared_tokens=512)))
 

@@ -33,11 +33,14 @@ LEVEL_ID_STRIDE = 1 << 40  # ids of level k are offset by k * stride: no two lev
 
 def aiperf_synthesizes(workload: Workload) -> bool:
     """Whether AIPerf's own --isl/--isl-stddev/--osl/--osl-stddev produce this traffic: fixed or unclipped
-    normal lengths, no shared prefixes, no trace (AIPerf's normal lengths are only floored at 1)."""
+    normal lengths, no shared prefixes, no trace. AIPerf redraws a normal sample below 0 and rounds up
+    (common/random_generator.py sample_positive_normal_integer) where NormalLengths clips at min_tokens: the
+    two agree when the mean is 3 standard deviations above 0 and nothing else clips."""
     def native(lengths: object) -> bool:
         if isinstance(lengths, FixedLengths):
             return True
-        return isinstance(lengths, NormalLengths) and lengths.min_tokens == 1 and lengths.max_tokens is None
+        return (isinstance(lengths, NormalLengths) and lengths.min_tokens == 1 and lengths.max_tokens is None
+                and lengths.mean >= 3 * lengths.stddev)
 
     return (native(workload.input_tokens) and native(workload.output_tokens) and workload.prefix is None
             and workload.trace is None and workload.arrival != "trace")
