@@ -586,6 +586,8 @@ class VllmBackend(Backend):
             run = AiperfRun(tokenizer=tokenizer, isl=w.isl, osl=w.osl, input_file=str(replay.path),
                             block_tokens=replay.block_tokens, request_count=replay.requests, **common)
             self._warm_up(plan, warmup, w)
+        # the counters' window: the measured requests (and, on AIPerf's own prompts, its warm-up's, which
+        # share nothing with them)
         before = self._prefix_counters(plan)
         timeout = max(1.0, min(self.settings.level_timeout_s, deadline - time.monotonic()))
         with (out / "aiperf.stdout.log").open("wb") as log:
