@@ -135,9 +135,22 @@ def test_aiperf_argv_parses_with_aiperfs_own_cli(tmp_path: Path) -> None:
                                                   warmup_request_count=c, request_timeout_s=600,
                                                   ).argv(tmp_path)[1:]}
              for c in (1, 64, 2560)]
+    # every workload kind (tests/backends/test_vllm_replay.py): normal lengths, Poisson, a replayed file
+    replay = tmp_path / "requests.jsonl"
+    replay.write_text('{"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [0, 1]}\n')
+    common = {"model": "m", "tokenizer": "topotune/tokenizer-0", "url": "http://10.0.0.1:8000", "request_count": 24}
+    kinds = {"normal": AiperfRun(**common, isl=300, isl_stddev=60, osl=10, osl_stddev=3, concurrency=4,
+                                 warmup_request_count=4),
+             "poisson": AiperfRun(**common, isl=300, osl=10, request_rate=2.5, warmup_request_count=3),
+             "replay": AiperfRun(**common, isl=1, osl=1, input_file=str(replay), block_tokens=512, concurrency=4),
+             "replay-rate": AiperfRun(**common, isl=1, osl=1, input_file=str(replay), block_tokens=512,
+                                      request_rate=1.5),
+             "trace": AiperfRun(**common, isl=1, osl=1, input_file=str(replay), block_tokens=128,
+                                fixed_schedule=True)}
+    items += [{"name": name, "argv": run.argv(tmp_path)[1:]} for name, run in kinds.items()]
     bad = [{"name": "misspelt", "argv": [*items[0]["argv"], "--warmup-request-cont", "1"]}]
     results = run_check(python, "aiperf", items + bad)
-    assert [r["ok"] for r in results] == [True, True, True, False], results
+    assert [r["ok"] for r in results] == [True] * len(items) + [False], results
 
 
 def test_router_argv_uses_only_flags_vllm_router_knows(installed_version: str) -> None:

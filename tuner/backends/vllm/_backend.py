@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -27,7 +29,14 @@ from tuner.backends._base import (
     TrialStatus,
 )
 from tuner.backends.vllm._accuracy import AccuracyResult, ask_completion, run_gsm8k
-from tuner.backends.vllm._aiperf import AiperfError, AiperfRun, read_summary, to_serving_metrics
+from tuner.backends.vllm._aiperf import (
+    AiperfError,
+    AiperfRun,
+    read_records,
+    read_summary,
+    to_serving_metrics,
+    tokenizer_hub_alias,
+)
 from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
 from tuner.backends.vllm._process import (
     VLLM_PROCESSES,
@@ -42,12 +51,13 @@ from tuner.backends.vllm._process import (
     terminate,
     wait_healthy,
 )
+from tuner.backends.vllm._replay import ReplayFile, aiperf_synthesizes, write_replay
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.workload import served_context_tokens
+from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
@@ -86,6 +96,23 @@ def kv_transfer_counters(metrics_text: str) -> dict[str, float]:
             out["pd_nixl_bytes"] += value
         elif name == "vllm:nixl_num_failed_transfers_total":
             out["pd_nixl_failed_transfers"] += value
+    return out
+
+
+PREFIX_CACHE_COUNTERS = ("prefix_cache_hits", "prefix_cache_queries")
+
+
+def prefix_cache_counters(metrics_text: str) -> dict[str, float]:
+    """vLLM's prefix-cache counters in tokens (v1/metrics/loggers.py: vllm:prefix_cache_hits and
+    vllm:prefix_cache_queries, `_total` as Prometheus exports counters), summed over engines (DP ranks)."""
+    out = dict.fromkeys(PREFIX_CACHE_COUNTERS, 0.0)
+    for line in metrics_text.splitlines():
+        m = _PROM.match(line)
+        if m is None:
+            continue
+        key = m["name"].removeprefix("vllm:").removesuffix("_total")
+        if key in out and m["name"].endswith("_total"):
+            out[key] += float(m["value"])
     return out
 
 
@@ -255,6 +282,51 @@ def host_of(plan: LaunchPlan, spec: ProcessSpec) -> HostAssignment:
     return plan.placements[spec.instance].hosts[rank]
 
 
+REPLAY_FILE = "requests.jsonl"  # the mooncake JSONL a level replays (next to AIPerf's exports)
+
+
+@dataclass(frozen=True)
+class _Level:
+    """One load level of the workload: clients (closed loop) or requests/s (open loop)."""
+
+    index: int
+    value: float
+    workload: Workload
+
+    @property
+    def clients(self) -> int | None:
+        return None if self.workload.open_loop else int(self.value)
+
+    @property
+    def rate_rps(self) -> float | None:
+        return self.value if self.workload.open_loop else None
+
+    @property
+    def slots(self) -> int:
+        """Requests in flight to size warm-up and the request count by: the clients, or ~1 s of arrivals."""
+        return self.clients or max(1, math.ceil(self.value))
+
+    @property
+    def request_count(self) -> int:
+        return self.workload.request_count(self.slots)
+
+    @property
+    def name(self) -> str:
+        return f"c{self.clients}" if self.clients else f"r{self.value:g}"
+
+    def describe(self) -> str:
+        if self.clients:
+            return f"concurrency {self.clients}"
+        return f"{self.value:g} req/s ({'trace timestamps' if self.workload.arrival == 'trace' else 'Poisson'})"
+
+
+def _synthetic(lengths: Lengths) -> tuple[int, float]:
+    """AIPerf's mean and stddev for lengths it synthesizes itself (fixed or normal; see aiperf_synthesizes)."""
+    if isinstance(lengths, FixedLengths):
+        return lengths.tokens, 0.0
+    return max(1, round(lengths.mean)), float(lengths.stddev)  # type: ignore[union-attr]
+
+
 class VllmBackend(Backend):
     """Real trials on vLLM. `run(request, starter=...)`: how the plan's processes start. Default (LocalStarter):
     every process on this machine (the CPU path, single-host runs); the Ray executor passes a starter that hands
@@ -274,11 +346,11 @@ class VllmBackend(Backend):
 
     # -- planning -------------------------------------------------------------------------------------
     def max_model_len(self, request: TrialRequest) -> int:
-        """The served context: the setting, else isl + osl with headroom (AIPerf's prompts can re-tokenize
-        longer), raised so a gated trial's GSM8K prompts fit."""
+        """The served context: the setting, else the workload's longest request with headroom (AIPerf's prompts
+        can re-tokenize longer), raised so a gated trial's GSM8K prompts fit."""
         if self.settings.max_model_len:
             return self.settings.max_model_len
-        tokens = served_context_tokens(request.workload.isl, request.workload.osl)
+        tokens = served_context_tokens(*request.workload.longest_request_tokens)
         return tokens if request.min_accuracy is None else max(tokens, self.settings.accuracy_min_model_len)
 
     def target_version(self, request: TrialRequest) -> str | None:
@@ -311,7 +383,8 @@ class VllmBackend(Backend):
             gpu_architecture=gpu_architecture(request.gpu) if s.device == "cuda" else None,
             multi_node_nvlink=has_multi_node_nvlink(s.device, request.gpu),
             pd_block_size=s.cpu_block_size if s.device == "cpu" else None,
-            extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind)  # type: ignore[arg-type]
+            extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind,  # type: ignore[arg-type]
+            prefix_caching=request.workload.trace is not None or request.workload.prefix is not None)
         return build_plan(request.deployment, hosts, plan_settings, model=model)
 
     # -- running --------------------------------------------------------------------------------------
@@ -346,10 +419,10 @@ class VllmBackend(Backend):
             max_conc = self._deployment_concurrency(trial.processes, request)
             pd_baseline = self._connect_pd(request, plan) if request.deployment.is_disaggregated else {}
             with trial.timings.timed("measure"):
-                for level in request.workload.concurrency:
+                for index, level in enumerate(request.workload.levels):
                     with trial.timings.timed("level"):
-                        trial.points.append(self._measure(request, plan, level, artifacts, trial.processes,
-                                                          trial.deadline, max_conc))
+                        trial.points.append(self._measure(request, plan, _Level(index, level, request.workload),
+                                                          artifacts, trial.processes, trial.deadline, max_conc))
             if request.deployment.is_disaggregated:
                 trial.observed.update(self._verify_kv_transfer(plan, pd_baseline))
             if request.min_accuracy is not None:
@@ -497,25 +570,51 @@ class VllmBackend(Backend):
         except Exception as exc:  # a prediction is a check, never a reason to fail the trial
             return {}, f"no prediction: {type(exc).__name__}: {exc}"
 
-    def _measure(self, request: TrialRequest, plan: LaunchPlan, level: int, artifacts: Path,
+    def _measure(self, request: TrialRequest, plan: LaunchPlan, level: _Level, artifacts: Path,
                  processes: list[ProcessHandle], deadline: float, max_concurrency: float) -> ServingMetrics:
         w = request.workload
         # Never 0: the first requests of a fresh server pay for lazy initialisation (CUDA graphs, NIXL
         # handshakes between prefill and decode) and would be measured.
-        warmup = level if self.settings.warmup_requests < 0 else max(1, self.settings.warmup_requests)
-        run = AiperfRun(aiperf_argv=self.settings.aiperf_argv, model=self.settings.served_model_name,
-                        tokenizer=request.model_path, url=plan.endpoint, isl=w.isl, osl=w.osl, concurrency=level,
-                        request_count=w.request_count(level), warmup_request_count=warmup, seed=request.seed)
-        out = artifacts / "aiperf" / f"c{level}"
+        warmup = level.slots if self.settings.warmup_requests < 0 else max(1, self.settings.warmup_requests)
+        out = artifacts / "aiperf" / level.name
         out.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # AIPerf breaks with it
+        # Each level its own prompts: the same seed would resend the level before's, all prefix-cache hits
+        # (measured: 73% of a fixed workload's second level).
+        seed = request.seed + level.index
+        load: dict[str, object] = {"concurrency": level.clients} if level.clients else (
+            {"fixed_schedule": True} if w.arrival == "trace" else {"request_rate": level.rate_rps})
+        common = {"aiperf_argv": self.settings.aiperf_argv, "model": self.settings.served_model_name,
+                  "url": plan.endpoint, "seed": seed, **load}
+        replay: ReplayFile | None = None
+        if aiperf_synthesizes(w):
+            (isl, isl_sd), (osl, osl_sd) = _synthetic(w.input_tokens), _synthetic(w.output_tokens)
+            run = AiperfRun(tokenizer=request.model_path, isl=isl, isl_stddev=isl_sd, osl=osl, osl_stddev=osl_sd,
+                            request_count=level.request_count, warmup_request_count=warmup, **common)
+        else:
+            try:
+                replay = write_replay(w, out / REPLAY_FILE, requests=level.request_count, seed=request.seed,
+                                      level_index=level.index, rate_rps=level.rate_rps)
+            except ConfigError as exc:
+                raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, exc.user_message())) from None
+            tokenizer = request.model_path
+            if Path(tokenizer).is_dir():  # see tokenizer_hub_alias
+                hub = artifacts / "aiperf" / "hub-cache"
+                tokenizer = tokenizer_hub_alias(Path(tokenizer), hub)
+                env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
+            run = AiperfRun(tokenizer=tokenizer, isl=w.isl, osl=w.osl, input_file=str(replay.path),
+                            block_tokens=replay.block_tokens, request_count=replay.requests, **common)
+            self._warm_up(plan, warmup, w)
+        # the counters' window: the measured requests (and, on AIPerf's own prompts, its warm-up's, which
+        # share nothing with them)
+        before = self._prefix_counters(plan)
         timeout = max(1.0, min(self.settings.level_timeout_s, deadline - time.monotonic()))
         with (out / "aiperf.stdout.log").open("wb") as log:
             proc = subprocess.Popen(run.argv(out), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True, cwd=out)
-            aiperf = RunningProcess(spec=plan.servers[0].model_copy(update={"name": f"aiperf-c{level}"}),
+            aiperf = RunningProcess(spec=plan.servers[0].model_copy(update={"name": f"aiperf-{level.name}"}),
                                     popen=proc, log_path=out / "aiperf.stdout.log")
-            code = self._wait_aiperf(aiperf, processes, level, timeout)
+            code = self._wait_aiperf(aiperf, processes, level.describe(), timeout)
         server_failure = self._server_failure(processes)
         if server_failure is not None:
             raise _TrialFailed(server_failure)
@@ -523,17 +622,57 @@ class VllmBackend(Backend):
             summary = read_summary(out)
         except AiperfError as exc:
             raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
-                                       f"AIPerf at concurrency {level} exited {code}: {exc}")) from None
+                                       f"AIPerf at {level.describe()} exited {code}: {exc}")) from None
         if summary.error_rate > self.settings.max_error_rate:
             detail = summary.error_summary[0] if summary.error_summary else "no error summary"
             raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
-                                       f"concurrency {level}: {summary.error_rate:.1%} of requests failed "
+                                       f"{level.describe()}: {summary.error_rate:.1%} of requests failed "
                                        f"(limit {self.settings.max_error_rate:.1%}): {detail}"))
-        return to_serving_metrics(summary, concurrency=level, num_gpus=request.deployment.num_gpus, isl=w.isl,
+        after = self._prefix_counters(plan)
+        hits, queries = (after[k] - before[k] for k in PREFIX_CACHE_COUNTERS)
+        hit_share = hits / queries if queries > 0 else 0.0
+        records = read_records(out)
+        (out / "level.json").write_text(json.dumps({
+            "load": level.describe(), "records": str(records.path) if records else None,
+            "requests_file": str(replay.path) if replay else None,
+            "prefix_cache": {"hits_tokens": hits, "queries_tokens": queries, "hit_share": hit_share,
+                             "file_reuse_share": replay.shared_tokens / replay.input_tokens if replay else None},
+        }, indent=2))
+        # open loop: the requests in flight (Little's law) stand for the level's concurrency
+        clients = level.clients or max(1, round(summary.request_throughput_rps
+                                               * summary.request_latency_ms.get("avg", 0.0) / 1000.0))
+        return to_serving_metrics(summary, concurrency=clients, num_gpus=request.deployment.num_gpus, isl=w.isl,
                                   osl=w.osl, max_concurrency=max_concurrency,
-                                  running_requests=min(float(level), max_concurrency) if max_concurrency else 0.0)
+                                  running_requests=min(float(clients), max_concurrency) if max_concurrency else 0.0,
+                                  records=records, offered_rps=level.rate_rps, prefix_hit_share=hit_share)
 
-    def _wait_aiperf(self, aiperf: RunningProcess, processes: list[ProcessHandle], level: int,
+    def _warm_up(self, plan: LaunchPlan, count: int, workload: Workload) -> None:
+        """A replayed file takes no AIPerf warm-up (AiperfRun): the server's lazy start-up is paid here, with
+        `count` requests at once whose prompts share nothing with the file's. Failures are AIPerf's to see."""
+        words = max(8, min(workload.isl // 4, 1024))
+        prompts = [f"warm-up {i}: " + " ".join(["hello"] * words) for i in range(count)]
+        with ThreadPoolExecutor(max_workers=min(count, 32)) as pool:
+            list(pool.map(lambda prompt: ask_completion(plan.endpoint, self.settings.served_model_name, prompt,
+                                                        max_tokens=max(1, min(workload.osl, 16)), timeout_s=120.0),
+                          prompts))
+
+    @staticmethod
+    def _prefix_counters(plan: LaunchPlan) -> dict[str, float]:
+        """Prefix-cache counters summed over the servers that compute prompts (prefill and aggregated)."""
+        totals = dict.fromkeys(PREFIX_CACHE_COUNTERS, 0.0)
+        for spec in plan.servers:
+            if spec.role not in ("prefill", "both") or not spec.port:
+                continue
+            try:
+                text = scrape(f"http://{spec.host}:{spec.port}/metrics", timeout_s=30.0)
+            except OSError as exc:
+                raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
+                                           f"{spec.name}: /metrics unreadable ({exc})")) from None
+            for key, value in prefix_cache_counters(text).items():
+                totals[key] += value
+        return totals
+
+    def _wait_aiperf(self, aiperf: RunningProcess, processes: list[ProcessHandle], level: str,
                      timeout_s: float) -> int:
         """AIPerf's exit code, watching the servers meanwhile: a server that dies mid-level (EP on CPU) ends
         the trial at once instead of leaving AIPerf to wait out its request timeouts."""
@@ -547,7 +686,7 @@ class VllmBackend(Backend):
             if failure is not None or time.monotonic() >= deadline:
                 terminate([aiperf], grace_s=5)
                 raise _TrialFailed(failure or Failure(
-                    TrialStatus.TIMEOUT, f"AIPerf at concurrency {level} ran over {timeout_s:.0f} s"))
+                    TrialStatus.TIMEOUT, f"AIPerf at {level} ran over {timeout_s:.0f} s"))
 
     @staticmethod
     def _decode_kv_counters(plan: LaunchPlan) -> dict[str, float]:

@@ -81,6 +81,9 @@ class PlanSettings(BaseModel):
     # CPU only: "auto" lets vLLM bind OMP threads; "ids" binds each worker to the core ids given as gpu_ids
     # (measured: two instances or TP2 on a 2-core machine need explicit "0|1" binds).
     cpu_threads_bind: Literal["auto", "ids"] | None = None
+    # The workload re-sends prefixes (a trace's hash ids, shared prompts): say --enable-prefix-caching rather than
+    # lean on a version's default.
+    prefix_caching: bool = False
 
     def rules(self) -> LaunchRules:
         return launch_rules(self.vllm_version)
@@ -404,6 +407,8 @@ def _engine_flags(ctx: _PlanContext, topo: Topology, kv: str | None) -> list[str
             flags += ["--block-size", str(block)]
         if s.model_is_hybrid:
             flags += list(rules.hybrid_pd_flags)
+    if s.prefix_caching:
+        flags += ["--enable-prefix-caching"]
     return [*flags, *s.extra_flags]
 
 
