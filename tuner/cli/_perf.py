@@ -365,7 +365,8 @@ def frontier(
     _print_fronts(fronts, title, setting, elapsed, html)
     _print_recommendation(pick, constraints, setting, RecipeContext(
         model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
-        isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest))
+        isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest,
+        prefix_caching=traffic.trace is not None or traffic.prefix is not None))
 
 
 def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, html: Path | None) -> None:

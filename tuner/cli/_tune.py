@@ -69,12 +69,17 @@ def _phase_table(pr) -> Table:  # type: ignore[no-untyped-def]
     x, y = PHASE_METRICS[pr.phase]
     table = Table(title=f"{pr.phase} front ({pr.study_name}): {pr.launched} launched, "
                         + ", ".join(f"{k} {v}" for k, v in sorted(pr.counts.items())), title_justify="left")
-    for col in ("trial", "config", "concurrency", x, y, "TTFT ms", "ITL ms"):
+    hits = any(p.metrics.prefix_hit_share for p in pr.front)  # a workload with shared prefixes
+    for col in ("trial", "config", "concurrency", x, y, "TTFT ms p50/p90", "ITL ms p50/p90",
+                *(("prefix hits",) if hits else ())):
         table.add_column(col, justify="left" if col == "config" else "right")
     for p in sorted(pr.front, key=lambda p: -p.values[0]):
         topo = p.deployment.groups[0].topology
-        table.add_row(str(p.trial_number), topo.label(), str(p.metrics.concurrency), f"{p.values[0]:,.0f}",
-                      f"{p.values[1]:,.1f}", f"{p.metrics.ttft_ms_p50:,.0f}", f"{p.metrics.itl_ms_p50:.2f}")
+        m = p.metrics
+        table.add_row(str(p.trial_number), topo.label(), str(m.concurrency), f"{p.values[0]:,.0f}",
+                      f"{p.values[1]:,.1f}", f"{m.ttft_ms_p50:,.0f}/{m.ttft_ms_at('p90'):,.0f}",
+                      f"{m.itl_ms_p50:.2f}/{m.itl_ms_at('p90'):.2f}",
+                      *((f"{m.prefix_hit_share:.0%}",) if hits else ()))
     return table
 
 

@@ -33,22 +33,25 @@ class RecipeContext:
     model_name: str
     gpu: str
     gpus_per_host: int
-    isl: int
+    isl: int  # the longest request's lengths: the served context (--max-model-len) holds it
     osl: int
     concurrency: tuple[int, ...] = ()
     precision: str = "bf16"
     image: str = VLLM_IMAGE
     vllm_version: str | None = None  # the space's cluster.vllm_version: the version table's choices follow it
+    prefix_caching: bool = False  # the workload re-sends prefixes: --enable-prefix-caching, as its trials ran
 
     @classmethod
     def for_space(cls, space: SearchSpace, *, model_path: str, model_name: str) -> RecipeContext:
         """The context of a campaign's exports (the CLI's `export` and the API's /export build it here)."""
         gpu = get_gpu(space.cluster.gpu)
         first = next(iter(space.phases.values()))
+        traffic = space.traffic
+        isl, osl = traffic.longest_request_tokens
         return cls(model_path=model_path, model_name=model_name, gpu=gpu.name,
-                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=space.isl,
-                   osl=space.osl, concurrency=tuple(first.concurrency),
-                   vllm_version=space.cluster.vllm_version)
+                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=isl,
+                   osl=osl, concurrency=tuple(first.concurrency), vllm_version=space.cluster.vllm_version,
+                   prefix_caching=traffic.trace is not None or traffic.prefix is not None)
 
     def plan_settings(self) -> PlanSettings:
         """The same settings a trial's plan uses (version table, hybrid PD settings, context headroom)."""
@@ -56,7 +59,7 @@ class RecipeContext:
                             max_model_len=served_context_tokens(self.isl, self.osl), vllm_version=self.vllm_version,
                             model_is_hybrid=model_is_hybrid(self.model_path),
                             multi_node_nvlink=has_multi_node_nvlink("cuda", self.gpu),
-                            gpu_architecture=gpu_architecture(self.gpu))
+                            gpu_architecture=gpu_architecture(self.gpu), prefix_caching=self.prefix_caching)
 
 
 def model_is_hybrid(model_path: str) -> bool:
