@@ -10,6 +10,7 @@ import yaml
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
 from tuner.cli import main
+from tuner.workload import Workload
 
 MODEL = str(REFERENCE_MODEL)
 SPACE = str(REFERENCE_SPACE)
@@ -120,3 +121,43 @@ def test_calibrate_fits_a_noisy_study(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["calibrate", NAME, "--storage", storage, "--factors", "warp_speed"]) == 2
     err = capsys.readouterr().err
     assert "--factors" in err and "attention_flop_efficiency" in err  # names the flag and the valid choices
+
+
+def _trace_space(tmp_path: Path, trace: Path) -> Path:
+    """The reference space on a trace: its prefill phase measures the trace's own prompts."""
+    space = yaml.safe_load(Path(SPACE).read_text())
+    space["workload"] = {"trace": str(trace)}
+    space["phases"]["prefill"].pop("workload")
+    space["phases"] = {"prefill": space["phases"]["prefill"]}
+    path = tmp_path / "trace-space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def test_tune_on_a_trace_shows_prefix_hits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from _support.paths import REPO
+
+    space = _trace_space(tmp_path, REPO / "examples" / "traces" / "chat-multiturn.jsonl")
+    storage = f"sqlite:///{tmp_path / 'trace.db'}"
+    assert main(["tune", MODEL, "--space", str(space), "--trials", "3", "--sampler", "random", "--executor",
+                 "local", "--storage", storage, "--max-ttft-ms", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "SLA: ITL <= 50 ms at p90" in out  # --max-ttft-ms 0 lifted the space's TTFT bound, the ITL one stays
+    assert main(["show", "qwen3.8-2.4t-a95b-nvfp4@gb300/3932x221", "--storage", storage, "--json"]) == 0
+    front = json.loads(capsys.readouterr().out)["phases"]["prefill"]["front"]
+    reuse = Workload.from_trace(REPO / "examples" / "traces" / "chat-multiturn.jsonl").trace.prefix_reuse
+    assert front and all(p["metrics"]["prefix_hit_share"] == pytest.approx(reuse, abs=0.02) for p in front)
+
+
+def test_a_bad_trace_is_refused_with_its_line_and_nothing_lost(tuned: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"input_length": 100, "output_length": 10}\n{"input_length": 100}\n')
+    capsys.readouterr()
+    main(["studies", "--storage", tuned, "--json"])
+    before = json.loads(capsys.readouterr().out)
+    assert main(["tune", MODEL, "--space", str(_trace_space(tmp_path, trace)), "--storage", tuned,
+                 "--executor", "local"]) == 2
+    assert "bad.jsonl line 2: output_length" in capsys.readouterr().err
+    main(["studies", "--storage", tuned, "--json"])
+    assert json.loads(capsys.readouterr().out) == before
