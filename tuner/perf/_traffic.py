@@ -72,6 +72,7 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
     osl_role = 1 if role is Role.PREFILL else osl
     hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware, replicas=replicas)
     cached = hit * workload.input_tokens.expected
+    mix = _Mix.of(workload)
     curve = TrafficCurve()
     if not workload.open_loop:
         for c in workload.concurrency:
@@ -80,7 +81,7 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
                 continue
             mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c,
                                                   cached_tokens=cached)
-            curve.points.append(_spread(mean, parts, workload, role, hit, wait=None))
+            curve.points.append(_spread(mean, parts, mix, role, hit, wait=None))
         return curve
     servers, capacity = perf.service_capacity(topo, role, isl=isl, osl=osl_role, cached_tokens=cached)
     for rate in workload.request_rates:
@@ -90,7 +91,7 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
         c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
         mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
         wait = _poisson_wait(rate, capacity, servers, _service_scv(workload, role))
-        curve.points.append(_spread(_at_rate(mean, rate), parts, workload, role, hit, wait=wait, offered_rps=rate))
+        curve.points.append(_spread(_at_rate(mean, rate), parts, mix, role, hit, wait=wait, offered_rps=rate))
     return curve
 
 
@@ -157,13 +158,34 @@ def _poisson_wait(rate: float, capacity_rps: float, servers: float, service_scv:
     return _Wait(p_wait, tail)
 
 
-def _spread(mean: ServingMetrics, parts: LatencyParts, workload: Workload, role: Role, hit: float, *,
+@dataclass(frozen=True)
+class _Mix:
+    """A workload's lengths as the spread reads them, built once per prediction (a fixed length is one value)."""
+
+    inputs: np.ndarray
+    outputs: np.ndarray
+    isl: int
+    osl: int
+    fixed: bool
+    z: np.ndarray  # standard-normal draws per output length (the chunk-share spread)
+
+    @classmethod
+    def of(cls, workload: Workload) -> _Mix:
+        def reduced(points: np.ndarray) -> np.ndarray:
+            values = points.astype(float)
+            return values[:1] if values[0] == values[-1] else values  # points are sorted
+
+        outputs = reduced(workload.output_tokens.points)
+        return cls(reduced(workload.input_tokens.points), outputs, workload.isl, workload.osl, workload.is_fixed,
+                   _normal_quantiles(len(outputs)))
+
+
+def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hit: float, *,
             wait: _Wait | None, offered_rps: float | None = None) -> ServingMetrics:
     """The typical request's prediction spread over the workload's lengths (and an open-loop wait)."""
-    inputs = workload.input_tokens.points.astype(float)
-    outputs = workload.output_tokens.points.astype(float)
+    inputs, outputs = mix.inputs, mix.outputs
     new = np.maximum(1.0, inputs * (1.0 - hit))
-    typical_new = max(1.0, workload.isl * (1.0 - hit))
+    typical_new = max(1.0, mix.isl * (1.0 - hit))
     own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
     if wait is None:
         ttft = np.sort(parts.wait_ms + own)
@@ -173,16 +195,16 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, workload: Workload, role:
     if role is Role.PREFILL:
         itl = np.zeros(1)
     else:
-        steps = np.maximum(1.0, (outputs - 1.0) * parts.decode_steps / max(1.0, workload.osl - 1.0))
+        steps = np.maximum(1.0, (outputs - 1.0) * parts.decode_steps / max(1.0, mix.osl - 1.0))
         share = parts.chunk_share
         sd = np.sqrt(share * (1.0 - share) / steps)
-        z = _normal_quantiles(len(steps))
+        z = mix.z
         shares = np.clip(share + sd[:, None] * z[None, :], 0.0, 1.0)
         itl = np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel())
         if parts.chunk_share == 0.0:
             itl = np.full(1, mean.itl_ms_mean)
     ttft_mean = float(ttft.mean()) if wait is not None else mean.ttft_ms_mean
-    ttft_q = _quantiles(ttft, mean.ttft_ms_mean if wait is None and workload.is_fixed else None)
+    ttft_q = _quantiles(ttft, mean.ttft_ms_mean if wait is None and mix.fixed else None)
     itl_q = _quantiles(itl, mean.itl_ms_mean if role is Role.PREFILL or parts.chunk_share == 0.0 else None)
     return mean.model_copy(update={
         "ttft_ms_mean": ttft_mean, "ttft_ms_p50": ttft_q[0.5], "ttft_ms_p90": ttft_q[0.9], "ttft_ms_p99": ttft_q[0.99],
