@@ -131,3 +131,31 @@ def test_invalid_bodies_name_the_field(sqlite_url, make_settings, client_for, fi
     r = client.post("/v1/studies", json={**FAST_STUDY, field: value}, headers=AUTH)
     assert r.status_code == 422
     assert field in r.json()["detail"][0]["loc"], r.json()
+
+
+def test_inline_space_with_a_trace_is_confined_and_read_at_request_time(sqlite_url, make_settings, client_for,
+                                                                        tmp_path):
+    """A trace the space names is read only under an allowed root, and read now: a bad line is the request's 422
+    naming the line; a good one starts a study whose page says its traffic."""
+    space = yaml.safe_load((REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml").read_text())
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "chat.jsonl").write_text((REPO / "examples" / "traces" / "chat-multiturn.jsonl").read_text())
+    (traces / "bad.jsonl").write_text('{"input_length": 10, "output_length": 2}\n{"output_length": 2}\n')
+    settings = make_settings(sqlite_url)
+    client = client_for(make_settings(sqlite_url, allowed_roots=[*settings.allowed_roots, traces]))
+
+    def post(trace: str):  # type: ignore[no-untyped-def]
+        body = {**space, "workload": {"trace": trace}, "phases": {"prefill": {
+            k: v for k, v in space["phases"]["prefill"].items() if k != "workload"}}}
+        return client.post("/v1/studies", json={**FAST_STUDY, "space": body, "phases": ["prefill"]}, headers=AUTH)
+
+    outside = post("/etc/passwd")
+    assert outside.status_code == 422 and outside.json()["detail"][0]["loc"] == ["body", "space", "workload", "trace"]
+    bad = post(str(traces / "bad.jsonl"))
+    assert bad.status_code == 422 and "bad.jsonl line 2: input_length" in bad.json()["detail"][0]["msg"]
+    good = post(str(traces / "chat.jsonl"))
+    assert good.status_code == 201, good.text
+    page = client.get(f"/ui/studies/{good.json()['id']}").text
+    assert f"trace {traces / 'chat.jsonl'}" in page
+    assert wait_for(client, good.json()["id"], finished)["status"] == "succeeded"
