@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tuner.backends.vllm import topology_flags
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec, load_model
 from tuner.topology import Topology, enumerate_topologies
@@ -70,11 +71,11 @@ def _with_kv(spec: ModelSpec, kv: int) -> ModelSpec:
 
 
 def test_vllm_flags() -> None:
-    flags = Topology.parse("TP4DP4+EP", mtp=3, gpu_memory_utilization=0.92, max_num_seqs=256).vllm_flags()
+    flags = topology_flags(Topology.parse("TP4DP4+EP", mtp=3, gpu_memory_utilization=0.92, max_num_seqs=256))
     assert flags[:5] == ["--tensor-parallel-size", "4", "--data-parallel-size", "4", "--enable-expert-parallel"]
     assert flags[5:7] == ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}']
     assert "--gpu-memory-utilization" in flags and flags[flags.index("--max-num-seqs") + 1] == "256"
-    assert "--data-parallel-size" not in Topology(tp=8).vllm_flags()
+    assert "--data-parallel-size" not in topology_flags(Topology(tp=8))
 
 
 def test_enumeration_covers_campaign_topologies() -> None:

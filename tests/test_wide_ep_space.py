@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from _support.paths import REPO
 
+from tuner.backends.vllm import topology_flags
 from tuner.models import load_model
 from tuner.space import load_space
 
@@ -17,10 +18,10 @@ def test_dbo_is_a_knob_only_where_vllm_splits_micro_batches() -> None:
     base = {"tp": 1, "dp": 32, "ep": True, "mtp": 0, "gpu_memory_utilization": 0.9, "max_num_seqs": 256,
             "max_num_batched_tokens": 8192, "all2all_backend": "deepep_low_latency", "dbo": True}
     wide = space.topology("decode", base)
-    assert wide.dbo and wide.all2all_backend == "deepep_low_latency" and "--enable-dbo" in wide.vllm_flags()
+    assert wide.dbo and wide.all2all_backend == "deepep_low_latency" and "--enable-dbo" in topology_flags(wide)
     assert space.params_of("decode", wide)["dbo"] is True
     tp = space.topology("decode", {**base, "tp": 8, "dp": 1, "ep": False})
-    assert not tp.dbo and "--enable-dbo" not in tp.vllm_flags()  # no all-to-all, nothing to overlap
+    assert not tp.dbo and "--enable-dbo" not in topology_flags(tp)  # no all-to-all, nothing to overlap
     # a space that does not search DBO keeps its earlier parameter set (stored studies stay valid)
     assert "dbo" not in load_space(REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml").param_choices("decode")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal, get_args
@@ -257,31 +256,6 @@ class Topology(BaseModel):
         if self.mtp and not model.num_mtp_layers:
             raise TopologyError(f"{model.name} has no MTP layers", field="mtp",
                                 fix="use --mtp 0 (or a draft model, not supported yet)")
-
-    # -- vLLM ----------------------------------------------------------------------------------------
-    def vllm_flags(self) -> list[str]:
-        flags = ["--tensor-parallel-size", str(self.tp)]
-        if self.dp > 1:
-            flags += ["--data-parallel-size", str(self.dp)]
-        if self.ep:
-            flags.append("--enable-expert-parallel")
-        if self.dbo:
-            flags.append("--enable-dbo")
-        if self.all2all_backend != DEFAULT_ALL2ALL_BACKEND:
-            flags += ["--all2all-backend", self.all2all_backend]
-        if self.num_redundant_experts:
-            flags += ["--enable-eplb", "--eplb-config",
-                      json.dumps({"num_redundant_experts": self.num_redundant_experts})]
-        if self.kv_cache_dtype != "auto":
-            flags += ["--kv-cache-dtype", self.kv_cache_dtype]
-        if self.stream_interval != 1:
-            flags += ["--stream-interval", str(self.stream_interval)]
-        if self.mtp:
-            flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": self.mtp})]
-        flags += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}",
-                  "--max-num-seqs", str(self.max_num_seqs),
-                  "--max-num-batched-tokens", str(self.max_num_batched_tokens)]
-        return flags
 
 
 _FIELD_FIXES = {

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tuner.backends.vllm import topology_flags
 from tuner.errors import ConfigError, TopologyError
 from tuner.hardware import get_gpu
 from tuner.memory import GIB, MemoryInputs, compute_memory, local_experts
@@ -76,9 +77,9 @@ def test_fp8_kv_on_mla_and_hybrid(models_dir: Path, reference_model_path: Path) 
 
 
 def test_kv_cache_dtype_reaches_the_vllm_flags_and_the_space() -> None:
-    flags = Topology(tp=8, kv_cache_dtype="fp8").vllm_flags()
+    flags = topology_flags(Topology(tp=8, kv_cache_dtype="fp8"))
     assert flags[flags.index("--kv-cache-dtype") + 1] == "fp8"
-    assert "--kv-cache-dtype" not in Topology(tp=8).vllm_flags()
+    assert "--kv-cache-dtype" not in topology_flags(Topology(tp=8))
     with pytest.raises(ConfigError) as err:
         Topology.create(kv_cache_dtype="fp9")
     assert err.value.field == "kv-cache-dtype"
@@ -162,7 +163,7 @@ def test_uneven_ep_and_eplb_weights(reference_model_path: Path, models_dir: Path
     eplb = Topology(tp=1, dp=72, ep=True, num_redundant_experts=32)
     eplb.check(ds)
     assert local_experts(256, eplb) == 4
-    flags = eplb.vllm_flags()
+    flags = topology_flags(eplb)
     assert "--enable-eplb" in flags and json.loads(flags[flags.index("--eplb-config") + 1]) == {
         "num_redundant_experts": 32}
     with pytest.raises(TopologyError) as err:
@@ -188,7 +189,7 @@ phases:
     names = {(t.name, t.num_redundant_experts) for t in topos}
     # EP48: 256 and 288 physical experts both fine (288 = 6 x 48); EP72: 256 uneven is fine, 288 = 4 x 72 too
     assert names == {("TP8DP6+EP", 0), ("TP8DP6+EP", 32), ("TP8DP9+EP", 0), ("TP8DP9+EP", 32)}
-    assert all(t.vllm_flags().count("--enable-eplb") == (t.num_redundant_experts > 0) for t in topos)
+    assert all(topology_flags(t).count("--enable-eplb") == (t.num_redundant_experts > 0) for t in topos)
     odd = parse_space("name: e\ncluster: {gpu: gb200, num_gpus: 72}\nworkload: {isl: 1, osl: 1}\nphases: {decode: "
                       "{tp: [8], dp: [6], ep: [true], concurrency: [1], num_redundant_experts: [8]}}\n")
     with pytest.raises(ConfigError, match="redundant"):

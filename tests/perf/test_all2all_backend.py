@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.backends.vllm import PlanSettings, build_plan, keep_names, pack_hosts, parse_deployment
+from tuner.backends.vllm import PlanSettings, build_plan, keep_names, pack_hosts, parse_deployment, topology_flags
 from tuner.errors import ConfigError, TopologyError
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec
@@ -46,7 +46,7 @@ def test_no_backend_without_ep_over_dp_ranks(reference: ModelSpec, gb300: GpuSpe
     and their figures do not move."""
     for name in ("TEP8", "TP8", "TP2DP4"):
         assert Topology.parse(name, all2all_backend=ROUTED) == Topology.parse(name)
-        assert "--all2all-backend" not in Topology.parse(name, all2all_backend=ROUTED).vllm_flags()
+        assert "--all2all-backend" not in topology_flags(Topology.parse(name, all2all_backend=ROUTED))
     perf = RooflineModel(reference, gb300)
     tep = [perf.predict(Topology.parse("TEP8", all2all_backend=b), Role.DECODE, isl=8192, osl=1024,
                         concurrency=64).output_tok_s_per_gpu for b in ("allgather_reducescatter", ROUTED)]
@@ -55,10 +55,10 @@ def test_no_backend_without_ep_over_dp_ranks(reference: ModelSpec, gb300: GpuSpe
 
 def test_the_flag_label_dbo_and_errors(reference: ModelSpec) -> None:
     topo = Topology.parse("TP4DP4+EP", all2all_backend=ROUTED)
-    flags = topo.vllm_flags()
+    flags = topology_flags(topo)
     assert flags[flags.index("--all2all-backend") + 1] == ROUTED and f"a2a={ROUTED}" in topo.label()
-    assert "--all2all-backend" not in Topology.parse("TP4DP4+EP").vllm_flags()  # vLLM's default, not repeated
-    dbo = Topology.parse("TP2DP4+EP", dbo=True).vllm_flags()  # DBO without a backend: DeepEP low latency
+    assert "--all2all-backend" not in topology_flags(Topology.parse("TP4DP4+EP"))  # vLLM's default, not repeated
+    dbo = topology_flags(Topology.parse("TP2DP4+EP", dbo=True))  # DBO without a backend: DeepEP low latency
     assert "--enable-dbo" in dbo and dbo[dbo.index("--all2all-backend") + 1] == "deepep_low_latency"
     with pytest.raises(TopologyError) as refused:
         Topology.parse("TP2DP4+EP", dbo=True, all2all_backend=ROUTED).check(reference)

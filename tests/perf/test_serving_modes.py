@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tuner.backends.vllm import topology_flags
 from tuner.errors import TopologyError
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec
@@ -71,7 +72,7 @@ def test_dbo_hides_all_to_all_above_the_token_threshold(reference: ModelSpec, gb
     assert big[0].comm_ms - big[1].comm_ms <= big[0].compute_ms + 1e-9  # overlap never hides more than compute
     with pytest.raises(TopologyError):
         Topology.parse("TEP8", dbo=True).check(reference)
-    assert "--enable-dbo" in dbo.vllm_flags()
+    assert "--enable-dbo" in topology_flags(dbo)
 
 
 def test_fixed_costs_scale_with_kernels_per_layer(reference: ModelSpec, dense: ModelSpec, gb300: GpuSpec) -> None:

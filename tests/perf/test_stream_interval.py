@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.backends.vllm import PlanSettings, build_plan, keep_names, pack_hosts, parse_deployment
+from tuner.backends.vllm import PlanSettings, build_plan, keep_names, pack_hosts, parse_deployment, topology_flags
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec
@@ -33,10 +33,10 @@ def test_the_streamed_share_is_paid_once_per_interval(reference: ModelSpec, gb30
 
 def test_the_flag_and_label_and_its_error() -> None:
     topo = Topology.parse("DEP8", stream_interval=50)
-    flags = topo.vllm_flags()
+    flags = topology_flags(topo)
     assert flags[flags.index("--stream-interval") + 1] == "50"
     assert "stream=50" in topo.label()
-    assert "--stream-interval" not in Topology.parse("DEP8").vllm_flags()  # vLLM's default, not repeated
+    assert "--stream-interval" not in topology_flags(Topology.parse("DEP8"))  # vLLM's default, not repeated
     with pytest.raises(ConfigError) as err:
         Topology.create(tp=8, stream_interval=0)
     assert err.value.field == "stream-interval" and "1 streams every token" in err.value.fix

@@ -34,6 +34,7 @@ from tuner.backends.vllm._plan import (
     parse_deployment,
     place_instances,
     resolve_address,
+    topology_flags,
     uniform_hosts,
 )
 from tuner.backends.vllm._versions import (
@@ -84,5 +85,6 @@ __all__ = [
     "resolve_address",
     "run_gsm8k",
     "side_blocks",
+    "topology_flags",
     "uniform_hosts",
 ]

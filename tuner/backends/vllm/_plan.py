@@ -36,7 +36,7 @@ from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
 from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_host_split
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import Role, Topology
+from tuner.topology import DEFAULT_ALL2ALL_BACKEND, Role, Topology
 
 Device = Literal["cuda", "cpu"]
 ProcessRole = Literal["prefill", "decode", "both", "router"]
@@ -392,10 +392,34 @@ class _PlanContext:
     address: dict[str, str]  # host as placed -> address the other hosts dial
 
 
+def topology_flags(topo: Topology) -> list[str]:
+    """A topology's engine flags: the one place that turns TP/DP/EP and the knobs into `vllm serve` arguments
+    (`_engine_flags` adds the version-, role- and deployment-dependent ones)."""
+    flags = ["--tensor-parallel-size", str(topo.tp)]
+    if topo.dp > 1:
+        flags += ["--data-parallel-size", str(topo.dp)]
+    if topo.ep:
+        flags.append("--enable-expert-parallel")
+    if topo.dbo:
+        flags.append("--enable-dbo")
+    if topo.all2all_backend != DEFAULT_ALL2ALL_BACKEND:
+        flags += ["--all2all-backend", topo.all2all_backend]
+    if topo.num_redundant_experts:
+        flags += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": topo.num_redundant_experts})]
+    if topo.kv_cache_dtype != "auto":
+        flags += ["--kv-cache-dtype", topo.kv_cache_dtype]
+    if topo.stream_interval != 1:
+        flags += ["--stream-interval", str(topo.stream_interval)]
+    if topo.mtp:
+        flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": topo.mtp})]
+    return [*flags, "--gpu-memory-utilization", f"{topo.gpu_memory_utilization:g}",
+            "--max-num-seqs", str(topo.max_num_seqs), "--max-num-batched-tokens", str(topo.max_num_batched_tokens)]
+
+
 def _engine_flags(ctx: _PlanContext, topo: Topology, kv: str | None) -> list[str]:
     """The flags every process of one instance shares (model, engine limits, PD settings)."""
     s, rules = ctx.settings, ctx.rules
-    flags = [*topo.vllm_flags()]
+    flags = topology_flags(topo)
     if s.device == "cuda" and topo.cudagraph_capture_tokens:
         flags += [rules.cudagraph_flag, str(topo.cudagraph_capture_tokens)]
     if s.max_model_len:
