@@ -1,12 +1,14 @@
 """Studies: the ask/tell driver over Optuna, per phase, and the campaign that composes the PD front."""
 
 from tuner.study._campaign import Campaign, CampaignResult, FrontRow, PhaseResult, compose_front, load_campaign
+from tuner.study._events import TrialEvent
 from tuner.study._listing import CampaignSummary, list_campaigns
 from tuner.study._live import LiveCampaign, TrialRow
 from tuner.study._naming import campaign_name, study_name
 from tuner.study._objectives import PHASE_AXES, PHASE_METRICS, phase_values
+from tuner.study._options import TuneOptions
 from tuner.study._records import StoredPoint
-from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
+from tuner.study._runner import PhaseRun
 from tuner.study._samplers import SAMPLERS, make_sampler
 from tuner.study._stop import StopReason, StopSignal, request_cancel
 from tuner.study._storage import TrialCensus, close_storage, open_storage, trial_census

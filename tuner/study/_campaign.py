@@ -27,9 +27,11 @@ from tuner.hardware import GpuSpec, get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
 from tuner.space import ALL_PHASES, PHASES, SearchSpace
+from tuner.study._events import ProgressCallback
 from tuner.study._naming import campaign_name, split_name
+from tuner.study._options import TuneOptions
 from tuner.study._records import StoredPoint, stored_points
-from tuner.study._runner import PhaseRun, ProgressCallback, TuneOptions, front_of
+from tuner.study._runner import PhaseRun
 from tuner.study._stop import StopSignal
 from tuner.study._storage import open_storage
 from tuner.study._trial_record import (
@@ -96,6 +98,11 @@ class FrontRow:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def front_of(points: list[StoredPoint], phase: str) -> list[StoredPoint]:
+    """Pareto front (maximising both phase objectives) of StoredPoints."""
+    return pareto_front(points, x=lambda p: p.values[0], y=lambda p: p.values[1])
 
 
 def _phase_result(study: optuna.Study, phase: str) -> PhaseResult:

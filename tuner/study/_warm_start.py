@@ -1,8 +1,11 @@
-"""Warm start: the simulator's predicted front of a phase, as params to enqueue before the sampler starts."""
+"""Warm start: the simulator's predicted front of a phase, as params enqueued (once) before the sampler starts."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import optuna
 
 from tuner.frontier import hypervolume_2d, pareto_front
 from tuner.hardware import GpuSpec
@@ -11,6 +14,8 @@ from tuner.models import ModelSpec
 from tuner.perf import RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._objectives import phase_values
+from tuner.study._options import TuneOptions
+from tuner.study._trial_record import StudyFlag, TrialAttrs, set_study_flag, study_flag
 from tuner.topology import Topology
 
 
@@ -57,3 +62,16 @@ def predicted_front_params(space: SearchSpace, phase: Phase, model: ModelSpec, g
             order.append(configs[lo])
         lo, hi = lo + 1, hi - 1
     return [space.params_of(phase, t) for t in [*paired, *(t for t in order if t not in paired)]]
+
+
+def enqueue_warm_start(study: optuna.Study, options: TuneOptions, sampler_name: str,
+                       front_params: Callable[[], list[dict[str, Any]]] | None,
+                       pair_with_tps: frozenset[int]) -> None:
+    """Enqueue the simulator's predicted front, once per study (not again on resume)."""
+    if options.warm_start and front_params and not study_flag(study, StudyFlag.WARM_STARTED):
+        budget = options.warm_start_trials or max(1, options.trials // 4)
+        if sampler_name == "guided":  # it starts from the predicted front itself: enqueue PD pairs only
+            budget = min(budget, len(pair_with_tps))
+        for params in front_params()[:budget]:
+            study.enqueue_trial(params, user_attrs=TrialAttrs(warm_start="simulator").user_attrs())
+        set_study_flag(study, StudyFlag.WARM_STARTED)
