@@ -88,6 +88,7 @@ class PassCosts:
     num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
     sparse_topk: int | None = None  # DSA: context tokens the attention reads per query (None = all)
     sparse_math_all_slots: bool = False  # DSA on a BF16 KV cache: the kernel's math runs over every top-k slot
+    split_attention: bool = False  # a mixed batch's prefill and decode attention run as two kernels, one after the other
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +274,26 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
                      window_kv_bytes_per_token=kv_bytes_per_layer * window,
                      state_bytes=state_bytes_per_layer * recurrent,
                      num_kernels=pass_kernels(model, kinds, moe_flags), sparse_topk=topk,
-                     sparse_math_all_slots=all_slots)
+                     sparse_math_all_slots=all_slots,
+                     split_attention=splits_mixed_attention(model, architecture, sparse=topk is not None))
+
+
+def splits_mixed_attention(model: ModelSpec, architecture: str, *, sparse: bool = False) -> bool:
+    """Whether vLLM's attention backend runs a mixed step's prefill tokens and decode tokens as two kernels, one
+    after the other (their times add), rather than one kernel over the whole batch (the longer part hides the
+    shorter). MLA always splits: `MLACommonImpl.forward` (v1/attention/backends/mla/common.py) runs
+    `_forward_prefill` (the compute-friendly form) and then the decode kernel. Standard attention splits on
+    Blackwell, where vLLM's default backend is FlashInfer (`_get_backend_priorities` in platforms/cuda.py puts
+    FLASHINFER first for device capability 10.x), whose `FlashInferImpl.forward` (v1/attention/backends/
+    flashinfer.py) runs the prefill wrapper (or TRT-LLM context kernel) over the prefill tokens and then the
+    decode wrapper (or TRT-LLM decode kernel) over the decode tokens; elsewhere FLASH_ATTN comes first, whose
+    forward is one `flash_attn_varlen_func` over every token of the step. DeepSeek's sparse attention runs
+    every token through one FlashMLA sparse kernel."""
+    if sparse:
+        return False
+    if model.mla is not None:
+        return True
+    return model.attention is not None and architecture == "blackwell"
 
 
 def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
