@@ -88,7 +88,7 @@ class PassCosts:
     num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
     sparse_topk: int | None = None  # DSA: context tokens the attention reads per query (None = all)
     sparse_math_all_slots: bool = False  # DSA on a BF16 KV cache: the kernel's math runs over every top-k slot
-    split_attention: bool = False  # a mixed batch's prefill and decode attention run as two kernels, one after the other
+    split_attention: bool = False  # a mixed batch's prefill and decode attention run as two kernels in turn
 
 
 @dataclass(frozen=True, slots=True)
