@@ -15,9 +15,9 @@ from _support.paths import REPO
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
-from tuner.perf import RooflineModel
+from tuner.perf import RooflineModel, default_calibration
 from tuner.perf._comm import alltoall_pair_s, pass_comm
-from tuner.perf._costs import ep_domains, instance_costs
+from tuner.perf._costs import a2a_sm_share, ep_domains, instance_costs
 from tuner.topology import Topology
 
 
@@ -138,3 +138,25 @@ def test_single_domain_prices_do_not_move(deepseek: ModelSpec, h100: GpuSpec) ->
     wire = 512 * deepseek.hidden_size * costs.a2a_remote_ranks * (costs.dispatch_bytes + 2)
     assert alltoall_pair_s(512, costs, cal) == pytest.approx(
         2 * cal.alltoall_latency_us * 1e-6 + wire / (costs.ep_link_bytes_s * cal.alltoall_bw_efficiency))
+
+
+def test_dbo_leaves_exposed_the_sms_deepep_normal_kernels_hold(deepseek: ModelSpec, h100: GpuSpec) -> None:
+    """Under dual-batch overlap the all-to-all of one micro-batch runs under the other's compute. DeepEP's normal
+    kernels hold 20 SMs meanwhile (vLLM's num_sms), so a compute-bound step still pays 20/132 of the all-to-all
+    on H100; the low-latency kernels hold none (max_sms_used = 0), so there only what the compute cannot cover
+    stays exposed. Without an SM count nothing is held."""
+    cal = RooflineModel(deepseek, h100).calibration
+    assert cal.dbo_overlap == 1.0 and default_calibration("gb300").dbo_overlap == 0.7  # the reference's stays
+    ht = instance_costs(deepseek, h100, Topology.parse("DEP32", all2all_backend="deepep_high_throughput", dbo=True))
+    ll = instance_costs(deepseek, h100, Topology.parse("DEP32", all2all_backend="deepep_low_latency", dbo=True))
+    assert ht.a2a_sm_share == pytest.approx(20 / 132) and ll.a2a_sm_share == 0.0
+    unknown = h100.model_copy(update={"sm_count": None})
+    assert a2a_sm_share("deepep_high_throughput", unknown) == 0.0
+    for costs in (ht, ll):
+        comm = pass_comm(16384, 61, 58, costs, cal)
+        assert comm.alltoall_s > 0
+        compute_bound = comm.visible_s(costs, cal, 10 * comm.total_s, 16384, 512)
+        assert compute_bound == pytest.approx(comm.allreduce_s + costs.a2a_sm_share * comm.alltoall_s)
+        comm_bound = comm.visible_s(costs, cal, 0.1 * comm.alltoall_s, 16384, 512)
+        assert comm_bound == pytest.approx(comm.total_s - 0.1 * comm.alltoall_s)  # the compute hides, a - c stays
+        assert comm.visible_s(costs, cal, 10 * comm.total_s, 256, 512) == comm.total_s  # below vLLM's threshold

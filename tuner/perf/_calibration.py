@@ -100,9 +100,11 @@ class Calibration(BaseModel):
         description="Share of the popularity skew left once EPLB places one redundant expert per EP rank "
                     "(0 = perfectly balanced, 1 = no effect).")
     dbo_overlap: float = Field(
-        0.7, ge=0, le=1,
-        description="Share of the EP all-to-all that dual-batch overlap hides behind the other micro-batch's "
-                    "compute (vLLM --enable-dbo, DeepEP backends).")
+        1.0, ge=0, le=1,
+        description="Share of the EP all-to-all that dual-batch overlap's two micro-batches can run under the "
+                    "other's compute (vLLM --enable-dbo, DeepEP backends); the SMs the all-to-all kernels hold "
+                    "meanwhile are priced apart (InstanceCosts.a2a_sm_share). 1.0: vLLM's pipeline leaves only "
+                    "what the compute cannot cover (0.7 before 2026-12-05, when it also stood for that SM share).")
 
 
 #: Factors least_squares may change; everything a measurement can pin down. (scale_out_bw_efficiency is not one
@@ -131,7 +133,7 @@ _DEFAULTS: dict[str, Calibration] = {
         hbm_efficiency=0.8, flop_efficiency=0.5, prefill_flop_efficiency=0.42, allreduce_latency_us=3.0,
         allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, kernel_latency_us=3.3,
         step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5,
-        request_step_us=71.0, streamed_request_share=0.48),
+        request_step_us=71.0, streamed_request_share=0.48, dbo_overlap=0.7),
     # Fitted by benchmarks/fidelity.py on every vLLM row of benchmarks/data/public_measurements.yaml of the class
     # (its full per-class fit), rounded. The held-out (leave-one-source-out) error of this procedure is in
     # docs/perf-model.md. Blackwell: 22 rows of 5 sources (DeepSeek-R1 NVFP4 on GB200/GB300, Kimi-K2.5 INT4 and

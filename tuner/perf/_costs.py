@@ -121,6 +121,7 @@ class InstanceCosts:
     ep_ranks_per_domain: int = 1  # EP ranks inside one NVLink domain
     nvlink_bytes_s: float = 0.0  # per-direction NVLink bandwidth of one GPU
     scale_out_bytes_s: float = 0.0  # per-direction RDMA bandwidth of one GPU (its share of the host's NICs)
+    a2a_sm_share: float = 0.0  # share of the GPU's SMs the all-to-all kernels hold while they run
 
     @property
     def all2all(self) -> bool:
@@ -354,9 +355,23 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
         a2a_remote_ranks=remote, a2a_routed=topo.all2all_routed, num_experts=model.moe.num_experts if model.moe else 0,
         experts_per_token=model.moe.experts_per_token if model.moe else 0,
-        redundant_experts=redundant_experts(topo), dbo=topo.dbo,
+        redundant_experts=redundant_experts(topo), dbo=topo.dbo, a2a_sm_share=a2a_sm_share(topo.all2all_backend, gpu),
         dispatch_bytes=dispatch_bytes(expert_format(model), topo.all2all_backend, expert_parallel=topo.ep,
                                       architecture=gpu.architecture))
+
+
+#: SMs vLLM gives DeepEP's normal (high-throughput) kernels: `DeepEPAll2AllManagerBase.num_sms = 20` ("This is
+#: the DeepEP default", vllm/distributed/device_communicators/all2all.py). Its low-latency kernels hold none while
+#: they wait (`DeepEPLLAll2AllManager.max_sms_used` returns 0: "DeepEP LL uses RDMA so no SMs are used").
+DEEPEP_HT_SMS = 20
+
+
+def a2a_sm_share(backend: str, gpu: GpuSpec) -> float:
+    """Share of the GPU's SMs the EP all-to-all kernels hold while they run: compute overlapping them (dual-batch
+    overlap) runs on the rest. 0 where the backend holds none, or the GPU's SM count is unknown."""
+    if backend != "deepep_high_throughput" or not gpu.sm_count:
+        return 0.0
+    return min(1.0, DEEPEP_HT_SMS / gpu.sm_count)
 
 
 def redundant_experts(topo: Topology) -> int:
