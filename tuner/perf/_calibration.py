@@ -141,14 +141,14 @@ _DEFAULTS: dict[str, Calibration] = {
     # (request_step_us, ~71 us Blackwell, ~64 us Hopper), of which the streamed share (streamed_request_share) is
     # paid once per --stream-interval tokens; only Blackwell rows stream in intervals (GB200 50, MiniMax-M2.5 B200
     # 20), so Hopper takes Blackwell's share. docs/perf-model.md gives the evidence and what it is not yet known to be.
-    "gb200": Calibration(hbm_efficiency=0.74, flop_efficiency=0.53, prefill_flop_efficiency=0.33,
-                         attention_flop_efficiency=0.41, moe_gemm_efficiency=0.97, fp8_gemm_efficiency=0.92,
-                         kv_occupancy=1.0, kernel_latency_us=3.43, step_overhead_ms=1.52, request_step_us=71.0,
-                         streamed_request_share=0.48),
-    "b200": Calibration(hbm_efficiency=0.74, flop_efficiency=0.53, prefill_flop_efficiency=0.33,
-                        attention_flop_efficiency=0.41, moe_gemm_efficiency=0.97, fp8_gemm_efficiency=0.92,
-                        kv_occupancy=1.0, kernel_latency_us=3.43, step_overhead_ms=1.52, request_step_us=71.0,
-                        streamed_request_share=0.48),
+    "gb200": Calibration(hbm_efficiency=0.75, flop_efficiency=0.52, prefill_flop_efficiency=0.34,
+                         attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98, fp8_gemm_efficiency=0.95,
+                         kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52, request_step_us=68.0,
+                         streamed_request_share=0.49),
+    "b200": Calibration(hbm_efficiency=0.75, flop_efficiency=0.52, prefill_flop_efficiency=0.34,
+                        attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98, fp8_gemm_efficiency=0.95,
+                        kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52, request_step_us=68.0,
+                        streamed_request_share=0.49),
     # Hopper: 41 rows of 11 sources (vLLM 0.10.2-0.21: Qwen3-8B/14B/235B, DeepSeek-R1 and -V3.2, GLM-4.6,
     # gpt-oss-20b/120b on GPUStack's pages (vLLM < 0.12: Marlin MXFP4 experts), bursts replayed as finite runs
     # (predict_burst); Kimi-K2.5 INT4 on H200 and MiniMax-M2.5 FP8 on H100 and H200 from InferenceX). Prefill
