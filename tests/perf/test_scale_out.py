@@ -15,9 +15,9 @@ from _support.paths import REPO
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
-from tuner.perf import RooflineModel
+from tuner.perf import RooflineModel, default_calibration
 from tuner.perf._comm import alltoall_pair_s, pass_comm
-from tuner.perf._costs import ep_domains, instance_costs
+from tuner.perf._costs import a2a_sm_share, ep_domains, instance_costs
 from tuner.topology import Topology
 
 
@@ -90,19 +90,24 @@ def test_deepep_high_throughput_crosses_the_network_once_per_host(deepseek: Mode
     k = deepseek.moe.experts_per_token  # type: ignore[union-attr]
     tokens = 16384
     rdma_s = {}
+    wire = {}  # bytes per hidden element there and back: dispatch (BF16, or FP8 behind DeepEP LL) + BF16 combine
     for backend in ("deepep_high_throughput", "deepep_low_latency", "allgather_reducescatter"):
         costs = instance_costs(deepseek, h100, Topology.parse("DEP32", all2all_backend=backend))
         assert (costs.ep_domains, costs.ep_ranks_per_domain) == (4, 8)
         rdma_s[backend] = alltoall_pair_s(tokens, costs, cal)
-    per_token_s = tokens * deepseek.hidden_size * (costs.dispatch_bytes + 2) / (
-        costs.scale_out_bytes_s * cal.scale_out_bw_efficiency)
+        wire[backend] = costs.dispatch_bytes + 2
+    assert wire["deepep_low_latency"] == pytest.approx(1 + 4 / 128 + 2)
+    assert wire["deepep_high_throughput"] == wire["allgather_reducescatter"] == 4.0
+    per_token_s = tokens * deepseek.hidden_size * 4.0 / (costs.scale_out_bytes_s * cal.scale_out_bw_efficiency)
     assert rdma_s["deepep_high_throughput"] == pytest.approx(3 * (1 - 0.75 ** k) * per_token_s)
-    assert rdma_s["deepep_low_latency"] == pytest.approx(k * 24 / 32 * per_token_s)
+    assert rdma_s["deepep_low_latency"] == pytest.approx(k * 24 / 32 * per_token_s * wire["deepep_low_latency"] / 4)
     # the gather also lands the other 28 ranks' shares of the three remote hosts and its own host over NVLink
     nvlink_s = 28 * tokens * deepseek.hidden_size * (costs.dispatch_bytes + 2) / (
         costs.nvlink_bytes_s * cal.alltoall_bw_efficiency)
     assert rdma_s["allgather_reducescatter"] == pytest.approx(max(3 * per_token_s, nvlink_s))
-    assert rdma_s["deepep_high_throughput"] < rdma_s["allgather_reducescatter"] < rdma_s["deepep_low_latency"]
+    # DeepEP's normal kernels cross the network least; the low-latency ones send k copies, but in FP8, and land
+    # under the gather, whose NVLink leg (28 BF16 shares) is the slower one here
+    assert rdma_s["deepep_high_throughput"] < rdma_s["deepep_low_latency"] < rdma_s["allgather_reducescatter"]
 
 
 def test_more_nics_make_the_cross_host_all_to_all_cheaper(deepseek: ModelSpec, h100: GpuSpec) -> None:
@@ -133,3 +138,25 @@ def test_single_domain_prices_do_not_move(deepseek: ModelSpec, h100: GpuSpec) ->
     wire = 512 * deepseek.hidden_size * costs.a2a_remote_ranks * (costs.dispatch_bytes + 2)
     assert alltoall_pair_s(512, costs, cal) == pytest.approx(
         2 * cal.alltoall_latency_us * 1e-6 + wire / (costs.ep_link_bytes_s * cal.alltoall_bw_efficiency))
+
+
+def test_dbo_leaves_exposed_the_sms_deepep_normal_kernels_hold(deepseek: ModelSpec, h100: GpuSpec) -> None:
+    """Under dual-batch overlap the all-to-all of one micro-batch runs under the other's compute. DeepEP's normal
+    kernels hold 20 SMs meanwhile (vLLM's num_sms), so a compute-bound step still pays 20/132 of the all-to-all
+    on H100; the low-latency kernels hold none (max_sms_used = 0), so there only what the compute cannot cover
+    stays exposed. Without an SM count nothing is held."""
+    cal = RooflineModel(deepseek, h100).calibration
+    assert cal.dbo_overlap == 1.0 and default_calibration("gb300").dbo_overlap == 0.7  # the reference's stays
+    ht = instance_costs(deepseek, h100, Topology.parse("DEP32", all2all_backend="deepep_high_throughput", dbo=True))
+    ll = instance_costs(deepseek, h100, Topology.parse("DEP32", all2all_backend="deepep_low_latency", dbo=True))
+    assert ht.a2a_sm_share == pytest.approx(20 / 132) and ll.a2a_sm_share == 0.0
+    unknown = h100.model_copy(update={"sm_count": None})
+    assert a2a_sm_share("deepep_high_throughput", unknown) == 0.0
+    for costs in (ht, ll):
+        comm = pass_comm(16384, 61, 58, costs, cal)
+        assert comm.alltoall_s > 0
+        compute_bound = comm.visible_s(costs, cal, 10 * comm.total_s, 16384, 512)
+        assert compute_bound == pytest.approx(comm.allreduce_s + costs.a2a_sm_share * comm.alltoall_s)
+        comm_bound = comm.visible_s(costs, cal, 0.1 * comm.alltoall_s, 16384, 512)
+        assert comm_bound == pytest.approx(comm.total_s - 0.1 * comm.alltoall_s)  # the compute hides, a - c stays
+        assert comm.visible_s(costs, cal, 10 * comm.total_s, 256, 512) == comm.total_s  # below vLLM's threshold

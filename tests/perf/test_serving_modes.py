@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tuner.backends.vllm import topology_flags
 from tuner.errors import TopologyError
-from tuner.hardware import GpuSpec
-from tuner.models import ModelSpec
+from tuner.hardware import GpuSpec, get_gpu
+from tuner.models import ModelSpec, load_model
 from tuner.perf import Calibration, RooflineModel, default_calibration
+from tuner.perf._costs import splits_mixed_attention
 from tuner.perf._experts import busiest_rank_factor, effective_skew
 from tuner.perf._kernels import layer_kernels
 from tuner.topology import Role, Topology
@@ -172,26 +175,49 @@ def test_aggregated_ttft_does_not_fall_as_concurrency_rises(dense: ModelSpec, gb
     assert one.ttft_ms_mean == pytest.approx(perf.front_end_ms(7372) + chunk, rel=0.01)
 
 
-def test_decode_kv_reads_do_not_hide_under_a_chunks_gemms(dense: ModelSpec, gb300: GpuSpec) -> None:
+@pytest.mark.parametrize("gpu_name", ["gb300", "h100"])
+def test_decode_kv_reads_do_not_hide_under_a_chunks_gemms(dense: ModelSpec, gpu_name: str) -> None:
     """A mixed step runs the attention kernels apart from the GEMMs: the decode requests' KV reads add to a
-    compute-bound chunk instead of hiding under its FLOPs (one roofline per kernel, not one per step)."""
+    compute-bound chunk instead of hiding under its FLOPs (one roofline per kernel, not one per step). Within the
+    attention phase, Blackwell's FlashInfer runs the chunk's prefill kernel and then the decode kernel (times add);
+    Hopper's FlashAttention runs one varlen kernel over the whole batch (the longer part hides the shorter)."""
     from tuner.perf._steps import mixed_step
 
-    perf = RooflineModel(dense, gb300)
+    gpu = get_gpu(gpu_name)
+    perf = RooflineModel(dense, gpu)
     topo = Topology.parse("TP4", max_num_batched_tokens=16384)
     state = perf.state(topo, Role.BOTH, isl=8192, osl=1024)
     cal = perf.calibration
 
     def step(decodes: float, chunk: float):
-        return mixed_step(state.costs, gb300, cal, decode_requests_per_rank=decodes, total_decode_requests=decodes,
+        return mixed_step(state.costs, gpu, cal, decode_requests_per_rank=decodes, total_decode_requests=decodes,
                           context_tokens=8704, mtp_depth=0, chunk_tokens_per_rank=chunk, busy_ranks=1,
                           prompt_tokens=8192)
 
     alone, with_decodes = step(0, 8192), step(512, 8192)
-    kv_ms = 512 * state.costs.target.kv_bytes_per_token * 8704 / (gb300.hbm_bandwidth_tb_s * 1e12
+    kv_ms = 512 * state.costs.target.kv_bytes_per_token * 8704 / (gpu.hbm_bandwidth_tb_s * 1e12
                                                                   * cal.hbm_efficiency) * 1e3
+    assert alone.attention_ms > 0 and kv_ms > 0
     assert with_decodes.compute_ms > with_decodes.memory_ms  # the chunk's GEMMs are compute-bound
-    assert with_decodes.attention_ms == pytest.approx(max(kv_ms, alone.attention_ms), rel=1e-6)
-    assert kv_ms > 1.5 * alone.attention_ms  # the decodes' KV reads outweigh the chunk's attention FLOPs
-    assert with_decodes.step_ms > alone.step_ms + 0.9 * (kv_ms - alone.attention_ms)
+    split = gpu.architecture == "blackwell"
+    assert state.costs.target.split_attention is split
+    expected = kv_ms + alone.attention_ms if split else max(kv_ms, alone.attention_ms)
+    assert with_decodes.attention_ms == pytest.approx(expected, rel=1e-6)
+    assert with_decodes.step_ms > alone.step_ms + 0.9 * (expected - alone.attention_ms)
     assert step(128, 0).attention_ms == 0.0  # a decode-only step keeps its single (memory-bound) roofline
+
+
+@pytest.mark.parametrize(("model_name", "gpu_name", "split"), [
+    ("llama-3.1-70b", "b200", True),  # FlashInfer (SM100's first backend): prefill kernel, then decode kernel
+    ("llama-3.1-70b", "h200", False),  # FlashAttention: one flash_attn_varlen_func over the batch
+    ("deepseek-v3", "h200", True),  # MLA: _forward_prefill, then the decode kernel, on every GPU class
+    ("deepseek-v3", "b200", True),
+    ("deepseek-v3.2-exp", "h200", False),  # DSA: every token through one FlashMLA sparse kernel
+])
+def test_mixed_attention_split_follows_the_backend(models_dir: Path, model_name: str, gpu_name: str,
+                                                   split: bool) -> None:
+    model = load_model(models_dir / model_name)
+    gpu = get_gpu(gpu_name)
+    assert splits_mixed_attention(model, gpu.architecture, sparse=bool(model.mla and model.mla.index_topk)) is split
+    costs = RooflineModel(model, gpu).state(Topology.parse("TP8"), Role.BOTH, isl=2048, osl=256).costs
+    assert costs.target.split_attention is split

@@ -56,6 +56,9 @@ class GpuSpec(BaseModel):
     gpus_per_host: int = Field(gt=0)
     nvlink_domain_gpus: int = Field(gt=0)
     non_torch_memory_gib: float = Field(ge=0, description="Driver, CUDA context, NCCL buffers.")
+    sm_count: int | None = Field(None, gt=0, description=(
+        "Streaming multiprocessors per GPU; a communication kernel that holds some of them (DeepEP's normal "
+        "kernels) leaves the rest to the compute it overlaps. None: unknown, no such share is priced."))
     scale_out: ScaleOutNetwork | None = Field(None, description=(
         "The host's RDMA network (NICs, link speed, fabric, GPUDirect RDMA); None: only inter_host_bandwidth_gb_s "
         "is known (old files), priced as an InfiniBand fabric with GPUDirect RDMA."))

@@ -100,9 +100,11 @@ class Calibration(BaseModel):
         description="Share of the popularity skew left once EPLB places one redundant expert per EP rank "
                     "(0 = perfectly balanced, 1 = no effect).")
     dbo_overlap: float = Field(
-        0.7, ge=0, le=1,
-        description="Share of the EP all-to-all that dual-batch overlap hides behind the other micro-batch's "
-                    "compute (vLLM --enable-dbo, DeepEP backends).")
+        1.0, ge=0, le=1,
+        description="Share of the EP all-to-all that dual-batch overlap's two micro-batches can run under the "
+                    "other's compute (vLLM --enable-dbo, DeepEP backends); the SMs the all-to-all kernels hold "
+                    "meanwhile are priced apart (InstanceCosts.a2a_sm_share). 1.0: vLLM's pipeline leaves only "
+                    "what the compute cannot cover (0.7 before 2026-12-05, when it also stood for that SM share).")
 
 
 #: Factors least_squares may change; everything a measurement can pin down. (scale_out_bw_efficiency is not one
@@ -131,7 +133,7 @@ _DEFAULTS: dict[str, Calibration] = {
         hbm_efficiency=0.8, flop_efficiency=0.5, prefill_flop_efficiency=0.42, allreduce_latency_us=3.0,
         allreduce_bw_efficiency=0.7, alltoall_latency_us=15.0, alltoall_bw_efficiency=0.5, kernel_latency_us=3.3,
         step_overhead_ms=1.5, draft_overhead_ms=0.5, mtp_acceptance=0.7, kv_transfer_efficiency=0.5,
-        request_step_us=71.0, streamed_request_share=0.48),
+        request_step_us=71.0, streamed_request_share=0.48, dbo_overlap=0.7),
     # Fitted by benchmarks/fidelity.py on every vLLM row of benchmarks/data/public_measurements.yaml of the class
     # (its full per-class fit), rounded. The held-out (leave-one-source-out) error of this procedure is in
     # docs/perf-model.md. Blackwell: 22 rows of 5 sources (DeepSeek-R1 NVFP4 on GB200/GB300, Kimi-K2.5 INT4 and
@@ -139,14 +141,14 @@ _DEFAULTS: dict[str, Calibration] = {
     # (request_step_us, ~71 us Blackwell, ~64 us Hopper), of which the streamed share (streamed_request_share) is
     # paid once per --stream-interval tokens; only Blackwell rows stream in intervals (GB200 50, MiniMax-M2.5 B200
     # 20), so Hopper takes Blackwell's share. docs/perf-model.md gives the evidence and what it is not yet known to be.
-    "gb200": Calibration(hbm_efficiency=0.74, flop_efficiency=0.53, prefill_flop_efficiency=0.33,
-                         attention_flop_efficiency=0.41, moe_gemm_efficiency=0.97, fp8_gemm_efficiency=0.92,
-                         kv_occupancy=1.0, kernel_latency_us=3.43, step_overhead_ms=1.52, request_step_us=71.0,
-                         streamed_request_share=0.48),
-    "b200": Calibration(hbm_efficiency=0.74, flop_efficiency=0.53, prefill_flop_efficiency=0.33,
-                        attention_flop_efficiency=0.41, moe_gemm_efficiency=0.97, fp8_gemm_efficiency=0.92,
-                        kv_occupancy=1.0, kernel_latency_us=3.43, step_overhead_ms=1.52, request_step_us=71.0,
-                        streamed_request_share=0.48),
+    "gb200": Calibration(hbm_efficiency=0.75, flop_efficiency=0.52, prefill_flop_efficiency=0.34,
+                         attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98, fp8_gemm_efficiency=0.95,
+                         kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52, request_step_us=68.0,
+                         streamed_request_share=0.49),
+    "b200": Calibration(hbm_efficiency=0.75, flop_efficiency=0.52, prefill_flop_efficiency=0.34,
+                        attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98, fp8_gemm_efficiency=0.95,
+                        kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52, request_step_us=68.0,
+                        streamed_request_share=0.49),
     # Hopper: 41 rows of 11 sources (vLLM 0.10.2-0.21: Qwen3-8B/14B/235B, DeepSeek-R1 and -V3.2, GLM-4.6,
     # gpt-oss-20b/120b on GPUStack's pages (vLLM < 0.12: Marlin MXFP4 experts), bursts replayed as finite runs
     # (predict_burst); Kimi-K2.5 INT4 on H200 and MiniMax-M2.5 FP8 on H100 and H200 from InferenceX). Prefill

@@ -23,10 +23,13 @@ class PassComm:
     def visible_s(self, costs: InstanceCosts, cal: Calibration, compute_s: float, tokens_per_rank: float,
                   threshold_tokens: int) -> float:
         """What the step waits for: with dual-batch overlap (and enough tokens to split into two micro-batches,
-        vLLM's dbo_*_token_threshold) up to `dbo_overlap` of the all-to-all hides behind the compute."""
+        vLLM's dbo_*_token_threshold) one micro-batch's all-to-all runs under the other's compute. While the
+        all-to-all kernels hold a share s of the SMs (`a2a_sm_share`: DeepEP's normal kernels), the compute they
+        overlap runs on the rest, so with comm a and compute c the step pays max(a, c + s a): up to
+        `dbo_overlap` x (1 - s) of the all-to-all hides, never more than the compute."""
         if not costs.dbo or tokens_per_rank <= threshold_tokens:
             return self.total_s
-        hidden = min(self.alltoall_s * cal.dbo_overlap, compute_s)
+        hidden = min(self.alltoall_s * cal.dbo_overlap * (1.0 - costs.a2a_sm_share), compute_s)
         return self.total_s - hidden
 
 

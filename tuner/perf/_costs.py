@@ -88,6 +88,7 @@ class PassCosts:
     num_kernels: int  # small kernels one forward pass launches (tuner/perf/_kernels.py)
     sparse_topk: int | None = None  # DSA: context tokens the attention reads per query (None = all)
     sparse_math_all_slots: bool = False  # DSA on a BF16 KV cache: the kernel's math runs over every top-k slot
+    split_attention: bool = False  # a mixed batch's prefill and decode attention run as two kernels in turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,7 @@ class InstanceCosts:
     ep_ranks_per_domain: int = 1  # EP ranks inside one NVLink domain
     nvlink_bytes_s: float = 0.0  # per-direction NVLink bandwidth of one GPU
     scale_out_bytes_s: float = 0.0  # per-direction RDMA bandwidth of one GPU (its share of the host's NICs)
+    a2a_sm_share: float = 0.0  # share of the GPU's SMs the all-to-all kernels hold while they run
 
     @property
     def all2all(self) -> bool:
@@ -273,7 +275,26 @@ def _pass_costs(model: ModelSpec, topo: Topology, *, mtp: bool, kinds: tuple[Lay
                      window_kv_bytes_per_token=kv_bytes_per_layer * window,
                      state_bytes=state_bytes_per_layer * recurrent,
                      num_kernels=pass_kernels(model, kinds, moe_flags), sparse_topk=topk,
-                     sparse_math_all_slots=all_slots)
+                     sparse_math_all_slots=all_slots,
+                     split_attention=splits_mixed_attention(model, architecture, sparse=topk is not None))
+
+
+def splits_mixed_attention(model: ModelSpec, architecture: str, *, sparse: bool = False) -> bool:
+    """Whether vLLM's attention backend runs a mixed step's prefill tokens and decode tokens as two kernels, one
+    after the other (their times add), rather than one kernel over the whole batch (the longer part hides the
+    shorter). MLA always splits: `MLACommonImpl.forward` (v1/attention/backends/mla/common.py) runs
+    `_forward_prefill` (the compute-friendly form) and then the decode kernel. Standard attention splits on
+    Blackwell, where vLLM's default backend is FlashInfer (`_get_backend_priorities` in platforms/cuda.py puts
+    FLASHINFER first for device capability 10.x), whose `FlashInferImpl.forward` (v1/attention/backends/
+    flashinfer.py) runs the prefill wrapper (or TRT-LLM context kernel) over the prefill tokens and then the
+    decode wrapper (or TRT-LLM decode kernel) over the decode tokens; elsewhere FLASH_ATTN comes first, whose
+    forward is one `flash_attn_varlen_func` over every token of the step. DeepSeek's sparse attention runs
+    every token through one FlashMLA sparse kernel."""
+    if sparse:
+        return False
+    if model.mla is not None:
+        return True
+    return model.attention is not None and architecture == "blackwell"
 
 
 def _link_bytes_s(gpu: GpuSpec, group_gpus: int) -> float:
@@ -334,9 +355,23 @@ def instance_costs(model: ModelSpec, gpu: GpuSpec, topo: Topology) -> InstanceCo
         kv_link_bytes_s=_link_bytes_s(gpu, 2 * topo.num_gpus),  # a peer instance of the same size
         a2a_remote_ranks=remote, a2a_routed=topo.all2all_routed, num_experts=model.moe.num_experts if model.moe else 0,
         experts_per_token=model.moe.experts_per_token if model.moe else 0,
-        redundant_experts=redundant_experts(topo), dbo=topo.dbo,
+        redundant_experts=redundant_experts(topo), dbo=topo.dbo, a2a_sm_share=a2a_sm_share(topo.all2all_backend, gpu),
         dispatch_bytes=dispatch_bytes(expert_format(model), topo.all2all_backend, expert_parallel=topo.ep,
                                       architecture=gpu.architecture))
+
+
+#: SMs vLLM gives DeepEP's normal (high-throughput) kernels: `DeepEPAll2AllManagerBase.num_sms = 20` ("This is
+#: the DeepEP default", vllm/distributed/device_communicators/all2all.py). Its low-latency kernels hold none while
+#: they wait (`DeepEPLLAll2AllManager.max_sms_used` returns 0: "DeepEP LL uses RDMA so no SMs are used").
+DEEPEP_HT_SMS = 20
+
+
+def a2a_sm_share(backend: str, gpu: GpuSpec) -> float:
+    """Share of the GPU's SMs the EP all-to-all kernels hold while they run: compute overlapping them (dual-batch
+    overlap) runs on the rest. 0 where the backend holds none, or the GPU's SM count is unknown."""
+    if backend != "deepep_high_throughput" or not gpu.sm_count:
+        return 0.0
+    return min(1.0, DEEPEP_HT_SMS / gpu.sm_count)
 
 
 def redundant_experts(topo: Topology) -> int:

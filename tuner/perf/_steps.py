@@ -301,10 +301,14 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
         # The attention kernels run apart from the GEMMs: the decode requests' KV reads cannot hide under the
         # chunk's GEMM FLOPs (one roofline per kernel, not one for the whole step). The attention phase is
         # its own roofline: the decode KV bytes vs the chunk's attention FLOPs; the GEMM phase has the rest.
+        # Where the backend runs the chunk's and the decodes' attention as two kernels (`split_attention`),
+        # the two add.
         compute_s += replace(work.flops, attn=0.0).seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
         chunk_attn_s = FlopsByDtype(attn=work.flops.attn).seconds(gpu, cal.prefill_flop_efficiency,
                                                                   attention_efficiency=cal.attention_flop_efficiency)
-        attention_ms = max(decode_kv / hbm, chunk_attn_s) * 1e3
+        decode_attn_s = decode_kv / hbm
+        attention_ms = (decode_attn_s + chunk_attn_s if t.split_attention
+                        else max(decode_attn_s, chunk_attn_s)) * 1e3
     comm = pass_comm(d_rank + c, t.num_layers, t.num_moe_layers, costs, cal, load)
     threshold = DBO_PREFILL_THRESHOLD if c > 0 else DBO_DECODE_THRESHOLD
     draft_ms = 0.0

@@ -11,7 +11,11 @@ dispatches 0.56 bytes per element where a BF16 model dispatches 2, on every path
   "DeepEP only supports fp8 block scales"; `all2all_utils.py` use_fp8_dispatch); NVFP4 goes as BF16 (low-latency
   dispatches NVFP4 only with VLLM_DEEPEPLL_NVFP4_DISPATCH=1, which a plan does not set).
 On Hopper, block-FP8 experts with EP run FlashInfer's CUTLASS kernel first (`oracle/fp8.py`), which takes
-unquantised inputs (`expects_unquantized_inputs`): those tokens travel as BF16 whatever the backend.
+unquantised inputs (`expects_unquantized_inputs`): those tokens travel as BF16, except on DeepEP's low-latency
+kernels. Those hand the experts a batched activation layout (`FusedMoEParallelConfig.use_batched_activation_format`
+is `use_deepep_ll_kernels`, fused_moe/config.py) that FlashInfer's CUTLASS experts do not take
+(`FlashInferExperts.activation_format()` is Standard, flashinfer_cutlass_moe.py), so the oracle's next choice, the
+batched DeepGEMM experts, runs on tokens DeepEP dispatched in FP8 with 128-element block scales.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ def dispatch_bytes(fmt: WeightFormat | None, backend: All2AllBackend, *, expert_
     quantised = QUANTISED_ACTIVATION_BYTES.get(fmt) if fmt is not None else None
     if quantised is None:
         return BF16_BYTES
-    if fmt is WeightFormat.FP8_BLOCK and expert_parallel and architecture == "hopper":
-        return BF16_BYTES  # FlashInfer CUTLASS experts quantise after the dispatch
+    if (fmt is WeightFormat.FP8_BLOCK and expert_parallel and architecture == "hopper"
+            and backend != "deepep_low_latency"):
+        return BF16_BYTES  # FlashInfer CUTLASS experts quantise after the dispatch (not on DeepEP LL's batched layout)
     if expert_parallel and backend in DEEPEP_BACKENDS and fmt is not WeightFormat.FP8_BLOCK:
         return BF16_BYTES
     return quantised
