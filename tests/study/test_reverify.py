@@ -29,6 +29,7 @@ from tuner.study import (
     VersionTag,
     load_campaign,
     open_storage,
+    recipe_versions,
     reverify_study,
     stored_reports,
     version_fronts,
@@ -209,3 +210,21 @@ def test_simulated_version_is_the_version_table_newest() -> None:
     from tuner.backends.vllm._versions import NEWEST_CHECKED
 
     assert str(NEWEST_CHECKED) == SIMULATED_VLLM_VERSION
+
+
+def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[str, str], tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    url, name = study
+    for fmt in ("vllm", "compose", "srt-slurm"):
+        assert main(["export", name, "--storage", url, "--format", fmt]) == 0
+        assert f"# Verified on vLLM {SIMULATED_VLLM_VERSION} · model " in capsys.readouterr().out
+    report = reverify_study(url, name, LocalExecutor(SimulatedBackend(vllm_version="0.33.0")),
+                            ReverifyOptions(budget=30, repeats=1, reopen=False), artifacts_dir=tmp_path)
+    assert report.rows
+    result, _, _ = load_campaign(url, name)
+    lines = []
+    for point, label in enumerate(recipe_versions(result)):
+        assert main(["export", name, "--storage", url, "--point", str(point)]) == 0
+        lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Verified on")))
+        assert lines[-1] == f"# Verified on {label}."
+    assert any("vLLM 0.33.0" in ln for ln in lines)  # the re-measured configs' recipes name the new version

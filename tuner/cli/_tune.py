@@ -302,7 +302,7 @@ def export(study: Annotated[str, typer.Argument()],
            storage: StorageOpt = None) -> None:
     """Write a ready-to-run recipe for one point of the front."""
     from tuner.export import FORMATS, RecipeContext, export_deployment
-    from tuner.study import load_campaign
+    from tuner.study import load_campaign, recipe_versions
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
@@ -312,7 +312,8 @@ def export(study: Annotated[str, typer.Argument()],
     if not 0 <= point < len(deployments):
         raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
                           fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)")
-    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model)
+    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model,
+                                  verified_on=recipe_versions(result)[point])
     text = export_deployment(deployments[point], fmt, ctx)
     if output is None:
         print(text, end="")

@@ -172,6 +172,25 @@ def recipe_targets(result: CampaignResult) -> list[_Target]:
     return out
 
 
+def recipe_versions(result: CampaignResult) -> list[str]:
+    """What each exportable deployment's measurements ran on (VersionTag.label), in export order: an exported
+    recipe names the version it was verified on."""
+    if result.composed_front:
+        out = []
+        for cp in result.composed_front:
+            labels = []
+            for phase, topo, m in (("prefill", cp.prefill_topology, cp.prefill), ("decode", cp.decode_topology,
+                                                                                  cp.decode)):
+                pr = result.phases.get(phase)
+                match = [p for p in (pr.points if pr else []) if p.metrics.concurrency == m.concurrency
+                         and _same_config(phase, p.deployment, topo)]
+                labels.append(f"{phase} {VersionTag.of(match[0]).label}" if match else f"{phase} (not found)")
+            plain = {label.split(" ", 1)[1] for label in labels}
+            out.append(plain.pop() if len(plain) == 1 else ", ".join(labels))
+        return out
+    return [VersionTag.of(p).label for pr in result.phases.values() for p in pr.front]
+
+
 def front_targets(result: CampaignResult) -> list[_Target]:
     """Recipe configs first, then every phase front's other configs by throughput; one target per config."""
     out: list[_Target] = []
