@@ -79,3 +79,37 @@ def _space(client, sid: int) -> dict:
 
     with client.app.state.sessions() as s:
         return s.get(StudyRecord, sid).space
+
+
+def test_watcher_reverifies_on_a_new_cluster_vllm_or_new_weights(sqlite_url, make_settings, client_for,
+                                                                  model_store):
+    from api.main import reverify_trigger
+    from api.watcher import ModelWatcher
+
+    settings = make_settings(sqlite_url)
+    client = client_for(settings)
+    sid = client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
+    assert wait_for(client, sid, finished)["status"] == "succeeded"
+    calls: list[tuple[int, str, str | None]] = []
+    watcher = ModelWatcher(settings, client.app.state.sessions, lambda _id: None,
+                           lambda *call: calls.append(call))
+    assert watcher.check_versions() == [] and calls == []  # nothing changed: no re-verification
+
+    settings.cluster_vllm_version_file.parent.mkdir(parents=True, exist_ok=True)
+    settings.cluster_vllm_version_file.write_text(f"{SIMULATED_VLLM_VERSION}\n")
+    assert watcher.check_versions() == []  # the version the study ran on
+    settings.cluster_vllm_version_file.write_text(f"{VERSION}\n")
+    assert [c[0] for c in watcher.check_versions()] == [sid]
+    assert calls[-1][0] == sid and calls[-1][2] == VERSION and f"vLLM {VERSION}" in calls[-1][1]
+    assert watcher.check_versions() == []  # once per change
+    settings.cluster_vllm_version_file.unlink()
+
+    # new weights in the model's folder change its revision
+    (model_store / FAST_STUDY["model_path"] / "pytorch_model.bin").write_bytes(b"new weights")
+    assert [c[0] for c in watcher.check_versions()] == [sid]
+    assert "weights changed" in calls[-1][1] and calls[-1][2] is None
+
+    # the service's trigger runs the same re-verification as the endpoint, on the cluster's new version
+    reverify_trigger(client.app.state.sessions, client.app.state.runner)(sid, "test: new vLLM", VERSION)
+    (report,) = _reports(client, sid)["reports"]
+    assert report["vllm_version"] == VERSION
