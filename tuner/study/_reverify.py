@@ -313,13 +313,13 @@ class Reverifier:
                 "params": p.params, "concurrency": p.metrics.concurrency, "why": target.why,
                 "from_version": VersionTag.of(p).label, "meets_sla_before": p.feasible}
         ok = [(req, res, m) for req, res in runs if res.status.ok
-              and (m := _at_level(res.points, p.metrics.concurrency)) is not None]
+              and (m := _at_level(res.points, p.metrics.concurrency)) is not None and m.total_tok_s_per_gpu > 0]
         if not ok:
             reason = runs[0][1].reason or runs[0][1].status.value
             row = ReverifyRow(**base, verdict=str(Verdict.NO_LONGER_STARTS), comparison=None,
                               detail=f"{len(runs)} of {len(runs)} runs failed: {reason}"[:500])
             return self._store_failure(study, target, runs[0][1], row)
-        old = _old_runs(study, p)
+        old = [v for v in _old_runs(study, p) if v > 0] or [ok[0][2].total_tok_s_per_gpu]  # nothing to compare
         samples = [m.total_tok_s_per_gpu for _, _, m in ok]
         comparison: Comparison = self.options.test.compare(old, samples)
         failed = len(runs) - len(ok)
