@@ -33,6 +33,12 @@ class ApiSettings(TunerSettings):
                                        "the request came over https")
     models_dir: Path | None = Field(None, description="watched model store; default DATA_DIR/models")
     watch_models: bool = Field(True, description="start a study when a model folder lands in models_dir")
+    cluster_vllm_version_file: Path | None = Field(
+        None, description="one line: the vLLM version the cluster runs now (written by the deploy that upgrades "
+                          "it, e.g. `vllm --version > FILE`); default DATA_DIR/cluster-vllm-version. When it names "
+                          "another version than a finished study's newest runs, the watcher re-verifies the study")
+    reverify_on_change: bool = Field(True, description="the watcher re-verifies finished studies when the cluster's "
+                                                       "vLLM version or a model's weights change")
     allowed_roots: list[Path] = Field(default_factory=list,
                                       description="client paths must resolve under one of these; "
                                                   "default: models_dir and the default space's folder")
@@ -77,6 +83,8 @@ class ApiSettings(TunerSettings):
             raise ValueError(f"TOPOTUNE_AUTH=false is allowed only on a loopback host, not {self.host!r}")
         if self.models_dir is None:
             self.models_dir = self.data_dir / "models"
+        if self.cluster_vllm_version_file is None:
+            self.cluster_vllm_version_file = self.data_dir / "cluster-vllm-version"
         if not self.allowed_roots:
             self.allowed_roots = [self.models_dir, self.default_space.parent]
         return self

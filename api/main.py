@@ -8,7 +8,7 @@ hard-codes /static, /api, /dashboard and /csv, so our own routes live under /v1,
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -28,6 +28,7 @@ from api.metrics import ServiceMetrics
 from api.models import StudyRecord
 from api.routes import health, metrics, models, pages, signin, studies
 from api.runner import StudyRunner
+from api.schemas import ReverifyCreate
 from api.security import AuthMiddleware
 from api.sessions import SessionSigner
 from api.views import ResultCache
@@ -69,13 +70,28 @@ def _warm_cache(sessions: sessionmaker[Session], cache: ResultCache, recent: int
     cache.warm(sorted(records, key=lambda r: not r.status.active))
 
 
+def reverify_trigger(sessions: sessionmaker[Session], runner: StudyRunner) -> Callable[[int, str, str | None], None]:
+    """What the watcher calls on a new vLLM version or new weights: the same re-verification as the endpoint (a
+    simulated study emulates the cluster's new version; a real one re-runs on what the hosts run)."""
+    def trigger(study_id: int, why: str, cluster_version: str | None) -> None:
+        with sessions() as session:
+            record = session.get(StudyRecord, study_id)
+            if record is None:
+                return
+            emulate = cluster_version if record.backend == "simulated" else None
+            runner.reverify(session, record, ReverifyCreate(reason=why[:200], emulate_vllm=emulate))
+
+    return trigger
+
+
 def create_app(settings: ApiSettings) -> FastAPI:
     engine = make_engine(settings.database_url)
     sessions = make_session_factory(engine)
     service_metrics = ServiceMetrics(sessions, settings.database_url)
     runner = StudyRunner(settings, sessions, service_metrics)
     cache = ResultCache(settings.database_url, snapshot_dir=settings.data_dir / "snapshots")
-    watcher = ModelWatcher(settings, sessions, runner.submit) if settings.watch_models else None
+    watcher = ModelWatcher(settings, sessions, runner.submit, reverify_trigger(sessions, runner)) \
+        if settings.watch_models else None
     dashboard = LazyDashboard()
 
     @asynccontextmanager

@@ -23,11 +23,22 @@ from api.config import ApiSettings
 from api.errors import FieldError
 from api.metrics import ServiceMetrics
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
+from api.schemas import ReverifyCreate
 from api.service import confine_model_path
 from tuner.errors import TopotuneError
 from tuner.executors import make_executor
 from tuner.space import SearchSpace
-from tuner.study import Campaign, StopReason, StopSignal, TrialEvent, TuneOptions, request_cancel
+from tuner.study import (
+    Campaign,
+    NoiseTest,
+    ReverifyOptions,
+    StopReason,
+    StopSignal,
+    TrialEvent,
+    TuneOptions,
+    request_cancel,
+    reverify_study,
+)
 
 log = logging.getLogger("topotune.api.runner")
 
@@ -58,6 +69,8 @@ class StudyRunner:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.on_study_done: Callable[[int], None] = lambda _id: None
+        self._reverifying: set[int] = set()  # studies with a re-verification in flight
+        self.reverify_errors: dict[int, str] = {}  # the last failed re-verification of a study, by id
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -241,3 +254,61 @@ class StudyRunner:
             front = len(result.composed_front) or sum(len(p.front) for p in result.phases.values())
             self._event(study_id, "front", f"{front} points on the front")
             self._finish(study_id, StudyStatus.SUCCEEDED)
+
+    # -- re-verification -----------------------------------------------------------------------------------------
+    def reverifying(self, study_id: int) -> bool:
+        with self._lock:
+            return study_id in self._reverifying
+
+    def reverify(self, session: Session, record: StudyRecord, body: ReverifyCreate) -> threading.Thread:
+        """Start `topotune reverify` of a finished study in a thread (its runs take a real trial's time each);
+        the report lands on the study (GET /v1/studies/{id}/reverify) and in its events."""
+        if record.status.active:
+            raise FieldError(("path", "study_id"), f"the study is {record.status.value}: re-verify it once it has "
+                             "finished", status_code=409, kind="conflict")
+        options = {k: v for k, v in record.backend_options.items() if k == "noise" and v}
+        if body.emulate_vllm:
+            if record.backend != "simulated":
+                raise FieldError(("body", "emulate_vllm"), "only a simulated study emulates a vLLM version; a real "
+                                 "one re-runs on the vLLM the hosts run")
+            options["vllm_version"] = body.emulate_vllm
+        reverify_options = ReverifyOptions(budget=body.budget, repeats=body.repeats, reopen=body.reopen,
+                                           test=NoiseTest(noise_floor=body.noise_floor, alpha=body.alpha))
+        with self._lock:
+            if record.id in self._reverifying:
+                raise FieldError(("path", "study_id"), "a re-verification of this study is already running",
+                                 status_code=409, kind="conflict")
+            self._reverifying.add(record.id)
+            self.reverify_errors.pop(record.id, None)
+        session.add(EventRecord(study_id=record.id, kind="reverify", message=f"re-verification started "
+                                f"({body.reason}): {body.budget} configs x {body.repeats} runs"))
+        session.commit()
+        space = SearchSpace.model_validate(record.space)
+        thread = threading.Thread(target=self._reverify_run, name=f"topotune-reverify-{record.id}", daemon=True,
+                                  args=(record.id, record.campaign, record.backend, space, options, reverify_options))
+        thread.start()
+        return thread
+
+    def _reverify_run(self, study_id: int, campaign: str, backend: str, space: SearchSpace,
+                      options: dict[str, object], reverify_options: ReverifyOptions) -> None:
+        executor = None
+        try:
+            executor = make_executor(self.settings.executor, settings=self.settings, cluster=space.cluster,
+                                     backend_name=backend, backend_options=options,
+                                     max_parallel=self.settings.max_parallel_trials)
+            report = reverify_study(self.settings.database_url, campaign, executor, reverify_options,
+                                    artifacts_dir=self.settings.artifacts_dir)
+            counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
+            self._event(study_id, "reverified", f"on {report.to_version}: {counts}; "
+                                                f"{len(report.enqueued)} neighbours enqueued")
+        except Exception as exc:  # a failed re-verification is the study's event, never the service's crash
+            message = exc.user_message() if isinstance(exc, TopotuneError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, TopotuneError):
+                log.exception("re-verification of study %s failed", study_id)
+            self.reverify_errors[study_id] = message
+            self._event(study_id, "reverify_failed", message)
+        finally:
+            if executor is not None:
+                executor.shutdown()
+            with self._lock:
+                self._reverifying.discard(study_id)

@@ -251,3 +251,32 @@ class Health(BaseModel):
 class CancelResult(BaseModel):
     id: int
     status: StudyStatus
+
+
+class ReverifyCreate(BaseModel):
+    """POST /v1/studies/{id}/reverify: re-measure the study's front on what the cluster runs now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    budget: int = Field(8, ge=1, le=200, description="configs re-measured; the exported recipes' configs first")
+    repeats: int = Field(3, ge=1, le=20, description="runs per config (the noise test's sample)")
+    reopen: bool = Field(True, description="re-measure / enqueue the neighbours of configs that changed")
+    noise_floor: float = Field(0.03, gt=0, lt=1, description="least log-sd of one run's throughput")
+    alpha: float = Field(0.01, gt=0, lt=0.5, description="two-sided significance of a reported change")
+    emulate_vllm: str | None = Field(None, max_length=64, pattern=r"^v?\d+\.\d+(\.\d+)?\S*$",
+                                     description="simulated studies only: answer as this vLLM version (an "
+                                                 "emulated upgrade)")
+    reason: str = Field("requested", max_length=200, description="why (the watcher names the change it saw)")
+
+
+class ReverifyAccepted(BaseModel):
+    id: int
+    status: Literal["reverifying"] = "reverifying"
+    status_url: str
+
+
+class ReverifyReports(BaseModel):
+    id: int
+    running: bool
+    error: str | None = None
+    reports: list[dict[str, Any]] = Field(description="every re-verification, oldest first (ReverifyReport JSON)")

@@ -29,7 +29,7 @@ from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.errors import TopotuneError
 from tuner.frontier import binding_bound
 from tuner.space import WorkloadSpec
-from tuner.study import PHASE_AXES
+from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
@@ -48,7 +48,45 @@ def figures(record: StudyRecord, snap: Snapshot) -> list[dict[str, Any]]:
 
     if snap.result is None:
         return []
-    return [json.loads(f.to_json()) for f in campaign_figures(snap.result, f"study {record.id}: composed PD front")]
+    figs = [json.loads(f.to_json()) for f in campaign_figures(snap.result, f"study {record.id}: composed PD front")]
+    return figs + version_figures(snap)
+
+
+REGRESSIONS = ("slower", "no longer starts")
+
+
+def version_figures(snap: Snapshot) -> list[dict[str, Any]]:
+    """Per phase with a history: the front each vLLM version (and model revision) measured, on one chart, and
+    every config a re-verification found slower or no longer starting marked (a red x where it used to be)."""
+    if snap.result is None:
+        return []
+    verdicts = {(row.phase, int(row.record.attrs.reverify["trial"])): row.record.attrs.reverify["verdict"]
+                for row in snap.rows if row.record.attrs.reverify}
+    out = []
+    for phase, pr in snap.result.phases.items():
+        every = [*pr.points, *pr.superseded]
+        fronts = version_fronts(every)
+        marked = [p for p in every if verdicts.get((phase, p.trial_number)) in REGRESSIONS]
+        if len(fronts) < 2 and not marked:
+            continue
+        x_title, y_title = PHASE_AXES[phase]
+        data: list[dict[str, Any]] = [
+            {"type": "scatter", "mode": "lines+markers", "name": tag.label, "line": {"shape": "hv"},
+             "x": [p.values[0] for p in sorted(pts, key=lambda p: p.values[0])],
+             "y": [p.values[1] for p in sorted(pts, key=lambda p: p.values[0])],
+             "text": [p.deployment.groups[0].topology.label() for p in sorted(pts, key=lambda p: p.values[0])]}
+            for tag, pts in fronts.items()]
+        if marked:
+            data.append({"type": "scatter", "mode": "markers", "name": "regression (slower / no longer starts)",
+                         "marker": {"symbol": "x", "size": 13, "color": "#c0392b"},
+                         "x": [p.values[0] for p in marked], "y": [p.values[1] for p in marked],
+                         "text": [f"trial {p.trial_number} {p.deployment.groups[0].topology.label()}: "
+                                  f"{verdicts[(phase, p.trial_number)]}" for p in marked]})
+        out.append({"data": data, "layout": {"title": {"text": f"{phase}: front per vLLM version"},
+                                             "xaxis": {"title": {"text": x_title}},
+                                             "yaxis": {"title": {"text": y_title}},
+                                             "meta": {"kind": "version-history", "phase": phase}}})
+    return out
 
 
 def constraint_summary(snap: Snapshot) -> dict[str, dict[str, int]]:
@@ -100,7 +138,8 @@ def plotly_js() -> FileResponse:
 
 
 @router.get("/studies/{study_id}", response_class=HTMLResponse)
-def study_page(request: Request, record: StudyDep, session: SessionDep, cache: CacheDep) -> HTMLResponse:
+def study_page(request: Request, record: StudyDep, session: SessionDep, cache: CacheDep,
+               settings: SettingsDep) -> HTMLResponse:
     snap = cache.snapshot(record, full=True)
     events = session.scalars(select(EventRecord).where(EventRecord.study_id == record.id)
                              .order_by(EventRecord.id.desc()).limit(15)).all()
@@ -117,7 +156,17 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,
+        "reverify": _last_report(record, settings.database_url),
+        "verified_on": recipe_versions(result) if result else [],
         "dashboard": {ph: dashboard_url(sid) for ph, sid in snap.study_ids.items()}})
+
+
+def _last_report(record: StudyRecord, storage_url: str) -> ReverifyReport | None:
+    try:
+        reports = stored_reports(storage_url, record.campaign)
+    except TopotuneError:  # no trials yet
+        return None
+    return reports[-1] if reports else None
 
 
 def _traffic(space: dict) -> str:

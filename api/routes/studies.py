@@ -18,6 +18,9 @@ from api.schemas import (
     Links,
     ParetoPublic,
     PhaseName,
+    ReverifyAccepted,
+    ReverifyCreate,
+    ReverifyReports,
     StudyCreate,
     StudyDetail,
     StudyList,
@@ -25,8 +28,10 @@ from api.schemas import (
     TrialPage,
 )
 from api.views import exportable, pareto, phase_progress, trial_public
+from tuner.errors import TopotuneError
 from tuner.export import RecipeContext, export_deployment
 from tuner.space import SearchSpace
+from tuner.study import recipe_versions, stored_reports
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
 
@@ -115,8 +120,31 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
         raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "
                                              "(see /pareto)" if deployments else "the study has no front yet")
     space = snap.space or SearchSpace.model_validate(record.space)
-    ctx = RecipeContext.for_space(space, model_path=record.model_path, model_name=record.model_name)
+    ctx = RecipeContext.for_space(space, model_path=record.model_path, model_name=record.model_name,
+                                  verified_on=recipe_versions(snap.result)[point] if snap.result else None)
     text = export_deployment(deployments[point], fmt, ctx)
     suffix = {"vllm": "sh", "compose": "yaml", "srt-slurm": "yaml"}[fmt]
     return PlainTextResponse(text, headers={
         "Content-Disposition": f'attachment; filename="study{record.id}-point{point}.{suffix}"'})
+
+
+@router.post("/{study_id}/reverify", status_code=status.HTTP_202_ACCEPTED, dependencies=[Authorized])
+def reverify_study(record: StudyDep, body: ReverifyCreate, session: SessionDep, runner: RunnerDep,
+                   response: Response) -> ReverifyAccepted:
+    """Re-measure a finished study's front (the exported recipes' configs first) on what the cluster runs now;
+    the verdicts (unchanged, faster, slower, no longer starts) arrive at GET .../reverify (docs/reverify.md)."""
+    runner.reverify(session, record, body)
+    url = f"/v1/studies/{record.id}/reverify"
+    response.headers["Location"] = url
+    return ReverifyAccepted(id=record.id, status_url=url)
+
+
+@router.get("/{study_id}/reverify")
+def reverify_reports(record: StudyDep, runner: RunnerDep, settings: SettingsDep) -> ReverifyReports:
+    """Every re-verification of the study, oldest first, and whether one is running."""
+    try:
+        reports = [r.as_json() for r in stored_reports(settings.database_url, record.campaign)]
+    except TopotuneError:  # the study has no trials yet (its Optuna studies do not exist)
+        reports = []
+    return ReverifyReports(id=record.id, running=runner.reverifying(record.id),
+                           error=runner.reverify_errors.get(record.id), reports=reports)

@@ -33,6 +33,9 @@ class TrialRequest(BaseModel):
     hosts: tuple[HostAssignment, ...] = ()
     seed: int = 0
     vllm_version: str | None = None  # the space's cluster.vllm_version (None: detected by the backend)
+    # a repeated measurement of one config (re-verification): 0 is the study's own run; each repeat k > 0 is a
+    # fresh run of the same deployment (the simulated backend draws its run-to-run noise anew per repeat)
+    repeat: int = Field(0, ge=0, le=1000)
 
 
 class AccuracyGate(BaseModel):
@@ -67,6 +70,11 @@ class TrialResult(BaseModel):
     predicted_memory: dict[str, float] = Field(default_factory=dict)  # the memory model's, for comparison
     artifacts_dir: str | None = None
     duration_s: float = 0.0
+    # what the trial ran on (the study keeps its history per version): the vLLM version the backend ran (the
+    # simulated backend: its setting; the real one: what `vllm --version` reports, as the doctor checks) and
+    # the model revision (tuner.models.model_revision of the checkpoint). None: not known (older backends).
+    vllm_version: str | None = None
+    model_revision: str | None = None
 
     @classmethod
     def failed(cls, status: TrialStatus, reason: str, **extra: object) -> TrialResult:

@@ -14,10 +14,11 @@ from functools import lru_cache
 import numpy as np
 
 from tuner.backends._base import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._version_shift import SIMULATED_VLLM_VERSION, VersionShift
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
-from tuner.models import ModelSpec, load_model
+from tuner.models import ModelSpec, load_model, model_revision
 from tuner.perf import Calibration, RooflineModel, predict_traffic
 
 
@@ -53,13 +54,18 @@ class SimulatedBackend(Backend):
     noise: relative standard deviation of a seeded perturbation per deployment (0 = exact model). The same
     noise_seed and deployment always give the same numbers, so studies stay reproducible.
     delay_s: wall time each trial takes (exercises executors and fault handling as a real trial would).
+    vllm_version: the vLLM this simulated cluster runs (what its trials are tagged with). None: the version the
+    request targets (the space's cluster.vllm_version, else SIMULATED_VLLM_VERSION), with the model's physics.
+    Another version emulates an upgrade from the targeted one (tuner/backends/_version_shift.py): some layouts
+    faster or slower by bounded seeded factors, some configurations no longer starting.
     """
 
     name = "simulated"
 
     def __init__(self, *, noise: float = 0.0, delay_s: float = 0.0, calibration: Calibration | None = None,
-                 noise_seed: int = 0) -> None:
+                 noise_seed: int = 0, vllm_version: str | None = None) -> None:
         self.noise = noise
+        self.vllm_version = vllm_version
         self.noise_seed = noise_seed
         self.delay_s = delay_s
         self.calibration = calibration
@@ -96,9 +102,21 @@ class SimulatedBackend(Backend):
         """Noise keyed by the config, not the trial: re-measuring a config (or an exhaustive baseline) sees the
         same numbers a study saw, like a cluster whose variance is fixed per deployment."""
         key = f"{self.noise_seed}|{request.deployment.model_dump_json()}|{request.workload.model_dump_json()}"
+        if request.repeat:  # a repeated run of the config draws its run-to-run noise anew (repeat 0: the study's)
+            key += f"|repeat {request.repeat}"
         return np.random.default_rng(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
 
+    def version_shift(self, request: TrialRequest) -> VersionShift:
+        """From the version the request targets to the one this backend runs (identity unless they differ)."""
+        targeted = request.vllm_version or SIMULATED_VLLM_VERSION
+        return VersionShift(targeted, self.vllm_version or targeted)
+
     def run(self, request: TrialRequest) -> TrialResult:
+        shift = self.version_shift(request)
+        tags = {"vllm_version": shift.to_version, "model_revision": model_revision(request.model_path)}
+        return self._run(request, shift).model_copy(update=tags)
+
+    def _run(self, request: TrialRequest, shift: VersionShift) -> TrialResult:
         started = time.monotonic()
         if self.delay_s and self._wait_delay(request.trial_id):
             return TrialResult.failed(TrialStatus.CRASHED, "cancelled", duration_s=time.monotonic() - started)
@@ -116,8 +134,15 @@ class SimulatedBackend(Backend):
         if not memory.fits:
             return TrialResult.failed(TrialStatus.OOM, f"simulated start-up: {memory.verdict()}",
                                       predicted_memory=predicted, duration_s=time.monotonic() - started)
+        if shift.stops_starting(topo):
+            return TrialResult.failed(TrialStatus.CRASHED, f"engine core died at start-up on vLLM {shift.to_version} "
+                                      f"(emulated upgrade from {shift.from_version})", predicted_memory=predicted,
+                                      duration_s=time.monotonic() - started)
         perf = _perf(request.model_path, gpu, self.calibration)
         points = predict_traffic(perf, topo, group.role, workload).points
+        factor = shift.step_factor(topo)
+        if factor != 1.0:
+            points = [_noisy(p, 1.0 / factor, factor) for p in points]
         if self.noise > 0:
             rng = self._rng(request)
             trial_rate, trial_latency = rng.lognormal(0.0, self.noise, size=2)

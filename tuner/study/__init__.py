@@ -5,9 +5,20 @@ from tuner.study._events import TrialEvent
 from tuner.study._listing import CampaignSummary, list_campaigns
 from tuner.study._live import LiveCampaign, TrialRow
 from tuner.study._naming import campaign_name, study_name
+from tuner.study._noise_test import NoiseTest, Verdict
 from tuner.study._objectives import PHASE_AXES, PHASE_METRICS, phase_values
 from tuner.study._options import TuneOptions
 from tuner.study._records import StoredPoint
+from tuner.study._reverify import (
+    ReverifyOptions,
+    ReverifyReport,
+    ReverifyRow,
+    current_versions,
+    recipe_versions,
+    reverify_study,
+    stored_reports,
+    study_space,
+)
 from tuner.study._runner import PhaseRun
 from tuner.study._samplers import SAMPLERS, make_sampler
 from tuner.study._stop import StopReason, StopSignal, request_cancel
@@ -24,6 +35,7 @@ from tuner.study._trial_record import (
     TrialRecord,
     read_trials,
 )
+from tuner.study._versions import VersionTag, version_fronts
 from tuner.study._warm_start import predicted_front_params, predicted_points
 
 __all__ = [
@@ -37,9 +49,13 @@ __all__ = [
     "EventKind",
     "FrontRow",
     "LiveCampaign",
+    "NoiseTest",
     "Outcome",
     "PhaseResult",
     "PhaseRun",
+    "ReverifyOptions",
+    "ReverifyReport",
+    "ReverifyRow",
     "StopReason",
     "StopSignal",
     "StoredPoint",
@@ -53,9 +69,12 @@ __all__ = [
     "TrialRecord",
     "TrialRow",
     "TuneOptions",
+    "Verdict",
+    "VersionTag",
     "campaign_name",
     "close_storage",
     "compose_front",
+    "current_versions",
     "list_campaigns",
     "load_campaign",
     "make_sampler",
@@ -64,7 +83,12 @@ __all__ = [
     "predicted_front_params",
     "predicted_points",
     "read_trials",
+    "recipe_versions",
     "request_cancel",
+    "reverify_study",
+    "stored_reports",
     "study_name",
+    "study_space",
     "trial_census",
+    "version_fronts",
 ]

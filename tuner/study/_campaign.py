@@ -42,6 +42,7 @@ from tuner.study._trial_record import (
     TrialRecord,
     read_trials,
 )
+from tuner.study._versions import split_current
 from tuner.study._warm_start import predicted_front_params
 from tuner.topology import Topology
 
@@ -56,6 +57,8 @@ class PhaseResult:
     front: list[StoredPoint]  # feasible Pareto front of the phase
     failures: list[TrialFailure]
     hypervolume_history: list[float] = field(default_factory=list)
+    # points of configs measured again since (`topotune reverify`): history per version, never on the front
+    superseded: list[StoredPoint] = field(default_factory=list)
 
 
 @dataclass
@@ -116,11 +119,11 @@ def _phase_result(study: optuna.Study, phase: str) -> PhaseResult:
         if r.status not in (TrialStatus.OK, RUNNING_STATUS) and r.attrs.reason:
             failures.append(TrialFailure(trial_number=r.number, status=r.status, reason=r.attrs.reason,
                                          params=r.params))
-    points = stored_points(study, phase, records)
+    points, superseded = split_current(stored_points(study, phase, records), records)
     launches = [r for r in records if r.is_launch and r.state == TrialState.COMPLETE]
     return PhaseResult(phase=phase, study_name=study.study_name, counts=dict(counts), launched=len(launches),
                        points=points, front=front_of([p for p in points if p.feasible], phase), failures=failures,
-                       hypervolume_history=_hypervolume_history(records, launches, points))
+                       hypervolume_history=_hypervolume_history(records, launches, points), superseded=superseded)
 
 
 def _hypervolume_history(records: list[TrialRecord], launches: list[TrialRecord], points: list[StoredPoint]

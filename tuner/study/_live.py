@@ -35,6 +35,7 @@ from tuner.study._trial_record import (
     TrialKind,
     TrialRecord,
 )
+from tuner.study._versions import split_current
 from tuner.topology import Topology
 
 _FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -60,6 +61,7 @@ class _PhaseFold:
     launched: int = 0
     failures: list[TrialFailure] = field(default_factory=list)
     points: list[StoredPoint] = field(default_factory=list)
+    superseded: list[StoredPoint] = field(default_factory=list)  # re-verified since (tuner.study._versions)
     feasible: int = 0
     curves: dict[Topology, list[StoredPoint]] = field(default_factory=dict)  # each topology's own front
     front: list[StoredPoint] = field(default_factory=list)
@@ -69,9 +71,11 @@ class _PhaseFold:
         """(anything changed, a per-topology front changed)."""
         changed = curves_changed = False
         new_points: list[StoredPoint] = []
+        records: list[TrialRecord] = []
         for t in sorted(trials, key=lambda t: t.number):
             self.watermark = max(self.watermark, trial_id(t))
             r = TrialRecord.read(t)
+            records.append(r)
             self.rows[t.number] = TrialRow(self.phase, r)
             changed = True
             if t.state not in _FINISHED:
@@ -87,6 +91,10 @@ class _PhaseFold:
             if r.is_launch and r.state == TrialState.COMPLETE:
                 self.launched += 1
             new_points += stored_points(self.study, self.phase, [r])
+        # a re-verification supersedes older points: LiveCampaign folds the whole study again when one arrives,
+        # so every record the split needs is in this call
+        new_points, superseded = split_current(new_points, records)
+        self.superseded += superseded
         if new_points:
             self.points += new_points
             feasible = [p for p in new_points if p.feasible]
@@ -112,7 +120,8 @@ class _PhaseFold:
         return PhaseResult(phase=self.phase, study_name=self.study.study_name, counts=dict(counts),
                            launched=self.launched, points=sorted(self.points, key=lambda p: p.trial_number),
                            front=list(self.front),
-                           failures=sorted(self.failures, key=lambda f: f.trial_number))
+                           failures=sorted(self.failures, key=lambda f: f.trial_number),
+                           superseded=sorted(self.superseded, key=lambda p: p.trial_number))
 
 
 def _x(p: StoredPoint) -> float:
@@ -179,8 +188,13 @@ class LiveCampaign:
         opened = self._open_new_phases()
         changed = curves_changed = opened
         storage = open_storage(self.storage_url)
-        for fold in self._phases.values():
+        for phase, fold in list(self._phases.items()):
             trials = trials_since(storage, fold.study_id, fold.watermark, set(fold.open_trials))
+            if fold.watermark >= 0 and any(t.user_attrs.get("kind") == TrialKind.REVERIFY for t in trials):
+                # a re-verification supersedes points already folded in: fold this phase again from scratch
+                fold = self._phases[phase] = _PhaseFold(phase=phase, study=fold.study, study_id=fold.study_id)
+                trials = fold.study.get_trials(deepcopy=False)
+                curves_changed = True
             if trials:
                 c, cc = fold.fold(trials)
                 changed, curves_changed = changed or c, curves_changed or cc

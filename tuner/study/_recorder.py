@@ -44,7 +44,8 @@ class Recorder:
 
     def tell_result(self, study: optuna.Study, trial: optuna.Trial, request: TrialRequest,
                     result: TrialResult) -> None:
-        TrialAttrs(duration_s=result.duration_s, observed_memory=result.observed_memory or None,
+        TrialAttrs(duration_s=result.duration_s, vllm_version=result.vllm_version,
+                   model_revision=result.model_revision, observed_memory=result.observed_memory or None,
                    predicted_memory=result.predicted_memory or None, accuracy=result.accuracy,
                    accuracy_gate=result.accuracy_gate.model_dump() if result.accuracy_gate else None).write(trial)
         if not result.status.ok or not result.points:

@@ -15,7 +15,7 @@ from tuner.deployment import Deployment
 from tuner.metrics import ServingMetrics
 from tuner.space import Constraints
 from tuner.study._objectives import phase_values
-from tuner.study._trial_record import TrialAttrs, TrialRecord, read_trials
+from tuner.study._trial_record import UNKNOWN_VERSION, TrialAttrs, TrialRecord, read_trials
 
 # Why a point is infeasible, relative to its limit (<= 0 is feasible). Samplers see one constraint, the worst of
 # these ("feasibility"): one constraint model to fit per ask instead of six. The detail is a user attr.
@@ -58,7 +58,8 @@ def is_feasible(constraints: dict[str, float]) -> bool:
 def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, **extra: Any) -> TrialAttrs:
     """The attributes of a trial holding one measured point (a sampled trial's representative or an extra)."""
     return TrialAttrs(concurrency=m.concurrency, metrics=m.model_dump(), outcome=result.status,
-                      deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name, **extra)
+                      deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name,
+                      vllm_version=result.vllm_version, model_revision=result.model_revision, **extra)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class StoredPoint:
     metrics: ServingMetrics
     feasible: bool
     constraints: dict[str, float]
+    vllm_version: str = UNKNOWN_VERSION  # what it was measured on ("unknown": stored before versions were kept)
+    model_revision: str = UNKNOWN_VERSION
+    measurement: int | None = None  # the trial whose run measured it (an extra level's parent), else its own
 
     @property
     def values(self) -> tuple[float, float]:
@@ -92,5 +96,7 @@ def stored_points(study: optuna.Study, phase: str, records: list[TrialRecord] | 
                                deployment=Deployment.model_validate(r.attrs.deployment),
                                metrics=ServingMetrics.model_validate(r.attrs.metrics),
                                feasible=is_feasible(r.constraints),
-                               constraints=dict(detail if detail is not None else r.constraints)))
+                               constraints=dict(detail if detail is not None else r.constraints),
+                               vllm_version=r.vllm_version, model_revision=r.model_revision,
+                               measurement=r.attrs.parent_trial if r.attrs.parent_trial is not None else r.number))
     return out

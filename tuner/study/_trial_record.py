@@ -28,6 +28,7 @@ class TrialKind(StrEnum):
     SCREENED = "screened"  # rejected before launch by validity or the memory model; told infeasible
     DUPLICATE = "duplicate"  # a config already measured or running: told the stored answer, never launched
     EXTRA = "extra"  # another concurrency level of a sampled trial, added so fronts see every level
+    REVERIFY = "reverify"  # a front config measured again (`topotune reverify`): supersedes its older points
 
 
 class TrialOutcome(StrEnum):
@@ -43,6 +44,7 @@ class TrialOutcome(StrEnum):
 
 Outcome = TrialStatus | TrialOutcome
 RUNNING_STATUS = "running"  # what counts and listings call a trial with no outcome yet
+UNKNOWN_VERSION = "unknown"  # the version (or model revision) of a trial stored before they were recorded
 
 
 def parse_outcome(value: str | None) -> Outcome | None:
@@ -91,6 +93,11 @@ class TrialAttrs:
     retry_of: int | None = None  # the trial this one runs again (reclaimed or interrupted)
     repaired_from: int | None = None  # the screened or duplicate proposal this one replaces
     warm_start: str | None = None  # "simulator" for the enqueued predicted front
+    # what the measurement ran on (absent on trials stored before versions were kept: read as "unknown")
+    vllm_version: str | None = None
+    model_revision: str | None = None
+    reverify: dict[str, Any] | None = None  # a re-verification's verdict and samples (ReverifyRow as JSON)
+    reopened_from: int | None = None  # an enqueued neighbour of a config whose speed changed on a new version
 
     _KEYS: ClassVar[dict[str, str]] = {"outcome": "status", "constraint_detail": "constraints"}
 
@@ -148,6 +155,15 @@ class TrialRecord:
     @property
     def kind(self) -> TrialKind | None:
         return self.attrs.kind
+
+    @property
+    def vllm_version(self) -> str:
+        """The vLLM the trial ran on; "unknown" for trials stored before versions were kept."""
+        return self.attrs.vllm_version or UNKNOWN_VERSION
+
+    @property
+    def model_revision(self) -> str:
+        return self.attrs.model_revision or UNKNOWN_VERSION
 
     @property
     def is_launch(self) -> bool:

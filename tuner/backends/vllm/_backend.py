@@ -56,7 +56,7 @@ from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_star
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
-from tuner.models import ModelSpec
+from tuner.models import ModelSpec, model_revision
 from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
@@ -442,7 +442,10 @@ class VllmBackend(Backend):
         return TrialResult(status=status, reason=reason, points=tuple(trial.points),
                            accuracy=gate.score if gate else None, accuracy_gate=gate,
                            observed_memory=trial.observed, predicted_memory=trial.predicted,
-                           artifacts_dir=str(artifacts), duration_s=time.monotonic() - started)
+                           artifacts_dir=str(artifacts), duration_s=time.monotonic() - started,
+                           # the space's version is the one the doctor checked the hosts run; else the detected one
+                           vllm_version=self.target_version(request),
+                           model_revision=model_revision(request.model_path))
 
     # -- the stages of a trial ------------------------------------------------------------------------
     def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:

@@ -1,0 +1,111 @@
+"""`topotune reverify`: re-measure a study's front on what the cluster runs now, and say what changed."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tuner.cli._app import app, console, print_json
+from tuner.cli._tune import StorageOpt
+from tuner.errors import ConfigError
+from tuner.settings import TunerSettings
+
+_STYLE = {"unchanged": "", "faster": "green", "slower": "red", "no longer starts": "bold red"}
+
+
+def report_table(report) -> Table:  # type: ignore[no-untyped-def]
+    """One row per re-measured config: the stored and the new throughput per GPU, the test and the verdict."""
+    table = Table(title=f"{report.campaign}: re-verified on {report.to_version or 'an unknown version'} "
+                        f"({report.repeats} runs per config, noise floor {report.noise_floor:.0%}, "
+                        f"alpha {report.alpha:g})", title_justify="left")
+    for col in ("phase", "trial", "config", "conc.", "why", "stored on", "tok/s/GPU before", "after", "ratio", "p",
+                "verdict", "new trial"):
+        table.add_column(col, justify="left" if col in ("phase", "config", "why", "stored on", "verdict") else "right")
+    for r in report.rows:
+        c = r.comparison
+        style = _STYLE.get(r.verdict, "")
+        sla = " (SLA now missed)" if r.meets_sla_before and r.meets_sla_after is False and c else ""
+        table.add_row(r.phase, str(r.trial), r.config, str(r.concurrency), r.why, r.from_version.split(" · ")[0],
+                      f"{c['old_tok_s']:,.0f}" if c else "", f"{c['new_tok_s']:,.0f}" if c else "",
+                      f"{c['ratio']:.3f}" if c else "", f"{c['p_value']:.2g}" if c else "",
+                      f"[{style}]{r.verdict}{sla}[/]" if style else r.verdict + sla,
+                      str(r.new_trial) if r.new_trial is not None else "")
+    return table
+
+
+def _backend_options(backend: str, space, emulate_vllm: str | None, noise: float) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    if backend == "simulated":
+        if not 0 <= noise < 1:
+            raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.03 for 3%")
+        return {"noise": noise, **({"vllm_version": emulate_vllm} if emulate_vllm else {})}
+    if emulate_vllm:
+        raise ConfigError("only the simulated backend emulates a vLLM version", field="--emulate-vllm",
+                          fix="drop it: the real backend runs the vLLM installed on the hosts (`topotune doctor` "
+                              "shows which)")
+    if noise:
+        raise ConfigError("noise applies to the simulated backend only", field="--noise", fix="drop --noise")
+    return {"device": "cpu"} if space.cluster.gpu == "cpu" else {}
+
+
+@app.command(help="Re-measure a study's front (the exported recipes' configs first) on what the cluster runs now, "
+                  "compare each config with its stored measurement under a noise test, report unchanged / faster / "
+                  "slower / no longer starts, store the new runs tagged with their vLLM version, and re-open the "
+                  "search around the configs that changed (docs/reverify.md).")
+def reverify(
+    study: Annotated[str, typer.Argument(help="name from `topotune studies`")],
+    storage: StorageOpt = None,
+    budget: Annotated[int, typer.Option(help="configs re-measured (each --repeats times): recipe configs first, "
+                                             "then the front, then neighbours of changed configs")] = 8,
+    repeats: Annotated[int, typer.Option(help="runs per config (the noise test's sample)")] = 3,
+    emulate_vllm: Annotated[str | None, typer.Option(help="simulated backend: answer as this vLLM version (an "
+                                                          "emulated upgrade: seeded per-layout speed changes, "
+                                                          "configs that stop starting)")] = None,
+    noise: Annotated[float, typer.Option(help="simulated backend: seeded run-to-run noise (log-sd)")] = 0.0,
+    noise_floor: Annotated[float, typer.Option(help="least log-sd of one run's throughput the test assumes")]
+    = 0.03,
+    alpha: Annotated[float, typer.Option(help="two-sided significance of a reported change")] = 0.01,
+    reopen: Annotated[bool, typer.Option(help="re-measure / enqueue neighbours of changed configs")] = True,
+    executor: Annotated[str, typer.Option(help="local (threads) | ray")] = "local",
+    parallel: Annotated[int, typer.Option(help="runs in flight at once")] = 1,
+    json_out: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    from tuner.executors import make_executor
+    from tuner.study import NoiseTest, ReverifyOptions, reverify_study, study_space
+
+    if parallel < 1:
+        raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
+    options = ReverifyOptions(budget=budget, repeats=repeats, reopen=reopen,
+                              test=_test(NoiseTest, noise_floor=noise_floor, alpha=alpha))
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    space, meta = study_space(settings.storage_url, study)
+    if meta.backend not in ("simulated", "vllm"):
+        raise ConfigError(f"the study ran on backend {meta.backend!r}, which cannot be re-run", field="STUDY",
+                          fix="re-verify a study tuned with --backend simulated or vllm")
+    runner = make_executor(executor, settings=settings, cluster=space.cluster, backend_name=meta.backend,
+                           backend_options=_backend_options(meta.backend, space, emulate_vllm, noise),
+                           max_parallel=parallel)
+    try:
+        report = reverify_study(settings.storage_url, study, runner, options, artifacts_dir=settings.artifacts_dir)
+    finally:
+        runner.shutdown()
+    if json_out:
+        print_json(report.as_json())
+        return
+    console.print(report_table(report))
+    counts = ", ".join(f"{n} {v}" for v, n in report.counts().items())
+    console.print(f"{len(report.rows)} configs re-measured: {counts}", highlight=False)
+    if report.enqueued:
+        console.print(f"search re-opened: {len(report.enqueued)} unmeasured neighbours of changed configs enqueued; "
+                      "resume the study with a larger --trials to run them on this version", highlight=False)
+    console.print(f"stored in {settings.storage_url} (study {study}); the front now uses the new measurements",
+                  highlight=False)
+
+
+def _test(cls, **values: float):  # type: ignore[no-untyped-def]
+    """NoiseTest with the CLI's flag names on its errors."""
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, field=f"--{(exc.field or '').replace('_', '-')}", fix=exc.fix) from exc
