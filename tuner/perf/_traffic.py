@@ -216,7 +216,7 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hi
             lo, hi, frac = _positions(len(new))
             at_lo = parts.wait_ms + (parts.prompt_ms * new[lo] / typical_new + parts.front_ms + parts.first_token_ms)
             at_hi = parts.wait_ms + (parts.prompt_ms * new[hi] / typical_new + parts.front_ms + parts.first_token_ms)
-            ttft_q = dict(zip(_PROBS_LIST, (at_lo + (at_hi - at_lo) * frac).tolist(), strict=True))
+            ttft_q = tuple((at_lo + (at_hi - at_lo) * frac).tolist())
     else:  # every wait quantile with every prompt: independent draws
         own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
         grid = (np.arange(len(own)) + 0.5) / len(own)
@@ -233,10 +233,9 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hi
         itl_q = _quantiles(np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel()),
                            None)
     return mean.model_copy(update={
-        "ttft_ms_mean": ttft_mean, "ttft_ms_p50": ttft_q[0.5], "ttft_ms_p90": ttft_q[0.9], "ttft_ms_p99": ttft_q[0.99],
-        "itl_ms_p50": itl_q[0.5], "itl_ms_p90": itl_q[0.9], "itl_ms_p99": itl_q[0.99],
-        "ttft_ms_sketch": tuple(ttft_q[p] for p in SKETCH_PROBABILITIES),
-        "itl_ms_sketch": tuple(itl_q[p] for p in SKETCH_PROBABILITIES),
+        "ttft_ms_mean": ttft_mean, "ttft_ms_p50": ttft_q[_I50], "ttft_ms_p90": ttft_q[_I90],
+        "ttft_ms_p99": ttft_q[_I99], "itl_ms_p50": itl_q[_I50], "itl_ms_p90": itl_q[_I90], "itl_ms_p99": itl_q[_I99],
+        "ttft_ms_sketch": ttft_q, "itl_ms_sketch": itl_q,
         "offered_rps": offered_rps, "prefix_hit_share": hit})
 
 
@@ -255,8 +254,9 @@ def _normal_quantiles(n_outputs: int) -> np.ndarray:
     return np.array([normal.inv_cdf((i + 0.5) / k) for i in range(k)])
 
 
-_PROBS = np.array(sorted({0.5, 0.9, 0.99, *SKETCH_PROBABILITIES}))
-_PROBS_LIST = _PROBS.tolist()
+# The quantiles a point carries: its sketch, which holds p50, p90 and p99 too.
+_PROBS = np.array(SKETCH_PROBABILITIES)
+_I50, _I90, _I99 = (SKETCH_PROBABILITIES.index(p) for p in (0.5, 0.9, 0.99))
 
 
 @functools.cache
@@ -267,11 +267,11 @@ def _positions(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lo, np.minimum(lo + 1, n - 1), position - lo
 
 
-def _quantiles(sorted_values: np.ndarray, exact: float | None) -> dict[float, float]:
-    """Quantiles of an ascending equal-weight sample (linear, as numpy's default); `exact` when every request is
-    alike (no interpolation drift)."""
+def _quantiles(sorted_values: np.ndarray, exact: float | None) -> tuple[float, ...]:
+    """Quantiles at SKETCH_PROBABILITIES of an ascending equal-weight sample (linear, as numpy's default);
+    `exact` when every request is alike (no interpolation drift)."""
     if exact is not None:
-        return dict.fromkeys(_PROBS_LIST, exact)
+        return (exact,) * len(SKETCH_PROBABILITIES)
     lo, hi, frac = _positions(len(sorted_values))
     values = sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
-    return dict(zip(_PROBS_LIST, values.tolist(), strict=True))
+    return tuple(values.tolist())
