@@ -22,6 +22,11 @@ the saturation verdict against the source: measured saturated when its TTFT p90 
 the stage), keeping up when TTFT p90 < 2 s and it delivered >= 75% of the offered output tokens, else ambiguous
 (the stage was too short to tell).
 
+Last, the real CPU trace trial (benchmarks/data/cpu_trace_trial.yaml, measured by benchmarks/real_trial_cpu.py
+--trace builtin): the simulator re-predicts that request and its p90 TTFT/ITL error is printed. The catalog's `cpu`
+device is not calibrated for this machine, so the error is large and said as it is: one trial is one point, too few
+to fit a CPU class and hold anything out.
+
 Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows]
 """
 
@@ -32,6 +37,7 @@ import math
 import re
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,6 +210,46 @@ def score_row(row: dict, cals: Calibrations) -> Scored:
                   saturated=False if replay.workload.open_loop else None)
 
 
+CPU_TRIAL = Path(__file__).resolve().parent / "data" / "cpu_trace_trial.yaml"
+TINY_CPU_MODEL = Path(__file__).resolve().parent / "data" / "tiny-cpu-model"
+
+
+def cpu_trace_trial() -> list[str]:
+    """The simulator (the catalog's uncalibrated `cpu` device) on the request of the recorded real CPU trace trial,
+    against what that trial measured: p90 TTFT/ITL errors and the prefix-cache hit share."""
+    from real_trial_cpu import builtin_trace
+
+    from tuner.backends import TrialRequest, make_backend
+    from tuner.deployment import Deployment
+    from tuner.topology import Topology
+    from tuner.workload import Workload
+
+    row = yaml.safe_load(CPU_TRIAL.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = builtin_trace(Path(tmp) / "trace.jsonl", row["block_tokens"])
+        workload = Workload.from_trace(trace, block_tokens=row["block_tokens"], arrival="trace",
+                                       request_rates=(row["rate_rps"],), requests_per_level=row["requests"])
+        request = TrialRequest(trial_id="cpu-trace", model_path=str(TINY_CPU_MODEL), gpu="cpu",
+                               deployment=Deployment.single(Topology.parse(row["topology"],
+                                                                           max_num_seqs=row["max_num_seqs"])),
+                               workload=workload, artifacts_dir=str(Path(tmp) / "trial"), timeout_s=60)
+        points = make_backend("simulated").run(request).points
+    measured = row["measured"]
+    lines = [f"\nthe real CPU trace trial ({row['source']}; {row['requests']} requests sharing prefixes at "
+             f"{row['rate_rps']:g} req/s, {row['topology']}): simulator (catalog `cpu`, not calibrated) vs measured"]
+    if not points:
+        return [*lines, "  simulator: saturated (no latency)"]
+    sim = points[0]
+    for key in ("ttft_ms_p90", "itl_ms_p90"):
+        predicted, real = getattr(sim, key), measured[key]
+        lines.append(f"  {key:<22} simulated {predicted:8.2f}  measured {real:8.2f}  error "
+                     f"{_pct(math.log(predicted / real)):6.1f}% ({'over' if predicted > real else 'under'}, "
+                     f"x{predicted / real:.2f})")
+    lines.append(f"  {'prefix_hit_share':<22} simulated {sim.prefix_hit_share:8.4f}  measured "
+                 f"{measured['prefix_hit_share']:8.4f}")
+    return lines
+
+
 def _pct(log_ratio: float) -> float:
     return (math.exp(abs(log_ratio)) - 1.0) * 100.0
 
@@ -248,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             worst = max(values, key=abs)
             print(f"  {key:<22} n={len(values):<3} median {statistics.median(_pct(v) for v in values):6.1f}%  "
                   f"worst {_pct(worst):7.1f}% ({'over' if worst > 0 else 'under'})")
+    print("\n".join(cpu_trace_trial()))
     return 0
 
 

@@ -198,6 +198,7 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
     p_ok = (p_rps > 0) & (p_gpus < c.max_gpus)
     if c.max_ttft_ms is not None:
         p_ok &= p_ttft <= c.max_ttft_ms
+    all_ok = np.flatnonzero(p_ok)
     tie = p_ttft / (p_ttft.max() + 1.0)  # < 1: breaks GPU-count ties by TTFT only
     out: list[ComposedPoint] = []
     itl_bound = c.max_itl_for_users_ms
@@ -207,35 +208,38 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
         if itl_bound is not None and d_itl > itl_bound:
             reasons["itl"] += 1
             continue
-        ok = p_ok.copy()
+        # the prefill points this decode point may pair with, as indices (ascending: argmin keeps its first-min)
         if c.pairing is not None:
             if d_topo not in pair_cache:
                 why = [c.pairing(t, d_topo) for t in p_topos]
                 for w in why:
                     if w:
                         refusals[w.split(":", 1)[0]] = refusals.get(w.split(":", 1)[0], 0) + 1
-                pair_cache[d_topo] = np.array([w is None for w in why])[p_topo_index]
-            ok &= pair_cache[d_topo]
-        if not ok.any():
+                pair_cache[d_topo] = np.flatnonzero(p_ok & np.array([w is None for w in why])[p_topo_index])
+            base = pair_cache[d_topo]
+        else:
+            base = all_ok
+        if base.size == 0:
             reasons["pairing"] += 1
             continue
         d_ttft = _ttft(d, pct)
+        cols = base
         if c.max_ttft_ms is not None:
-            ok &= p_ttft + d_ttft <= c.max_ttft_ms
-            if not ok.any():
+            cols = base[p_ttft[base] + d_ttft <= c.max_ttft_ms]
+            if cols.size == 0:
                 reasons["ttft"] += 1
                 continue
         gd = d_topo.num_gpus
-        y = np.arange(1, (c.max_gpus - int(p_gpus[ok].min())) // gd + 1, dtype=float)
+        c_gpus = p_gpus[cols]
+        y = np.arange(1, (c.max_gpus - int(c_gpus.min())) // gd + 1, dtype=float)
         if y.size == 0 or d.request_throughput_rps <= 0:
             reasons["gpus"] += 1
             continue
         need = y[:, None] * d.request_throughput_rps  # (Y, 1) decode rate to cover
-        x = np.ceil(need / np.where(ok, p_rps, np.inf)[None, :] - 1e-9)
+        x = np.ceil(need / p_rps[cols][None, :] - 1e-9)
         x = np.maximum(x, 1.0)
-        gpus = x * p_gpus[None, :] + y[:, None] * gd
-        feasible = ok[None, :] & (gpus <= c.max_gpus)
-        key = np.where(feasible, gpus + tie[None, :], np.inf)
+        gpus = x * c_gpus[None, :] + y[:, None] * gd
+        key = np.where(gpus <= c.max_gpus, gpus + tie[cols][None, :], np.inf)
         best = key.argmin(axis=1)
         rows = np.nonzero(np.isfinite(key[np.arange(y.size), best]))[0]
         if rows.size == 0:
@@ -243,12 +247,13 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
             continue
         total_per_req = d.isl + d.osl
         for row in rows:
-            i = int(best[row])
+            j = int(best[row])
+            i = int(cols[j])
             p_topo, p = prefill[i]
-            n_gpus = int(gpus[row, i])
+            n_gpus = int(gpus[row, j])
             n_dec = int(y[row])
             out.append(ComposedPoint(
-                prefill_topology=p_topo, num_prefill=int(x[row, i]), decode_topology=d_topo, num_decode=n_dec,
+                prefill_topology=p_topo, num_prefill=int(x[row, j]), decode_topology=d_topo, num_decode=n_dec,
                 prefill=p, decode=d, num_gpus=n_gpus,
                 total_tok_s_per_gpu=n_dec * d.request_throughput_rps * total_per_req / n_gpus,
                 tok_s_per_user=1000.0 / d_itl if d_itl > 0 else 0.0, ttft_ms=float(p_ttft[i]) + d_ttft,

@@ -26,7 +26,7 @@ from tuner.topology import (
     Topology,
     cudagraph_grid_floor,
 )
-from tuner.workload import Lengths, PrefixSharing, Workload, workload_error
+from tuner.workload import Arrival, Lengths, PrefixSharing, Workload, workload_error
 
 Phase = Literal["prefill", "decode", "aggregated"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")  # the PD phases, composed into xPyD deployments
@@ -180,7 +180,10 @@ class ClusterSpec(_Strict):
 
 class WorkloadSpec(_Strict):
     """The traffic: `isl`/`osl` (fixed lengths), or `input_tokens`/`output_tokens` distributions, or a mooncake
-    `trace` (a path relative to the space file); optional synthetic shared `prefix`."""
+    `trace` (a path relative to the space file); optional synthetic shared `prefix`. Load: each phase's
+    `concurrency` levels (closed loop), or, with `arrival: poisson` (or `trace`: the trace's own timestamps),
+    open-loop `request_rates` (requests/s per instance), which then replace the concurrency levels: a rate an
+    instance cannot sustain is a saturated level, infeasible, with no latency."""
 
     isl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
     osl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
@@ -189,6 +192,8 @@ class WorkloadSpec(_Strict):
     trace: str | None = Field(None, max_length=4096)
     prefix: PrefixSharing | None = None
     requests_per_level: int = Field(0, ge=0, le=MAX_KNOB_VALUE)
+    arrival: Arrival = "closed"
+    request_rates: list[float] | None = Field(None, min_length=1, max_length=64)
 
     @model_validator(mode="before")
     @classmethod
@@ -212,7 +217,16 @@ class WorkloadSpec(_Strict):
                 raise ValueError("give osl (tokens), output_tokens (a distribution) or trace (a file)")
         elif any(v is not None for v in (self.isl, self.osl, self.input_tokens, self.output_tokens, self.prefix)):
             raise ValueError("a trace gives the lengths and prefixes: drop isl/osl/input_tokens/output_tokens/prefix")
+        if (self.arrival == "closed") != (self.request_rates is None):
+            raise ValueError("open-loop arrival (poisson or trace) and request_rates go together: give both, "
+                             "or neither for closed-loop concurrency")
         return self
+
+    def load(self) -> dict[str, object]:
+        """The open-loop load a phase's workload carries (nothing for a closed loop)."""
+        if self.request_rates is None:
+            return {}
+        return {"arrival": self.arrival, "request_rates": tuple(self.request_rates)}
 
     def describe(self) -> str:
         """In words, without reading a trace (the service's pages show it)."""
@@ -225,9 +239,10 @@ class WorkloadSpec(_Strict):
             if self.trace is not None:
                 path = Path(self.trace).expanduser()
                 return Workload.from_trace(path if path.is_absolute() else base_dir / path, concurrency=concurrency,
-                                           requests_per_level=self.requests_per_level)
+                                           requests_per_level=self.requests_per_level, **self.load())
             return Workload(input_tokens=self.input_tokens or self.isl, output_tokens=self.output_tokens or self.osl,
-                            prefix=self.prefix, concurrency=concurrency, requests_per_level=self.requests_per_level)
+                            prefix=self.prefix, concurrency=concurrency, requests_per_level=self.requests_per_level,
+                            **self.load())  # type: ignore[arg-type]
         except ValidationError as exc:
             raise workload_error(exc) from None
 

@@ -37,6 +37,7 @@ from tuner.models import load_model
 from tuner.perf import (
     Calibration,
     Curves,
+    LevelLimits,
     RooflineModel,
     candidate_topologies,
     default_calibration,
@@ -334,14 +335,29 @@ def frontier(
         def advance(topo: Topology) -> None:
             progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
 
-        curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
-                              prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
-                              aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
-                              workload=traffic)
-    if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode side's depth
-        curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
-                                          for d in depths])
-    fronts = _fronts(curves, constraints, serving)
+        def sweep(limits: LevelLimits | None) -> Curves:
+            curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
+                                  prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
+                                  aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
+                                  workload=traffic, limits=limits)
+            if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode depth
+                curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
+                                                  for d in depths])
+            return curves
+
+        # Under an SLA each ladder stops at its first level past a bound (same fronts, a fraction of the points);
+        # when nothing meets the SLA the full sweep runs again, so the error names what the full one would.
+        limits = LevelLimits(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, min_tok_s_per_user=min_tok_s_user,
+                             percentile=percentile)
+        curves = sweep(limits)
+        try:
+            fronts = _fronts(curves, constraints, serving)
+        except InfeasibleError:
+            if not limits.active:
+                raise
+            progress.reset(task)
+            curves = sweep(None)
+            fronts = _fronts(curves, constraints, serving)
     pick = recommend(fronts)
     elapsed = time.perf_counter() - started
     setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe(load=False)}"

@@ -6,7 +6,14 @@ from tuner.perf._calibration import FITTABLE_FACTORS, Calibration, default_calib
 from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
 from tuner.perf._roofline import InstanceState, LatencyParts, Occupancy, RooflineModel, flag_cap_per_rank
 from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
-from tuner.perf._sweep import DECODE_LADDER, PREFILL_LADDER, Curves, candidate_topologies, sweep_curves
+from tuner.perf._sweep import (
+    DECODE_LADDER,
+    PREFILL_LADDER,
+    Curves,
+    LevelLimits,
+    candidate_topologies,
+    sweep_curves,
+)
 from tuner.perf._traffic import SaturatedLevel, TrafficCurve, predict_traffic, prefix_hit_share
 
 __all__ = [
@@ -22,6 +29,7 @@ __all__ = [
     "FitResult",
     "InstanceState",
     "LatencyParts",
+    "LevelLimits",
     "MeasuredPoint",
     "MixedStep",
     "Occupancy",

@@ -214,36 +214,46 @@ class RooflineModel(PerformanceModel):
     def predict_with_parts(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int,
                            cached_tokens: float = 0.0) -> tuple[ServingMetrics, LatencyParts]:
         """`predict` and `latency_parts` together (an aggregated instance's steady state is solved once)."""
-        if role is not Role.BOTH:
-            return (self.predict(topology, role, isl=isl, osl=osl, concurrency=concurrency,
-                                 cached_tokens=cached_tokens),
-                    self.latency_parts(topology, role, isl=isl, osl=osl, concurrency=concurrency,
-                                       cached_tokens=cached_tokens))
-        return self._aggregated_parts(topology, isl, osl, concurrency, _new_tokens(isl, cached_tokens))
+        if isl < 1 or osl < 1 or concurrency < 1:
+            raise ConfigError(f"isl, osl and concurrency must be >= 1 (got {isl}, {osl}, {concurrency})",
+                              field="workload", fix="give positive token counts and concurrency")
+        new = _new_tokens(isl, cached_tokens)
+        if role is Role.DECODE:
+            return self._decode_parts(topology, isl, osl, concurrency)
+        if role is Role.PREFILL:
+            return self._prefill_parts(topology, isl, concurrency, new)
+        return self._aggregated_parts(topology, isl, osl, concurrency, new)
 
     def latency_parts(self, topology: Topology, role: Role, *, isl: int, osl: int, concurrency: int,
                       cached_tokens: float = 0.0) -> LatencyParts:
         """What a request's TTFT and ITL are made of at this load (the spread of a length mix scales them)."""
         new = _new_tokens(isl, cached_tokens)
-        front = self.front_end_ms(isl)
         if role is Role.DECODE:
-            state = self.state(topology, Role.DECODE, isl=isl, osl=osl)
-            m = self._decode(topology, isl, osl, concurrency)
-            transfer = self._transfer_ms(state, isl)
-            steps = max(osl - 1, 0) / accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
-            return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - transfer - m.itl_ms_mean), prompt_ms=transfer,
-                                front_ms=0.0, first_token_ms=m.itl_ms_mean, itl_plain_ms=m.itl_ms_mean,
-                                itl_chunk_ms=m.itl_ms_mean, chunk_share=0.0, decode_steps=steps)
+            return self._decode_parts(topology, isl, osl, concurrency)[1]
         if role is Role.PREFILL:
-            state = self.state(topology, Role.PREFILL, isl=isl, osl=1)
-            occ = self.occupancy(state, topology, concurrency)
-            m = self._prefill(topology, isl, concurrency, new)
-            step = self.prefill_step(topology, concurrency, isl=isl, new_tokens=new)
-            prompt = step.step_ms * max(1.0, occ.per_rank * new / topology.max_num_batched_tokens)
-            return LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt, front_ms=front,
-                                first_token_ms=0.0, itl_plain_ms=0.0, itl_chunk_ms=0.0, chunk_share=0.0,
-                                decode_steps=0.0)
+            return self._prefill_parts(topology, isl, concurrency, new)[1]
         return self._aggregated_parts(topology, isl, osl, concurrency, new)[1]
+
+    def _decode_parts(self, topology: Topology, isl: int, osl: int,
+                      concurrency: int) -> tuple[ServingMetrics, LatencyParts]:
+        """A decode point and its latency parts from one step (TTFT: wait, KV transfer, first step)."""
+        state = self.state(topology, Role.DECODE, isl=isl, osl=osl)
+        m = self._decode(topology, isl, osl, concurrency)
+        transfer = self._transfer_ms(state, isl)
+        steps = max(osl - 1, 0) / accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
+        return m, LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - transfer - m.itl_ms_mean), prompt_ms=transfer,
+                               front_ms=0.0, first_token_ms=m.itl_ms_mean, itl_plain_ms=m.itl_ms_mean,
+                               itl_chunk_ms=m.itl_ms_mean, chunk_share=0.0, decode_steps=steps)
+
+    def _prefill_parts(self, topology: Topology, isl: int, concurrency: int,
+                       new: int) -> tuple[ServingMetrics, LatencyParts]:
+        """A prefill point and its latency parts from one step (TTFT: wait, its own chunks, front end)."""
+        front = self.front_end_ms(isl)
+        m, step, occ = self._prefill_solved(topology, isl, concurrency, new)
+        prompt = step.step_ms * max(1.0, occ.per_rank * new / topology.max_num_batched_tokens)
+        return m, LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - front - prompt), prompt_ms=prompt, front_ms=front,
+                               first_token_ms=0.0, itl_plain_ms=0.0, itl_chunk_ms=0.0, chunk_share=0.0,
+                               decode_steps=0.0)
 
     def _aggregated_parts(self, topology: Topology, isl: int, osl: int, concurrency: int,
                           new: int) -> tuple[ServingMetrics, LatencyParts]:
@@ -376,9 +386,12 @@ class RooflineModel(PerformanceModel):
         return (kv_bytes + t.state_bytes) / link_bytes_s * 1e3
 
     def _prefill(self, topo: Topology, isl: int, concurrency: int, new: int | None = None) -> ServingMetrics:
+        return self._prefill_solved(topo, isl, concurrency, isl if new is None else new)[0]
+
+    def _prefill_solved(self, topo: Topology, isl: int, concurrency: int,
+                        new: int) -> tuple[ServingMetrics, PrefillStep, Occupancy]:
         state = self.state(topo, Role.PREFILL, isl=isl, osl=1)
         occ = self.occupancy(state, topo, concurrency)
-        new = isl if new is None else new
         tokens = min(topo.max_num_batched_tokens, occ.per_rank * new)
         step = prefill_step(state.costs, self.gpu, self.calibration, tokens_per_rank=tokens,
                             busy_ranks=occ.busy_ranks, prompt_tokens=new)
@@ -386,4 +399,4 @@ class RooflineModel(PerformanceModel):
         ttft_ms = concurrency / rps * 1e3 + self.front_end_ms(isl)  # Little's law: queued or running
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=1, request_rps=rps, ttft_ms=ttft_ms,
-            itl_ms=0.0, max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
+            itl_ms=0.0, max_concurrency=state.memory.max_concurrency_instance, running=occ.running), step, occ

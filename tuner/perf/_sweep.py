@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,40 @@ from tuner.workload import Workload
 DECODE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
                  4096)
 PREFILL_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass(frozen=True)
+class LevelLimits:
+    """An SLA as a sweep reads it, to stop early: along a ladder a (topology, role)'s latency only grows with the
+    load, so the first level that breaks a bound ends its curve; the levels above it would only be composed into
+    deployments the SLA refuses (tuner.frontier drops them anyway: the front and the recommendation are those of
+    the full sweep, tests/perf/test_sweep_limits.py pins it).
+
+    A prefill point is judged by its TTFT; a decode point by its ITL (the SLA's or the per-user floor's, the
+    tighter) and its TTFT (the prefill side only adds to it); an aggregated point by both and its tok/s/user."""
+
+    max_ttft_ms: float | None = None
+    max_itl_ms: float | None = None
+    min_tok_s_per_user: float | None = None
+    percentile: str = "p90"
+
+    @property
+    def active(self) -> bool:
+        return any(b is not None for b in (self.max_ttft_ms, self.max_itl_ms, self.min_tok_s_per_user))
+
+    def breaks(self, role: Role, m: ServingMetrics) -> bool:
+        """Whether no deployment built on this point can meet the limits."""
+        if self.max_ttft_ms is not None and m.ttft_ms_at(self.percentile) > self.max_ttft_ms:
+            return True
+        if role is Role.PREFILL:
+            return False
+        itl = m.itl_ms_at(self.percentile)
+        if role is Role.DECODE:
+            floor = 1000.0 / self.min_tok_s_per_user if self.min_tok_s_per_user else None
+            bounds = [b for b in (self.max_itl_ms, floor) if b is not None]
+            return bool(bounds) and itl > min(bounds)
+        return ((self.max_itl_ms is not None and itl > self.max_itl_ms)
+                or (self.min_tok_s_per_user is not None and m.tok_s_per_user < self.min_tok_s_per_user))
 
 
 @dataclass(frozen=True)
@@ -53,14 +88,17 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
                  prefill_mtp_depths: Sequence[int] = (0,), decode_ladder: Sequence[int] = DECODE_LADDER,
                  prefill_ladder: Sequence[int] = PREFILL_LADDER,
                  aggregated_mtp_depths: Sequence[int] = (),
-                 on_topology: Callable[[Topology], None] | None = None, workload: Workload | None = None) -> Curves:
+                 on_topology: Callable[[Topology], None] | None = None, workload: Workload | None = None,
+                 limits: LevelLimits | None = None) -> Curves:
     """Predict every topology as PD prefill (only at `prefill_mtp_depths`) and decode, and as an aggregated
     instance at `aggregated_mtp_depths` (none by default); skip those that do not fit.
 
     Levels past the instance's capacity only add queueing (same rate and ITL, longer TTFT), so the ladder stops
     at the capacity itself. With a `workload` (a RooflineModel's), each level is predicted for its length mix and
-    prefix reuse, with latency percentiles; `isl`/`osl` are then its typical lengths.
+    prefix reuse, with latency percentiles; `isl`/`osl` are then its typical lengths. With `limits`, a ladder
+    also stops at its first level that breaks them (LevelLimits).
     """
+    until = limits if limits is not None and limits.active else None
     curves = Curves()
     for topo in topologies:
         if on_topology is not None:
@@ -77,10 +115,19 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
                 continue
             levels = [c for c in ladder if c < cap] + ([cap] if cap <= ladder[-1] else [])
             placed = topo.model_copy(update={"role": role})
+            stop = None if until is None else functools.partial(until.breaks, role)
             if workload is not None and isinstance(perf, RooflineModel):
                 points = predict_traffic(perf, placed, role, workload.model_copy(
-                    update={"concurrency": tuple(levels), "arrival": "closed", "request_rates": ()})).points
-            else:
+                    update={"concurrency": tuple(levels), "arrival": "closed", "request_rates": ()}),
+                    until=stop).points
+            elif stop is None:
                 points = perf.predict_curve(placed, role, isl=isl, osl=osl, concurrencies=levels)
+            else:
+                points = []
+                for c in levels:
+                    point = perf.predict(placed, role, isl=isl, osl=osl, concurrency=c)
+                    if stop(point):
+                        break
+                    points.append(point)
             target.extend((placed, metrics) for metrics in points)
     return curves

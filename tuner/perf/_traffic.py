@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -65,9 +66,13 @@ def prefix_hit_share(perf: RooflineModel, topo: Topology, role: Role, workload: 
 
 
 def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
-                    cache_aware: bool = True, replicas: int = 1) -> TrafficCurve:
+                    cache_aware: bool = True, replicas: int = 1,
+                    until: Callable[[ServingMetrics], bool] | None = None) -> TrafficCurve:
     """Every load level of `workload` on one instance (of `replicas` behind a router, each getting its share of
-    an open-loop rate: the levels are per instance); open-loop levels past capacity come back saturated."""
+    an open-loop rate: the levels are per instance); open-loop levels past capacity come back saturated.
+
+    `until`: the levels come in ascending load; the first one it is true of ends the curve (left out), e.g. the
+    first that breaks an SLA, since latency only grows with load (tuner.perf.LevelLimits)."""
     isl, osl = workload.isl, workload.osl
     osl_role = 1 if role is Role.PREFILL else osl
     hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware, replicas=replicas)
@@ -77,11 +82,14 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
     if not workload.open_loop:
         for c in workload.concurrency:
             if workload.is_fixed and role is not Role.BOTH:  # every request alike, steady steps: no spread
-                curve.points.append(_uniform(perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c)))
-                continue
-            mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c,
-                                                  cached_tokens=cached)
-            curve.points.append(_spread(mean, parts, mix, role, hit, wait=None))
+                point = _uniform(perf.predict(topo, role, isl=isl, osl=osl_role, concurrency=c))
+            else:
+                mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c,
+                                                      cached_tokens=cached)
+                point = _spread(mean, parts, mix, role, hit, wait=None)
+            if until is not None and until(point):
+                break
+            curve.points.append(point)
         return curve
     servers, capacity = perf.service_capacity(topo, role, isl=isl, osl=osl_role, cached_tokens=cached)
     for rate in workload.request_rates:
@@ -91,7 +99,10 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
         c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
         mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
         wait = _poisson_wait(rate, capacity, servers, _service_scv(workload, role))
-        curve.points.append(_spread(_at_rate(mean, rate), parts, mix, role, hit, wait=wait, offered_rps=rate))
+        point = _spread(_at_rate(mean, rate), parts, mix, role, hit, wait=wait, offered_rps=rate)
+        if until is not None and until(point):
+            break
+        curve.points.append(point)
     return curve
 
 
@@ -168,6 +179,14 @@ class _Mix:
     osl: int
     fixed: bool
     z: np.ndarray  # standard-normal draws per output length (the chunk-share spread)
+    _new: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
+
+    def new_tokens(self, hit: float) -> np.ndarray:
+        """Each prompt's tokens left to compute after `hit` of them came from the prefix cache (ascending)."""
+        found = self._new.get(hit)
+        if found is None:
+            found = self._new[hit] = np.maximum(1.0, self.inputs * (1.0 - hit))
+        return found
 
     @classmethod
     def of(cls, workload: Workload) -> _Mix:
@@ -182,35 +201,41 @@ class _Mix:
 
 def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hit: float, *,
             wait: _Wait | None, offered_rps: float | None = None) -> ServingMetrics:
-    """The typical request's prediction spread over the workload's lengths (and an open-loop wait)."""
-    inputs, outputs = mix.inputs, mix.outputs
-    new = np.maximum(1.0, inputs * (1.0 - hit))
+    """The typical request's prediction spread over the workload's lengths (and an open-loop wait).
+
+    Closed loop, a request's TTFT rises with its prompt (the prompts are sorted), so the TTFT sample is already
+    ascending and only the values its quantiles interpolate between are computed; without prefill chunks in the
+    decode steps every request sees the mean ITL."""
+    new = mix.new_tokens(hit)
     typical_new = max(1.0, mix.isl * (1.0 - hit))
-    own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
     if wait is None:
-        ttft = np.sort(parts.wait_ms + own)
+        ttft_mean = mean.ttft_ms_mean
+        if mix.fixed:
+            ttft_q = _quantiles(new, ttft_mean)
+        else:
+            lo, hi, frac = _positions(len(new))
+            at_lo = parts.wait_ms + (parts.prompt_ms * new[lo] / typical_new + parts.front_ms + parts.first_token_ms)
+            at_hi = parts.wait_ms + (parts.prompt_ms * new[hi] / typical_new + parts.front_ms + parts.first_token_ms)
+            ttft_q = tuple((at_lo + (at_hi - at_lo) * frac).tolist())
     else:  # every wait quantile with every prompt: independent draws
+        own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
         grid = (np.arange(len(own)) + 0.5) / len(own)
         ttft = np.sort((wait.quantiles_ms(grid)[:, None] + own[None, :]).ravel())
-    if role is Role.PREFILL:
-        itl = np.zeros(1)
+        ttft_mean = float(ttft.mean())
+        ttft_q = _quantiles(ttft, None)
+    if role is Role.PREFILL or parts.chunk_share == 0.0:
+        itl_q = _quantiles(new, mean.itl_ms_mean)
     else:
-        steps = np.maximum(1.0, (outputs - 1.0) * parts.decode_steps / max(1.0, mix.osl - 1.0))
+        steps = np.maximum(1.0, (mix.outputs - 1.0) * parts.decode_steps / max(1.0, mix.osl - 1.0))
         share = parts.chunk_share
         sd = np.sqrt(share * (1.0 - share) / steps)
-        z = mix.z
-        shares = np.clip(share + sd[:, None] * z[None, :], 0.0, 1.0)
-        itl = np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel())
-        if parts.chunk_share == 0.0:
-            itl = np.full(1, mean.itl_ms_mean)
-    ttft_mean = float(ttft.mean()) if wait is not None else mean.ttft_ms_mean
-    ttft_q = _quantiles(ttft, mean.ttft_ms_mean if wait is None and mix.fixed else None)
-    itl_q = _quantiles(itl, mean.itl_ms_mean if role is Role.PREFILL or parts.chunk_share == 0.0 else None)
+        shares = np.clip(share + sd[:, None] * mix.z[None, :], 0.0, 1.0)
+        itl_q = _quantiles(np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel()),
+                           None)
     return mean.model_copy(update={
-        "ttft_ms_mean": ttft_mean, "ttft_ms_p50": ttft_q[0.5], "ttft_ms_p90": ttft_q[0.9], "ttft_ms_p99": ttft_q[0.99],
-        "itl_ms_p50": itl_q[0.5], "itl_ms_p90": itl_q[0.9], "itl_ms_p99": itl_q[0.99],
-        "ttft_ms_sketch": tuple(ttft_q[p] for p in SKETCH_PROBABILITIES),
-        "itl_ms_sketch": tuple(itl_q[p] for p in SKETCH_PROBABILITIES),
+        "ttft_ms_mean": ttft_mean, "ttft_ms_p50": ttft_q[_I50], "ttft_ms_p90": ttft_q[_I90],
+        "ttft_ms_p99": ttft_q[_I99], "itl_ms_p50": itl_q[_I50], "itl_ms_p90": itl_q[_I90], "itl_ms_p99": itl_q[_I99],
+        "ttft_ms_sketch": ttft_q, "itl_ms_sketch": itl_q,
         "offered_rps": offered_rps, "prefix_hit_share": hit})
 
 
@@ -229,16 +254,24 @@ def _normal_quantiles(n_outputs: int) -> np.ndarray:
     return np.array([normal.inv_cdf((i + 0.5) / k) for i in range(k)])
 
 
-_PROBS = np.array(sorted({0.5, 0.9, 0.99, *SKETCH_PROBABILITIES}))
+# The quantiles a point carries: its sketch, which holds p50, p90 and p99 too.
+_PROBS = np.array(SKETCH_PROBABILITIES)
+_I50, _I90, _I99 = (SKETCH_PROBABILITIES.index(p) for p in (0.5, 0.9, 0.99))
 
 
-def _quantiles(sorted_values: np.ndarray, exact: float | None) -> dict[float, float]:
-    """Quantiles of an ascending equal-weight sample (linear, as numpy's default); `exact` when every request is
-    alike (no interpolation drift)."""
-    if exact is not None:
-        return dict.fromkeys(_PROBS.tolist(), exact)
-    position = _PROBS * (len(sorted_values) - 1)
+@functools.cache
+def _positions(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each of _PROBS falls in an ascending sample of n: (lower index, upper index, fraction between)."""
+    position = _PROBS * (n - 1)
     lo = np.floor(position).astype(int)
-    hi = np.minimum(lo + 1, len(sorted_values) - 1)
-    values = sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (position - lo)
-    return dict(zip(_PROBS.tolist(), values.tolist(), strict=True))
+    return lo, np.minimum(lo + 1, n - 1), position - lo
+
+
+def _quantiles(sorted_values: np.ndarray, exact: float | None) -> tuple[float, ...]:
+    """Quantiles at SKETCH_PROBABILITIES of an ascending equal-weight sample (linear, as numpy's default);
+    `exact` when every request is alike (no interpolation drift)."""
+    if exact is not None:
+        return (exact,) * len(SKETCH_PROBABILITIES)
+    lo, hi, frac = _positions(len(sorted_values))
+    values = sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+    return tuple(values.tolist())

@@ -37,11 +37,20 @@ QUANTISED_ACTIVATION_BYTES: dict[WeightFormat, float] = {
 }
 
 
+_FORMATS: dict[int, tuple[ModelSpec, WeightFormat | None]] = {}
+
+
 def expert_format(model: ModelSpec) -> WeightFormat | None:
     """The routed experts' weight format (their largest tensor's, so biases and MTP copies do not decide it);
-    None for a dense model."""
+    None for a dense model. Found once per model: the tensor list holds every layer's, and a sweep asks per
+    topology."""
+    hit = _FORMATS.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
     experts = [t for t in model.tensors if t.is_expert and not t.is_mtp]
-    return max(experts, key=lambda t: t.nbytes).fmt if experts else None
+    fmt = max(experts, key=lambda t: t.nbytes).fmt if experts else None
+    _FORMATS[id(model)] = (model, fmt)
+    return fmt
 
 
 def dispatch_bytes(fmt: WeightFormat | None, backend: All2AllBackend, *, expert_parallel: bool,

@@ -120,7 +120,9 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 running.append(idx)
             elif record.state == TrialState.COMPLETE and record.kind in (TrialKind.SAMPLED, TrialKind.EXTRA):
                 taken.add(idx)
-                level = record.attrs.concurrency
+                # the load a point was measured at: its offered rate (open loop), else its clients
+                offered = (record.attrs.metrics or {}).get("offered_rps")
+                level = float(offered) if offered is not None else record.attrs.concurrency
                 if record.attrs.outcome is TrialStatus.OK and level in prior.levels and record.values:
                     points.setdefault(idx, []).append((prior.levels.index(level), record.values[0],
                                                        record.values[1], record.feasible))

@@ -7,6 +7,7 @@ with its documented calibration; the sampler learns how far the cluster is from 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,12 +15,14 @@ import numpy as np
 
 from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
+from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
 from tuner.perf import RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace
 from tuner.study._objectives import phase_values
 from tuner.study._records import is_feasible, point_constraints
 from tuner.topology import Topology
+from tuner.workload import Workload
 
 #: Knobs describing the parallel layout (a cluster's deviations from the model mostly follow these);
 #: the rest are engine knobs. The residual model gives each group its own length scale.
@@ -50,7 +53,7 @@ class SimulatorPrior:
     candidates: list[dict[str, Any]]
     features: np.ndarray
     layout: np.ndarray
-    levels: tuple[int, ...]
+    levels: tuple[float, ...]  # the workload's load levels: clients (closed loop) or requests/s (open loop)
     predicted: np.ndarray
     feasible: np.ndarray
     group: np.ndarray
@@ -64,10 +67,13 @@ class SimulatorPrior:
         for topo in space.expand(phase, model):
             if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
                 continue
-            curve = [space.constraints.judge(m) for m in predict_traffic(perf, topo, topo.role, workload).points]
+            curve = _at_levels(predict_traffic(perf, topo, topo.role, workload).points, workload)
             candidates.append(_params_of(topo, choices))
-            predicted.append([phase_values(phase, m) for m in curve])
-            feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])
+            # a saturated open-loop level has no point: infeasible, and no objective worth a trial
+            predicted.append([phase_values(phase, space.constraints.judge(m)) if m else [0.0, 0.0] for m in curve])
+            feasible.append([m is not None and is_feasible(point_constraints(space.constraints.judge(m),
+                                                                             space.constraints, None))
+                             for m in curve])
         varied = [k for k, v in choices.items() if len(v) > 1]
         layouts: dict[tuple, int] = {}
         group = [layouts.setdefault(tuple(c[k] for k in LAYOUT_KNOBS if k in c), len(layouts)) for c in candidates]
@@ -83,12 +89,23 @@ class SimulatorPrior:
             names.append(EP_SIZE_FEATURE)
             layout.append(True)
         return cls(phase=phase, names=tuple(names), choices=choices, candidates=candidates, features=features,
-                   layout=np.array(layout), levels=tuple(workload.concurrency),
+                   layout=np.array(layout), levels=workload.levels,
                    predicted=np.maximum(np.array(predicted, dtype=float), 1e-9), feasible=np.array(feasible),
                    group=np.array(group, dtype=int))
 
     def index(self) -> dict[tuple, int]:
         return {params_key(c): i for i, c in enumerate(self.candidates)}
+
+
+def level_of(m: ServingMetrics) -> float:
+    """The load level a point was measured at: its offered rate (open loop), else its client count."""
+    return float(m.offered_rps) if m.offered_rps is not None else float(m.concurrency)
+
+
+def _at_levels(points: Sequence[ServingMetrics], workload: Workload) -> list[ServingMetrics | None]:
+    """The points in the order of the workload's levels, None where a level came back saturated."""
+    by_level = {level_of(m): m for m in points}
+    return [by_level.get(level) for level in workload.levels]
 
 
 def _params_of(topo: Topology, choices: dict[str, list]) -> dict[str, Any]:
