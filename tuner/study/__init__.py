@@ -10,6 +10,7 @@ from tuner.study._runner import PhaseRun, TrialEvent, TuneOptions
 from tuner.study._samplers import SAMPLERS, make_sampler
 from tuner.study._stop import StopReason, StopSignal, request_cancel
 from tuner.study._storage import TrialCensus, close_storage, open_storage, trial_census
+from tuner.study._transfer import StudyTransfer, cluster_notes, open_transfer
 from tuner.study._trial_record import (
     CampaignMeta,
     EventKind,
@@ -42,6 +43,7 @@ __all__ = [
     "StopSignal",
     "StoredPoint",
     "StudyFlag",
+    "StudyTransfer",
     "TrialAttrs",
     "TrialCensus",
     "TrialEvent",
@@ -53,11 +55,13 @@ __all__ = [
     "TuneOptions",
     "campaign_name",
     "close_storage",
+    "cluster_notes",
     "compose_front",
     "list_campaigns",
     "load_campaign",
     "make_sampler",
     "open_storage",
+    "open_transfer",
     "phase_values",
     "predicted_front_params",
     "predicted_points",

@@ -7,6 +7,7 @@ with its documented calibration; the sampler learns how far the cluster is from 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
-from tuner.perf import RooflineModel, predict_traffic
+from tuner.perf import Calibration, RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace
 from tuner.study._objectives import phase_values
 from tuner.study._records import is_feasible, point_constraints
@@ -56,17 +57,26 @@ class SimulatorPrior:
     group: np.ndarray
 
     @classmethod
-    def build(cls, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
+    def build(cls, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
+              calibration: Calibration | None = None, offset: Callable[[Topology], tuple[float, float]] | None = None,
+              skip: Callable[[Topology], bool] | None = None) -> SimulatorPrior:
+        """calibration: the model's factors (default: the GPU's documented ones; a cluster's learnt ones when
+        tuner.cluster knows it); offset: a prior log-factor per objective of a config (the cluster's per-layout
+        residual, bounded), which the residual model then corrects like any other prediction error; skip: configs
+        left out (layouts and flags known to crash on this cluster)."""
         workload = space.phase_workload(phase)
         choices = space.param_choices(phase)
-        perf = RooflineModel(model, gpu)
+        perf = RooflineModel(model, gpu, calibration)
         candidates, predicted, feasible = [], [], []
         for topo in space.expand(phase, model):
             if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
                 continue
+            if skip is not None and skip(topo):
+                continue
             curve = [space.constraints.judge(m) for m in predict_traffic(perf, topo, topo.role, workload).points]
+            dx, dy = offset(topo) if offset is not None else (0.0, 0.0)
             candidates.append(_params_of(topo, choices))
-            predicted.append([phase_values(phase, m) for m in curve])
+            predicted.append([(x * np.exp(dx), y * np.exp(dy)) for x, y in (phase_values(phase, m) for m in curve)])
             feasible.append([is_feasible(point_constraints(m, space.constraints, None)) for m in curve])
         varied = [k for k, v in choices.items() if len(v) > 1]
         layouts: dict[tuple, int] = {}

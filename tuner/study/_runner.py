@@ -36,7 +36,6 @@ from tuner.space import Phase, SearchSpace
 from tuner.study._guided import GuidedSampler
 from tuner.study._objectives import PHASE_METRICS, phase_values
 from tuner.study._optuna_compat import fail_stored_trial, stored_trial
-from tuner.study._prior import SimulatorPrior
 from tuner.study._records import (
     FAILED_VALUES,
     failure_constraints,
@@ -47,6 +46,7 @@ from tuner.study._records import (
 )
 from tuner.study._samplers import RepresentativeSampler, make_sampler, resolve_sampler
 from tuner.study._stop import STOP_POLL_S, StopSignal
+from tuner.study._transfer import StudyTransfer, default_prior
 from tuner.study._trial_record import (
     CampaignMeta,
     EventKind,
@@ -140,6 +140,7 @@ class PhaseRun:
     pair_with_tps: frozenset[int] = frozenset()  # PD pairing: the warm start's first params (hybrid models)
     on_event: ProgressCallback = lambda _event: None
     stop: StopSignal = field(default_factory=StopSignal)
+    transfer: StudyTransfer | None = None  # the cluster's learnt knowledge (prior) and its store (recording)
     _fitting: list[Topology] | None = field(default=None, init=False, repr=False)
     _launchable: frozenset[tuple] | None = field(default=None, init=False, repr=False)
     _started_at: float = field(default_factory=time.time, init=False, repr=False)  # orphans predate it
@@ -154,7 +155,7 @@ class PhaseRun:
 
     def open_study(self) -> optuna.Study:
         sampler = make_sampler(self.sampler_name, self.options.seed,
-                               prior=lambda: SimulatorPrior.build(self.space, self.phase, self.model, self.gpu))
+                               prior=lambda: default_prior(self.space, self.phase, self.model, self.gpu, self.transfer))
         study = optuna.create_study(
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
             # the guided sampler reads every concurrency level itself; the others see one point per config
@@ -436,6 +437,8 @@ class PhaseRun:
         TrialAttrs(duration_s=result.duration_s, observed_memory=result.observed_memory or None,
                    predicted_memory=result.predicted_memory or None, accuracy=result.accuracy,
                    accuracy_gate=result.accuracy_gate.model_dump() if result.accuracy_gate else None).write(trial)
+        if self.transfer is not None:
+            self.transfer.record(self.study_name, trial.number, request, result)
         if not result.status.ok or not result.points:
             key = "accuracy" if result.status is TrialStatus.ACCURACY else "failed"
             self._tell_failure(study, trial, TrialKind.SAMPLED, key, 1.0, result.reason or result.status.value,
