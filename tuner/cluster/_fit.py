@@ -30,9 +30,10 @@ ROLE_FACTORS: dict[Role, tuple[str, ...]] = {
                    "tokenize_us_per_token", "moe_gemm_efficiency", "alltoall_bw_efficiency",
                    "allreduce_bw_efficiency"),
     Role.DECODE: ("hbm_efficiency", "flop_efficiency", "kernel_latency_us", "step_overhead_ms", "request_step_us",
-                  "mtp_acceptance", "alltoall_latency_us", "allreduce_latency_us", "expert_popularity_cv"),
+                  "mtp_acceptance", "alltoall_latency_us", "allreduce_latency_us", "expert_popularity_cv", "kv_occupancy"),
 }
 RIDGE_SD = 0.35  # log-sd of the pull towards the starting value (a factor moves x1.4 at 1 sd)
+MODEL_SHRINK = 1.0  # models' worth of pull towards the start (benchmarks/transfer.py: 1 helps one-model fits)
 MAX_RUNS = 48  # runs per fit (spread over models): the fit stays ~1 s on one core
 _BOUNDS = {"mtp_acceptance": (0.01, 0.99)}
 
@@ -132,7 +133,11 @@ def fit_shared(samples: Sequence[FitSample], gpu: GpuSpec, start: Calibration) -
         return np.concatenate([data, ridge])
 
     result = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3, max_nfev=12 * len(names))
-    fitted = Calibration.model_validate(calibrated(result.x).model_dump())
+    # what one model's trials say mixes the cluster with the model (its own kernels, its KV layout): the move
+    # from the start is shrunk by m / (m + MODEL_SHRINK) for m models, so it counts fully only once several agree
+    models = len({s.model.name for s in used})
+    moved = x0 + (result.x - x0) * models / (models + MODEL_SHRINK)
+    fitted = Calibration.model_validate(calibrated(moved).model_dump())
     after = prediction_error(used, gpu, fitted)
     if not after <= before:  # never worse than the start on the data it saw
         fitted, after = start, before

@@ -26,7 +26,7 @@ from tuner.models import ModelSpec, load_model
 from tuner.perf import Calibration, RooflineModel, default_calibration, predict_traffic
 from tuner.topology import Role, Topology
 
-MAX_OFFSET = 0.4  # |log| cap of a transferred per-layout offset (x1.5): a prior, never a verdict
+MAX_OFFSET = 0.5  # |log| cap of a transferred per-layout offset (x1.65): a prior, never a verdict
 SHRINK_MODELS = 0.5  # an offset seen on m models is shrunk by m / (m + 0.5): one model's noise is not the cluster's
 #: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model).
 RISK_FIELDS = ("tp", "dp", "ep", "mtp", "dbo", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
@@ -89,6 +89,7 @@ class ClusterKnowledge:
     risks: dict[tuple, KnownRisk] = field(default_factory=dict)
     failures: int = 0
     held_out: HeldOut | None = None
+    trends: dict[str, LayoutTrend] = field(default_factory=dict)  # per role: the smooth part of the offsets
 
     @property
     def empty(self) -> bool:
@@ -104,8 +105,15 @@ class ClusterKnowledge:
         return out
 
     def offset(self, role: Role, topo: Topology) -> tuple[float, float]:
+        """The prior log-factor of each objective on this layout: the role's trend over layout features plus
+        the layout's own measured residual (0 where no model ran it), capped at MAX_OFFSET."""
+        trend = self.trends.get(role.value)
+        total = trend.at(topo) if trend is not None else np.zeros(2)
         found = self.layout_offsets.get(layout_key(role, topo))
-        return (found.log_throughput, found.log_user_speed) if found else (0.0, 0.0)
+        if found is not None:
+            total = total + np.array([found.log_throughput, found.log_user_speed])
+        x, y = np.clip(total, -MAX_OFFSET, MAX_OFFSET)
+        return float(x), float(y)
 
     def risk(self, topo: Topology) -> KnownRisk | None:
         return self.risks.get(risk_key(topo))
@@ -170,10 +178,10 @@ def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Se
     if not samples:
         return ClusterKnowledge(key, default, default, (), 0, models, math.nan, math.nan, {}, risks, len(failures))
     fit = fit_shared(samples, gpu, default)
-    offsets = layout_offsets(samples, gpu, fit.calibration)
+    offsets, trends = layout_offsets(samples, gpu, fit.calibration)
     scored = _held_out(samples, gpu, default) if held_out and len(models) > 1 else None
     return ClusterKnowledge(key, default, fit.calibration, fit.factors, len(samples), models, fit.error_before,
-                            fit.error_after, offsets, risks, len(failures), scored)
+                            fit.error_after, offsets, risks, len(failures), scored, trends)
 
 
 def _held_out(samples: Sequence[FitSample], gpu: GpuSpec, default: Calibration) -> HeldOut:
@@ -196,13 +204,34 @@ def _axes(role: Role, m: ServingMetrics) -> tuple[float, float]:
     return m.total_tok_s_per_gpu, user
 
 
+def layout_features(topo: Topology) -> np.ndarray:
+    """What a cluster's deviation follows smoothly across layouts: 1, log2 of the EP group (expert imbalance and
+    all-to-all grow with it), log2 TP, log2 DP, MTP on."""
+    ep_size = topo.tp * topo.dp if topo.ep else 1
+    return np.array([1.0, math.log2(ep_size), math.log2(topo.tp), math.log2(topo.dp), float(topo.mtp > 0)])
+
+
+@dataclass(frozen=True)
+class LayoutTrend:
+    """A ridge-regressed log-factor per objective over layout_features: carries to layouts no model measured."""
+
+    coef: np.ndarray  # (features, 2)
+
+    def at(self, topo: Topology) -> np.ndarray:
+        return layout_features(topo) @ self.coef
+
+
+TREND_RIDGE = 4.0  # per feature, in (model, layout) means: a trend needs several layouts to speak
+
+
 def layout_offsets(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration
-                   ) -> dict[LayoutKey, LayoutOffset]:
-    """Per layout: mean over models of each model's mean log(measured / predicted), shrunk and capped."""
+                   ) -> tuple[dict[LayoutKey, LayoutOffset], dict[str, LayoutTrend]]:
+    """Per role, a smooth trend over the layout features, then per layout: the mean over models of each model's
+    mean log(measured / predicted) left after the trend, shrunk by the number of models."""
     per: dict[LayoutKey, dict[str, list[np.ndarray]]] = {}
-    perfs: dict[str, RooflineModel] = {}
+    topo_of: dict[LayoutKey, Topology] = {}
     for s in samples:
-        perf = perfs.setdefault(s.model.name, RooflineModel(s.model, gpu, calibration))
+        perf = RooflineModel(s.model, gpu, calibration)
         try:
             predicted = predict_traffic(perf, s.topology, s.role, s.workload).points
         except TopotuneError:
@@ -213,15 +242,26 @@ def layout_offsets(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Cali
             if min(px, py, mx, my) > 0:
                 logs.append((math.log(mx / px), math.log(my / py)))
         if logs:
-            per.setdefault(layout_key(s.role, s.topology), {}).setdefault(s.model.name, []).append(
-                np.mean(logs, axis=0))
+            key = layout_key(s.role, s.topology)
+            topo_of.setdefault(key, s.topology)
+            per.setdefault(key, {}).setdefault(s.model.name, []).append(np.mean(logs, axis=0))
+    trends: dict[str, LayoutTrend] = {}
+    for role in {k[0] for k in per}:
+        rows = [(layout_features(topo_of[k]), np.mean(v, axis=0)) for k, by in per.items() if k[0] == role
+                for v in by.values()]
+        x = np.array([r[0] for r in rows])
+        y = np.array([r[1] for r in rows])
+        penalty = TREND_RIDGE * np.eye(x.shape[1])
+        penalty[0, 0] = 1e-3  # the intercept (a constant factor the calibration missed) is free
+        trends[role] = LayoutTrend(np.linalg.solve(x.T @ x + penalty, x.T @ y))
     out = {}
     for key, by_model in per.items():
-        means = np.array([np.mean(v, axis=0) for v in by_model.values()])
+        trend = trends[key[0]].at(topo_of[key])
+        means = np.array([np.mean(v, axis=0) for v in by_model.values()]) - trend
         m = len(means)
-        shrunk = np.clip(means.mean(axis=0) * m / (m + SHRINK_MODELS), -MAX_OFFSET, MAX_OFFSET)
+        shrunk = means.mean(axis=0) * m / (m + SHRINK_MODELS)
         out[key] = LayoutOffset(float(shrunk[0]), float(shrunk[1]), m, sum(len(v) for v in by_model.values()))
-    return out
+    return out, trends
 
 
 def _risks(failures: Sequence[StoredFailure]) -> dict[tuple, KnownRisk]:
