@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 from _support.paths import REPO
-
 from tuner.backends import TrialRequest
 from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
 from tuner.cluster import StoredRun

@@ -54,11 +54,12 @@ def _front_error(prior: SimulatorPrior, truth_curves: dict) -> float:
 def test_a_study_seeded_from_the_store_predicts_the_next_model_closer(two_models: list) -> None:
     """The next model (gpt-oss-120b) never ran here: its prior from the store is closer to the truth's curves than
     the documented calibration's, and it ranks configs differently (so the search proposes differently)."""
+    from _support.truth_runs import truth
+
     from tuner.backends import TrialRequest
     from tuner.backends._truth import HiddenTruthBackend
     from tuner.deployment import Deployment
     from tuner.study import phase_values
-    from _support.truth_runs import truth
 
     sp = space()
     path = str(MODELS / "gpt-oss-120b")

@@ -30,7 +30,8 @@ ROLE_FACTORS: dict[Role, tuple[str, ...]] = {
                    "tokenize_us_per_token", "moe_gemm_efficiency", "alltoall_bw_efficiency",
                    "allreduce_bw_efficiency"),
     Role.DECODE: ("hbm_efficiency", "flop_efficiency", "kernel_latency_us", "step_overhead_ms", "request_step_us",
-                  "mtp_acceptance", "alltoall_latency_us", "allreduce_latency_us", "expert_popularity_cv", "kv_occupancy"),
+                  "mtp_acceptance", "alltoall_latency_us", "allreduce_latency_us", "expert_popularity_cv",
+                  "kv_occupancy"),
 }
 RIDGE_SD = 0.35  # log-sd of the pull towards the starting value (a factor moves x1.4 at 1 sd)
 MODEL_SHRINK = 1.0  # models' worth of pull towards the start (benchmarks/transfer.py: 1 helps one-model fits)
