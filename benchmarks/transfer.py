@@ -210,8 +210,11 @@ def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argpa
     targets = {
         "last_front_error_at_most_half_of_first": last["pretrial_front_error"] <= 0.5 * first["pretrial_front_error"],
         "last_trials_to_95pct_30pct_below_first": last["trials_to_95pct"] <= 0.7 * first["trials_to_95pct"],
-        "no_position_worse_than_fresh": all(
+        "no_position_worse_than_fresh_trials": all(
             p["with_transfer"]["trials_to_95pct"] <= p["fresh"]["trials_to_95pct"] for p in positions),  # type: ignore[index]
+        "no_position_worse_than_fresh_front_error": all(
+            p["with_transfer"]["pretrial_front_error"] <= p["fresh"]["pretrial_front_error"]  # type: ignore[index]
+            for p in positions),
     }
     return {"phase": PHASE, "space": SPACE.name, "models": list(args.models), "truths": args.truths,
             "first_truth": args.first_truth, "seeds": args.seeds, "max_trials": cap,

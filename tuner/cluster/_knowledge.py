@@ -221,7 +221,7 @@ class LayoutTrend:
         return layout_features(topo) @ self.coef
 
 
-TREND_RIDGE = 4.0  # per feature, in (model, layout) means: a trend needs several layouts to speak
+TREND_RIDGE = 20.0  # per feature, in (model, layout) means: a trend needs several layouts to speak
 
 
 def layout_offsets(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration
@@ -245,19 +245,25 @@ def layout_offsets(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Cali
             key = layout_key(s.role, s.topology)
             topo_of.setdefault(key, s.topology)
             per.setdefault(key, {}).setdefault(s.model.name, []).append(np.mean(logs, axis=0))
+    # relative to each model's own mean over its layouts: a constant factor on one model is that model's (or what
+    # the refit left), not the cluster's, and must not carry to the next model; what carries is how layouts differ
+    centre: dict[tuple[str, str], np.ndarray] = {}
+    for (role, *_), by in per.items():
+        for name, v in by.items():
+            centre.setdefault((role, name), []).append(np.mean(v, axis=0))  # type: ignore[attr-defined]
+    centre = {k: np.mean(v, axis=0) for k, v in centre.items()}
     trends: dict[str, LayoutTrend] = {}
     for role in {k[0] for k in per}:
-        rows = [(layout_features(topo_of[k]), np.mean(v, axis=0)) for k, by in per.items() if k[0] == role
-                for v in by.values()]
+        rows = [(layout_features(topo_of[k]), np.mean(v, axis=0) - centre[(role, name)])
+                for k, by in per.items() if k[0] == role for name, v in by.items()]
         x = np.array([r[0] for r in rows])
+        x[:, 0] = 0.0  # no intercept: see above
         y = np.array([r[1] for r in rows])
-        penalty = TREND_RIDGE * np.eye(x.shape[1])
-        penalty[0, 0] = 1e-3  # the intercept (a constant factor the calibration missed) is free
-        trends[role] = LayoutTrend(np.linalg.solve(x.T @ x + penalty, x.T @ y))
+        trends[role] = LayoutTrend(np.linalg.solve(x.T @ x + TREND_RIDGE * np.eye(x.shape[1]), x.T @ y))
     out = {}
     for key, by_model in per.items():
         trend = trends[key[0]].at(topo_of[key])
-        means = np.array([np.mean(v, axis=0) for v in by_model.values()]) - trend
+        means = np.array([np.mean(v, axis=0) - centre[(key[0], name)] for name, v in by_model.items()]) - trend
         m = len(means)
         shrunk = means.mean(axis=0) * m / (m + SHRINK_MODELS)
         out[key] = LayoutOffset(float(shrunk[0]), float(shrunk[1]), m, sum(len(v) for v in by_model.values()))
