@@ -15,7 +15,10 @@ The model order is rotated over truths and seeds, so position k is not always th
   trials to 95%: launched trials until the true curves of the launched configs reach 95% of the exhaustive
     hypervolume (mean over runs; a run that never reaches it counts at its cap, and the count of such runs is
     printed);
-  trials per front config: launched trials / true-front configs found when the run first reaches 95% (or at its cap).
+  trials per front config: launched trials / true-front configs found when the run first reaches 95% (or at its cap);
+  oracle front error (for reference): the same error of a prior given the truth's own calibration and its
+    cluster-wide per-layout factors (expert imbalance included): the floor a transfer could approach, since the
+    per-model layout factor, the KV capacity and the factors a role's trials do not exercise stay unknown.
 Targets (issue 36; mean over truths and seeds, default sampler): position 4's pre-trial front error <= half of
 position 1's; its trials to 95% >= 30% below position 1's; no position worse than starting fresh.
 
@@ -75,12 +78,24 @@ class Case:
     ground: Ground
 
 
+def oracle_front_error(space: SearchSpace, case: Case, gpu: GpuSpec, truth: HiddenTruth) -> float:
+    cluster_only = dataclasses.replace(truth, model_layout_sigma=0.0)
+
+    def offset(topo: Topology) -> tuple[float, float]:
+        f = math.log(cluster_only.step_factor(topo))
+        return (-f, -f)
+
+    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration, offset=offset)
+    return pretrial_front_error(prior, space, case)
+
+
 @dataclass
 class Result:
     pretrial_front_error: float
     trials_to_95pct: int | None
     trials_per_front_point: float
     launched: int
+    oracle_front_error: float = math.nan
 
 
 def truth_of(seed: int) -> HiddenTruth:
@@ -167,6 +182,7 @@ def main() -> None:
             path = str(ROOT / "examples" / "models" / name)
             model = load_model(path)
             cases[name] = Case(name, path, model, ground_truth(space, model, path, gpu, backend, truth.noise))
+        oracles = {name: oracle_front_error(space, case, gpu, truth) for name, case in cases.items()}
         for seed in range(args.seeds):
             rotation = (truth_id * args.seeds + seed) % n
             order = args.models[rotation:] + args.models[:rotation]
@@ -176,6 +192,7 @@ def main() -> None:
                 transfer = StudyTransfer.open(store, gpu, case.model, case.path, cluster=f"truth-{truth_id}")
                 r = tune(space, case, gpu, backend, seed, args.max_trials, transfer, name)
                 f = tune(space, case, gpu, backend, seed, args.max_trials, None, name)
+                r.oracle_front_error = oracles[name]
                 with_t[position].append(r)
                 fresh[position].append(f)
                 print(f"truth {truth_id} seed {seed} #{position + 1} {name}: front error {r.pretrial_front_error:.3f}"
@@ -194,6 +211,7 @@ def _mean_trials(results: list[Result], cap: int) -> float:
 def _figures(results: list[Result], cap: int) -> dict[str, object]:
     per_front = [r.trials_per_front_point for r in results if math.isfinite(r.trials_per_front_point)]
     return {"pretrial_front_error": statistics.mean(r.pretrial_front_error for r in results),
+            "oracle_front_error": statistics.mean(r.oracle_front_error for r in results),
             "trials_to_95pct": _mean_trials(results, cap),
             "runs_not_reaching_95pct": sum(r.trials_to_95pct is None for r in results),
             "trials_per_front_point": statistics.mean(per_front) if per_front else None, "runs": len(results)}
@@ -221,6 +239,7 @@ def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argpa
             "model_layout_sigma": MODEL_LAYOUT_SIGMA, "positions": positions,
             "pretrial_front_error": {"per_position": [p["with_transfer"]["pretrial_front_error"] for p in positions],  # type: ignore[index]
                                      "total": statistics.mean(r.pretrial_front_error for r in every_w),
+                                     "oracle_total": statistics.mean(r.oracle_front_error for r in every_w),
                                      "fresh_total": statistics.mean(r.pretrial_front_error for r in every_f)},
             "trials_to_95pct": {"per_position": [p["with_transfer"]["trials_to_95pct"] for p in positions],  # type: ignore[index]
                                 "total": sum(_mean_trials(w, cap) for w in with_t),
@@ -235,7 +254,8 @@ def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argpa
 def print_table(out: dict, file) -> None:  # type: ignore[no-untyped-def]
     print(f"\n## {out['phase']} of {out['space']}: {out['truths']} truths x {out['seeds']} seeds, models rotated "
           f"({', '.join(out['models'])}), {out['max_trials']} trials per study", file=file)
-    print("| position | pre-trial front error (fresh) | trials to 95% (fresh) | trials / front config (fresh) |",
+    print("| position | pre-trial front error (fresh; oracle) | trials to 95% (fresh) "
+          "| trials / front config (fresh) |",
           file=file)
     print("|---|---|---|---|", file=file)
 
@@ -244,11 +264,13 @@ def print_table(out: dict, file) -> None:  # type: ignore[no-untyped-def]
 
     for p in out["positions"]:
         w, f = p["with_transfer"], p["fresh"]
-        print(f"| {p['position']} | {cell(w['pretrial_front_error'])} ({cell(f['pretrial_front_error'])}) | "
+        print(f"| {p['position']} | {cell(w['pretrial_front_error'])} ({cell(f['pretrial_front_error'])}; "
+              f"{cell(w['oracle_front_error'])}) | "
               f"{cell(w['trials_to_95pct'])} ({cell(f['trials_to_95pct'])}) | {cell(w['trials_per_front_point'])} "
               f"({cell(f['trials_per_front_point'])}) |", file=file)
     t = out
-    print(f"| total | {cell(t['pretrial_front_error']['total'])} ({cell(t['pretrial_front_error']['fresh_total'])}) | "
+    print(f"| total | {cell(t['pretrial_front_error']['total'])} ({cell(t['pretrial_front_error']['fresh_total'])}; "
+          f"{cell(t['pretrial_front_error']['oracle_total'])}) | "
           f"{cell(t['trials_to_95pct']['total'])} ({cell(t['trials_to_95pct']['fresh_total'])}) | "
           f"{cell(t['trials_per_front_point']['total'])} ({cell(t['trials_per_front_point']['fresh_total'])}) |",
           file=file)
