@@ -160,7 +160,7 @@ def main() -> None:
     ap.add_argument("--truths", type=int, default=3)
     ap.add_argument("--first-truth", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--max-trials", type=int, default=30, help="trials per study (a run not at 95%% counts here)")
+    ap.add_argument("--max-trials", type=int, default=40, help="trials per study (a run not at 95%% counts here)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), help="folders under examples/models")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (the tables go to stderr)")
     args = ap.parse_args()
