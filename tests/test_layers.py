@@ -41,6 +41,8 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     # the shared vocabulary the two seams moved into stays at the bottom
     ("deployment", ("tuner.backends", "tuner.executors", "tuner.launch", "tuner.study", "api")),
     ("trial_status", ("tuner",)),
+    # what a cluster teaches sits below the studies that read and feed it
+    ("cluster", ("tuner.study", "tuner.cli", "tuner.executors", "tuner.launch", "api")),
 ])
 def test_lower_layer_never_imports_a_higher_one(package: str, forbidden: tuple[str, ...]) -> None:
     assert _violations(package, forbidden) == []

@@ -111,6 +111,10 @@ class HiddenTruth:
     kv_capacity_factor: float
     noise: float
     launch_failure_rate: float
+    # log-sd of a second step-time factor per (model, layout): 0 (the default, every published truth) makes the
+    # per-layout factor a pure cluster property; benchmarks/transfer.py sets it so what one model measured on a
+    # layout transfers to the next only in part
+    model_layout_sigma: float = 0.0
 
     @classmethod
     def draw(cls, seed: int, gpu_name: str = "gb300") -> HiddenTruth:
@@ -121,10 +125,14 @@ class HiddenTruth:
                    kv_capacity_factor=float(rng.uniform(*KV_CAPACITY)), noise=NOISE,
                    launch_failure_rate=LAUNCH_FAILURE_RATE)
 
-    def step_factor(self, topo: Topology) -> float:
-        """How much slower (>1) or faster a step of this layout is than the calibrated roofline says."""
+    def step_factor(self, topo: Topology, model: str = "") -> float:
+        """How much slower (>1) or faster a step of this layout is than the calibrated roofline says (`model`:
+        the model's name, read only when model_layout_sigma is set)."""
         layout = float(_seeded("layout", self.seed, topo.tp, topo.dp, topo.ep, topo.mtp).lognormal(0.0,
                                                                                                   self.layout_sigma))
+        if self.model_layout_sigma > 0:
+            layout *= float(_seeded("model-layout", self.seed, model, topo.tp, topo.dp, topo.ep, topo.mtp)
+                            .lognormal(0.0, self.model_layout_sigma))
         ep_size = topo.tp * topo.dp if topo.ep else 1
         imbalance = 1.0 + self.expert_imbalance * math.log2(ep_size) / 3 if ep_size > 1 else 1.0
         return layout * imbalance
@@ -166,7 +174,7 @@ class HiddenTruthBackend(Backend):
         if perf is None:
             perf = self._perf[request.model_path + request.gpu] = _TruthRoofline(
                 _model(request.model_path), get_gpu(request.gpu), self._truth)
-        factor = self._truth.step_factor(group.topology)
+        factor = self._truth.step_factor(group.topology, perf.model.name)
         points = predict_traffic(perf, group.topology, group.role, request.workload).points
         return [_noisy(p, 1.0 / factor, factor) for p in points]
 

@@ -180,6 +180,10 @@ def tune(
         if json_out:
             result = campaign.run()
         else:
+            from tuner.study import cluster_notes
+
+            for line in cluster_notes(settings.storage_url, the_space, campaign.model, campaign.gpu):
+                console.print(line, highlight=False)
             with Live(progress, console=console, refresh_per_second=4, transient=False):
                 result = campaign.run()
     except KeyboardInterrupt:
@@ -327,8 +331,11 @@ def export(study: Annotated[str, typer.Argument()],
 
 
 @app.command()
-def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measured (real) trials")],
+def calibrate(study: Annotated[str | None, typer.Argument(
+                  help="a campaign with measured (real) trials; none: what the cluster store learnt")] = None,
               storage: StorageOpt = None,
+              cluster: Annotated[str | None, typer.Option(help="without STUDY: only this cluster of the store")]
+              = None,
               output: Annotated[Path | None, typer.Option(help="write the fitted factors here (YAML) for "
                                                                 "`topotune frontier --calibration`")] = None,
               factors: Annotated[str | None, typer.Option(
@@ -336,8 +343,16 @@ def calibrate(study: Annotated[str, typer.Argument(help="a campaign with measure
                        "kernel_latency_us, mtp_acceptance); any of docs/perf-model.md's fittable factors, "
                        "e.g. attention_flop_efficiency for long-prompt prefill")] = None,
               json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Fit the simulator's calibration factors to a study's measured points; report the error before and after."""
+    """Fit the simulator's calibration factors to a study's measured points; report the error before and after.
+    Without STUDY: what every study taught the cluster store (factors, trials, held-out error, known risks)."""
     import yaml
+
+    if study is None:
+        from tuner.cli._cluster import show_cluster_knowledge
+
+        settings = TunerSettings(**({"storage": storage} if storage else {}))
+        show_cluster_knowledge(settings.storage_url, cluster, json_out)
+        return
 
     from tuner.hardware import get_gpu
     from tuner.models import load_model

@@ -23,6 +23,7 @@ from tuner.study._runner import PhaseRun
 from tuner.study._samplers import SAMPLERS, make_sampler
 from tuner.study._stop import StopReason, StopSignal, request_cancel
 from tuner.study._storage import TrialCensus, close_storage, open_storage, trial_census
+from tuner.study._transfer import StudyTransfer, cluster_notes, open_transfer
 from tuner.study._trial_record import (
     CampaignMeta,
     EventKind,
@@ -60,6 +61,7 @@ __all__ = [
     "StopSignal",
     "StoredPoint",
     "StudyFlag",
+    "StudyTransfer",
     "TrialAttrs",
     "TrialCensus",
     "TrialEvent",
@@ -73,12 +75,14 @@ __all__ = [
     "VersionTag",
     "campaign_name",
     "close_storage",
+    "cluster_notes",
     "compose_front",
     "current_versions",
     "list_campaigns",
     "load_campaign",
     "make_sampler",
     "open_storage",
+    "open_transfer",
     "phase_values",
     "predicted_front_params",
     "predicted_points",

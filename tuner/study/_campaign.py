@@ -34,6 +34,7 @@ from tuner.study._records import StoredPoint, stored_points
 from tuner.study._runner import PhaseRun
 from tuner.study._stop import StopSignal
 from tuner.study._storage import open_storage
+from tuner.study._transfer import StudyTransfer, open_transfer
 from tuner.study._trial_record import (
     RUNNING_STATUS,
     CampaignMeta,
@@ -256,6 +257,8 @@ class Campaign:
     stop: StopSignal = field(default_factory=StopSignal)
     phases: tuple[str, ...] = ALL_PHASES  # those the space defines run, in this order
     name: str = ""  # prefix of the phase studies; default campaign_name(model, GPU, workload)
+    cluster: str | None = None  # the calibration store's cluster name; default derived from the GPU and network
+    learn_cluster: bool = True  # start each study from what the cluster taught earlier studies (tuner/cluster)
 
     def __post_init__(self) -> None:
         self.model: ModelSpec = load_model(self.model_path)
@@ -269,9 +272,11 @@ class Campaign:
     def phase_study_name(self, phase: str) -> str:
         return f"{self.name}/{phase}"
 
-    def _warm_start(self, phase: str, pair_with_tps: frozenset[int]) -> list[dict[str, Any]]:
+    def _warm_start(self, phase: str, pair_with_tps: frozenset[int],
+                    transfer: StudyTransfer | None = None) -> list[dict[str, Any]]:
+        learnt = transfer.knowledge.calibration if transfer is not None and not transfer.knowledge.empty else None
         return predicted_front_params(self.space, phase, self.model, self.gpu,  # type: ignore[arg-type]
-                                      pair_with_tps=pair_with_tps)
+                                      pair_with_tps=pair_with_tps, calibration=learnt)
 
     def run(self) -> CampaignResult:
         storage = open_storage(self.storage_url)
@@ -279,12 +284,16 @@ class Campaign:
         for phase in self.phases:
             if phase not in self.space.phases or self.stop.is_set():
                 continue
+            # learnt per phase: the decode study already starts from what the prefill study just measured
+            transfer = open_transfer(self.storage_url, self.gpu, self.model, str(self.model_path),
+                                     vllm_version=self.space.cluster.vllm_version, cluster=self.cluster,
+                                     learn=self.learn_cluster)
             run = PhaseRun(phase=phase, space=self.space, model=self.model, model_path=str(self.model_path),  # type: ignore[arg-type]
                            gpu=self.gpu, storage=storage, study_name=self.phase_study_name(phase),
                            backend_name=self.backend_name, executor=self.executor, options=self.options,
                            artifacts_dir=self.artifacts_dir, on_event=self.on_event, stop=self.stop,
-                           warm_start_params=lambda p=phase, tps=pair_with: self._warm_start(p, tps),
-                           pair_with_tps=pair_with)
+                           warm_start_params=lambda p=phase, tps=pair_with, t=transfer: self._warm_start(p, tps, t),
+                           pair_with_tps=pair_with, transfer=transfer)
             study = run.run()
             if equal_tp_only(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp

@@ -7,7 +7,17 @@ with its documented calibration; the sampler learns how far the cluster is from 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+            if skip is not None and skip(topo):
+                continue
+            curve = _at_levels(predict_traffic(perf, topo, topo.role, workload).points, workload)
+            dx, dy = offset(topo) if offset is not None else (0.0, 0.0)
+            candidates.append(_params_of(topo, choices))
+            # a saturated open-loop level has no point: infeasible, and no objective worth a trial
+            predicted.append([_shifted(phase_values(phase, space.constraints.judge(m)), dx, dy) if m else [0.0, 0.0]
+                              for m in curve])
+            feasible.append([m is not None and is_feasible(point_constraints(space.constraints.judge(m),
+                                                                             space.constraints, None))
+                             for m in curve])
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +27,7 @@ from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.perf import RooflineModel, predict_traffic
+from tuner.perf import Calibration, RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace
 from tuner.study._objectives import phase_values
 from tuner.study._records import is_feasible, point_constraints
@@ -59,21 +69,21 @@ class SimulatorPrior:
     group: np.ndarray
 
     @classmethod
-    def build(cls, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
+    def build(cls, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
+              calibration: Calibration | None = None, offset: Callable[[Topology], tuple[float, float]] | None = None,
+              skip: Callable[[Topology], bool] | None = None) -> SimulatorPrior:
+        """calibration: the model's factors (default: the GPU's documented ones; a cluster's learnt ones when
+        tuner.cluster knows it); offset: a prior log-factor per objective of a config (the cluster's per-layout
+        residual, bounded), which the residual model then corrects like any other prediction error; skip: configs
+        left out (layouts and flags known to crash on this cluster)."""
         workload = space.phase_workload(phase)
         choices = space.param_choices(phase)
-        perf = RooflineModel(model, gpu)
+        perf = RooflineModel(model, gpu, calibration)
         candidates, predicted, feasible = [], [], []
         for topo in space.expand(phase, model):
             if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
                 continue
-            curve = _at_levels(predict_traffic(perf, topo, topo.role, workload).points, workload)
-            candidates.append(_params_of(topo, choices))
-            # a saturated open-loop level has no point: infeasible, and no objective worth a trial
-            predicted.append([phase_values(phase, space.constraints.judge(m)) if m else [0.0, 0.0] for m in curve])
-            feasible.append([m is not None and is_feasible(point_constraints(space.constraints.judge(m),
-                                                                             space.constraints, None))
-                             for m in curve])
+from collections.abc import Callable, Sequence
         varied = [k for k, v in choices.items() if len(v) > 1]
         layouts: dict[tuple, int] = {}
         group = [layouts.setdefault(tuple(c[k] for k in LAYOUT_KNOBS if k in c), len(layouts)) for c in candidates]
@@ -106,6 +116,11 @@ def _at_levels(points: Sequence[ServingMetrics], workload: Workload) -> list[Ser
     """The points in the order of the workload's levels, None where a level came back saturated."""
     by_level = {level_of(m): m for m in points}
     return [by_level.get(level) for level in workload.levels]
+
+
+def _shifted(values: tuple[float, float], dx: float, dy: float) -> tuple[float, float]:
+    """Objectives moved by a prior log-factor each (the cluster's per-layout residual)."""
+    return values[0] * float(np.exp(dx)), values[1] * float(np.exp(dy))
 
 
 def _params_of(topo: Topology, choices: dict[str, list]) -> dict[str, Any]:

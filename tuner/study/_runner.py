@@ -36,11 +36,11 @@ from tuner.study._liveness import beat, claim, reclaim_stale
 from tuner.study._objectives import PHASE_METRICS
 from tuner.study._options import TuneOptions
 from tuner.study._optuna_compat import stored_trial
-from tuner.study._prior import SimulatorPrior
 from tuner.study._recorder import Recorder, phase_distributions
 from tuner.study._samplers import RepresentativeSampler, make_sampler, resolve_sampler
 from tuner.study._screen import Rejection, Screen, params_key
 from tuner.study._stop import STOP_POLL_S, StopSignal, cancel_requested
+from tuner.study._transfer import StudyTransfer, default_prior
 from tuner.study._trial_record import CampaignMeta, EventKind, TrialAttrs, TrialKind, TrialOutcome, read_trials
 from tuner.study._warm_start import enqueue_warm_start
 from tuner.topology import Topology
@@ -65,6 +65,7 @@ class PhaseRun:
     pair_with_tps: frozenset[int] = frozenset()  # PD pairing: the warm start's first params (hybrid models)
     on_event: ProgressCallback = lambda _event: None
     stop: StopSignal = field(default_factory=StopSignal)
+    transfer: StudyTransfer | None = None  # the cluster's learnt knowledge (prior) and its store (recording)
     _screen: Screen = field(init=False, repr=False)
     _recorder: Recorder = field(init=False, repr=False)
     _started_at: float = field(default_factory=time.time, init=False, repr=False)  # orphans predate it
@@ -83,7 +84,7 @@ class PhaseRun:
 
     def open_study(self) -> optuna.Study:
         sampler = make_sampler(self.sampler_name, self.options.seed,
-                               prior=lambda: SimulatorPrior.build(self.space, self.phase, self.model, self.gpu))
+                               prior=lambda: default_prior(self.space, self.phase, self.model, self.gpu, self.transfer))
         study = optuna.create_study(
             study_name=self.study_name, storage=self.storage, directions=["maximize", "maximize"],
             # the guided sampler reads every concurrency level itself; the others see one point per config
@@ -242,4 +243,6 @@ class PhaseRun:
             vllm_version=self.space.cluster.vllm_version)
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, request: TrialRequest, result: TrialResult) -> None:
+        if self.transfer is not None:
+            self.transfer.record(self.study_name, trial.number, request, result)
         self._recorder.tell_result(study, trial, request, result)

@@ -11,7 +11,7 @@ from tuner.frontier import hypervolume_2d, pareto_front
 from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
-from tuner.perf import RooflineModel, predict_traffic
+from tuner.perf import Calibration, RooflineModel, predict_traffic
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._objectives import phase_values
 from tuner.study._options import TuneOptions
@@ -19,11 +19,12 @@ from tuner.study._trial_record import StudyFlag, TrialAttrs, set_study_flag, stu
 from tuner.topology import Topology
 
 
-def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec
-                     ) -> list[tuple[Topology, tuple[float, float]]]:
-    """Every valid, fitting config of the phase with its predicted values at every concurrency level."""
+def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
+                     calibration: Calibration | None = None) -> list[tuple[Topology, tuple[float, float]]]:
+    """Every valid, fitting config of the phase with its predicted values at every concurrency level
+    (calibration: a cluster's learnt factors instead of the GPU's documented ones)."""
     workload = space.phase_workload(phase)
-    perf = RooflineModel(model, gpu)
+    perf = RooflineModel(model, gpu, calibration)
     out = []
     for topo in space.expand(phase, model):
         if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
@@ -34,13 +35,14 @@ def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: Gp
 
 
 def predicted_front_params(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
-                           pair_with_tps: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+                           pair_with_tps: frozenset[int] = frozenset(),
+                           calibration: Calibration | None = None) -> list[dict[str, Any]]:
     """Configs on the predicted front, spread along it (alternating ends inward) so a small budget covers it.
 
     pair_with_tps: for hybrid models a PD pair needs equal TP on both sides, so the best predicted config of
     each TP already on the other phase's front comes first (otherwise nothing may compose).
     """
-    points = predicted_points(space, phase, model, gpu)
+    points = predicted_points(space, phase, model, gpu, calibration=calibration)
     front = pareto_front(points, x=lambda p: p[1][0], y=lambda p: p[1][1])
     paired: list[Topology] = []
     for tp in sorted(pair_with_tps):

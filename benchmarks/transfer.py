@@ -1,0 +1,282 @@
+"""Each model cheaper than the last: hidden clusters shared by a sequence of models, tuned one after another.
+
+A hidden truth (tuner/backends/_truth.py) is a cluster: its calibration factors, its step-time factor per
+parallel layout and its launch crashes are the same whichever model runs on it. On top, each (model, layout) gets
+a smaller factor of its own (MODEL_LAYOUT_SIGMA, log-sd 0.05; the cluster's per-layout factor is 0.12), so what
+one model measured on a layout carries to the next only in part. A sequence of models (prefill phase of the GB300
+NVL72 8k/1k space) is tuned on each truth, one after another:
+  with transfer: every study records its trials into a cluster store (tuner/cluster), and each new study starts
+    from what the store learnt (refitted calibration, per-layout offsets, known crashes);
+  fresh: the same model tuned with no store (the documented calibration), as every study did before.
+The model order is rotated over truths and seeds, so position k is not always the same model. Per position:
+  pre-trial front error: mean over the true-front configs (within the truth's noise) of the mean |log| error of
+    the study's predicted curve (what its simulator prior says before the first trial) against the true curve,
+    both objectives, every concurrency level (0.10 is ~10% off);
+  trials to 95%: launched trials until the true curves of the launched configs reach 95% of the exhaustive
+    hypervolume (mean over runs; a run that never reaches it counts at its cap, and the count of such runs is
+    printed);
+  trials per front config: launched trials / true-front configs found when the run first reaches 95% (or at its cap);
+  oracle front error (for reference): the same error of a prior given the truth's own calibration and its
+    cluster-wide per-layout factors (expert imbalance included): the floor a transfer could approach, since the
+    per-model layout factor, the KV capacity and the factors a role's trials do not exercise stay unknown.
+Targets (issue 36; mean over truths and seeds, default sampler): position 4's pre-trial front error <= half of
+position 1's; its trials to 95% >= 30% below position 1's; no position worse than starting fresh.
+
+    OMP_NUM_THREADS=1 python benchmarks/transfer.py [--truths 3] [--seeds 2] [--max-trials 30] [--json]
+                                                     [--models deepseek-v3 kimi-k2-instruct ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sample_efficiency import Ground, TimedBackend, _near_front, score, unconstrained
+
+from tuner.backends import TrialRequest
+from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
+from tuner.cluster import ClusterStore
+from tuner.deployment import Deployment
+from tuner.executors import LocalExecutor
+from tuner.frontier import hypervolume_2d
+from tuner.hardware import GpuSpec, get_gpu
+from tuner.memory import MemoryInputs, compute_memory
+from tuner.models import ModelSpec, load_model
+from tuner.space import SearchSpace, load_space
+from tuner.study import PhaseRun, TuneOptions, phase_values
+from tuner.study._prior import SimulatorPrior
+from tuner.study._transfer import StudyTransfer
+from tuner.topology import Topology
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACE = ROOT / "search_spaces" / "gb300-nvl72-8k1k.yaml"
+MODELS = ("kimi-k2-instruct", "qwen3-235b-a22b", "minimax-m2", "gpt-oss-120b")
+PHASE = "decode"
+MODEL_LAYOUT_SIGMA = 0.05
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model of the sequence on one truth: its space, model, truth's answers."""
+
+    name: str
+    path: str
+    model: ModelSpec
+    ground: Ground
+
+
+def oracle_front_error(space: SearchSpace, case: Case, gpu: GpuSpec, truth: HiddenTruth) -> float:
+    cluster_only = dataclasses.replace(truth, model_layout_sigma=0.0)
+
+    def offset(topo: Topology) -> tuple[float, float]:
+        f = math.log(cluster_only.step_factor(topo))
+        return (-f, -f)
+
+    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration, offset=offset)
+    return pretrial_front_error(prior, space, case)
+
+
+@dataclass
+class Result:
+    pretrial_front_error: float
+    trials_to_95pct: int | None
+    trials_per_front_point: float
+    launched: int
+    oracle_front_error: float = math.nan
+
+
+def truth_of(seed: int) -> HiddenTruth:
+    return dataclasses.replace(HiddenTruth.draw(seed), model_layout_sigma=MODEL_LAYOUT_SIGMA)
+
+
+def ground_truth(space: SearchSpace, model: ModelSpec, path: str, gpu: GpuSpec, backend: HiddenTruthBackend,
+                 noise: float) -> Ground:
+    workload = space.phase_workload(PHASE)
+    curves: dict[Topology, list[tuple[float, float]]] = {}
+    for topo in space.expand(PHASE, model):
+        if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
+            continue
+        request = TrialRequest(trial_id="exhaustive", model_path=path, gpu=gpu.name,
+                               deployment=Deployment.single(topo), workload=workload)
+        points = [] if backend._truth.fails_at_launch(topo) else backend.expected_curve(request)
+        curves[topo] = [phase_values(PHASE, m) for m in points]
+    every = [p for c in curves.values() for p in c]
+    near = _near_front(every, noise)
+    front = {t for t, c in curves.items() if any(near(p) for p in c)}
+    strict = {t for t, c in curves.items() if any(_near_front(every, 0.01)(p) for p in c)}
+    return Ground(curves=curves, hv=hypervolume_2d(every, (0.0, 0.0)), front=front, strict_front=strict)
+
+
+def pretrial_front_error(prior: SimulatorPrior, space: SearchSpace, case: Case) -> float:
+    """Mean over true-front configs of mean |log(predicted / true)| over both objectives and every level. A
+    front config the prior left out (a known crash) cannot be: crashes are not on the true front."""
+    index = prior.index()
+    errors = []
+    for topo in case.ground.front:
+        i = index.get(_key(space.params_of(PHASE, topo)))
+        true = np.array(case.ground.curves[topo])
+        if i is None or not len(true):
+            continue
+        predicted = prior.predicted[i, : len(true)]
+        errors.append(float(np.mean(np.abs(np.log(np.maximum(predicted, 1e-9) / np.maximum(true, 1e-9))))))
+    return statistics.mean(errors) if errors else math.nan
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in params.items() if k != "concurrency"))
+
+
+def tune(space: SearchSpace, case: Case, gpu: GpuSpec, backend: HiddenTruthBackend, seed: int, budget: int,
+         transfer: StudyTransfer | None, study_name: str) -> Result:
+    prior = (transfer.prior(space, PHASE, case.model, gpu) if transfer is not None
+             else SimulatorPrior.build(space, PHASE, case.model, gpu))
+    error = pretrial_front_error(prior, space, case)
+    timed = TimedBackend(backend)
+    run = PhaseRun(phase=PHASE, space=space, model=case.model, model_path=case.path, gpu=gpu,
+                   storage=optuna.storages.InMemoryStorage(), study_name=study_name, backend_name="simulated",
+                   executor=LocalExecutor(timed, max_parallel=1),
+                   options=TuneOptions(trials=budget, sampler="auto", seed=seed, warm_start=False),
+                   artifacts_dir=Path(tempfile.gettempdir()) / "topotune-transfer", transfer=transfer)
+    study = run.run()
+    s = score(study, space, PHASE, case.ground, 0.0, 0.0)
+    return Result(error, s.trials_to(0.95), s.trials_per_front_config(0.95), len(s.hv_ratios))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--truths", type=int, default=3)
+    ap.add_argument("--first-truth", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--max-trials", type=int, default=40, help="trials per study (a run not at 95%% counts here)")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), help="folders under examples/models")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON (the tables go to stderr)")
+    args = ap.parse_args()
+    if len(args.models) < 2:
+        ap.error("give at least two models")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    log = sys.stderr if args.json else sys.stdout
+    space, gpu = unconstrained(load_space(SPACE)), get_gpu("gb300")
+    n = len(args.models)
+    with_t: list[list[Result]] = [[] for _ in range(n)]
+    fresh: list[list[Result]] = [[] for _ in range(n)]
+    t0 = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="topotune-transfer-"))
+    for truth_id in range(args.first_truth, args.first_truth + args.truths):
+        truth = truth_of(truth_id)
+        backend = HiddenTruthBackend(truth)
+        cases = {}
+        for name in args.models:
+            path = str(ROOT / "examples" / "models" / name)
+            model = load_model(path)
+            cases[name] = Case(name, path, model, ground_truth(space, model, path, gpu, backend, truth.noise))
+        oracles = {name: oracle_front_error(space, case, gpu, truth) for name, case in cases.items()}
+        for seed in range(args.seeds):
+            rotation = (truth_id * args.seeds + seed) % n
+            order = args.models[rotation:] + args.models[:rotation]
+            store = ClusterStore(f"sqlite:///{workdir}/truth{truth_id}-seed{seed}.db")
+            for position, name in enumerate(order):
+                case = cases[name]
+                transfer = StudyTransfer.open(store, gpu, case.model, case.path, cluster=f"truth-{truth_id}")
+                r = tune(space, case, gpu, backend, seed, args.max_trials, transfer, name)
+                f = tune(space, case, gpu, backend, seed, args.max_trials, None, name)
+                r.oracle_front_error = oracles[name]
+                with_t[position].append(r)
+                fresh[position].append(f)
+                print(f"truth {truth_id} seed {seed} #{position + 1} {name}: front error {r.pretrial_front_error:.3f}"
+                      f" (fresh {f.pretrial_front_error:.3f}), trials to 95% {r.trials_to_95pct} (fresh "
+                      f"{f.trials_to_95pct}), {time.perf_counter() - t0:.0f} s", file=log, flush=True)
+    out = summarise(with_t, fresh, args)
+    print_table(out, log)
+    if args.json:
+        print(json.dumps(out, indent=2))
+
+
+def _mean_trials(results: list[Result], cap: int) -> float:
+    return statistics.mean(r.trials_to_95pct if r.trials_to_95pct is not None else cap for r in results)
+
+
+def _figures(results: list[Result], cap: int) -> dict[str, object]:
+    per_front = [r.trials_per_front_point for r in results if math.isfinite(r.trials_per_front_point)]
+    return {"pretrial_front_error": statistics.mean(r.pretrial_front_error for r in results),
+            "oracle_front_error": statistics.mean(r.oracle_front_error for r in results),
+            "trials_to_95pct": _mean_trials(results, cap),
+            "runs_not_reaching_95pct": sum(r.trials_to_95pct is None for r in results),
+            "trials_per_front_point": statistics.mean(per_front) if per_front else None, "runs": len(results)}
+
+
+def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argparse.Namespace) -> dict[str, object]:
+    cap = args.max_trials
+    positions = [{"position": i + 1, "with_transfer": _figures(w, cap), "fresh": _figures(f, cap)}
+                 for i, (w, f) in enumerate(zip(with_t, fresh, strict=True))]
+    every_w = [r for w in with_t for r in w]
+    every_f = [r for f in fresh for r in f]
+    first, last = positions[0]["with_transfer"], positions[-1]["with_transfer"]
+    assert isinstance(first, dict) and isinstance(last, dict)
+    targets = {
+        "last_front_error_at_most_half_of_first": last["pretrial_front_error"] <= 0.5 * first["pretrial_front_error"],
+        "last_trials_to_95pct_30pct_below_first": last["trials_to_95pct"] <= 0.7 * first["trials_to_95pct"],
+        "no_position_worse_than_fresh_trials": all(
+            p["with_transfer"]["trials_to_95pct"] <= p["fresh"]["trials_to_95pct"] for p in positions),  # type: ignore[index]
+        "no_position_worse_than_fresh_front_error": all(
+            p["with_transfer"]["pretrial_front_error"] <= p["fresh"]["pretrial_front_error"]  # type: ignore[index]
+            for p in positions),
+    }
+    return {"phase": PHASE, "space": SPACE.name, "models": list(args.models), "truths": args.truths,
+            "first_truth": args.first_truth, "seeds": args.seeds, "max_trials": cap,
+            "model_layout_sigma": MODEL_LAYOUT_SIGMA, "positions": positions,
+            "pretrial_front_error": {"per_position": [p["with_transfer"]["pretrial_front_error"] for p in positions],  # type: ignore[index]
+                                     "total": statistics.mean(r.pretrial_front_error for r in every_w),
+                                     "oracle_total": statistics.mean(r.oracle_front_error for r in every_w),
+                                     "fresh_total": statistics.mean(r.pretrial_front_error for r in every_f)},
+            "trials_to_95pct": {"per_position": [p["with_transfer"]["trials_to_95pct"] for p in positions],  # type: ignore[index]
+                                "total": sum(_mean_trials(w, cap) for w in with_t),
+                                "fresh_total": sum(_mean_trials(f, cap) for f in fresh)},
+            "trials_per_front_point": {
+                "per_position": [p["with_transfer"]["trials_per_front_point"] for p in positions],  # type: ignore[index]
+                "total": _figures(every_w, cap)["trials_per_front_point"],
+                "fresh_total": _figures(every_f, cap)["trials_per_front_point"]},
+            "targets_met": targets}
+
+
+def print_table(out: dict, file) -> None:  # type: ignore[no-untyped-def]
+    print(f"\n## {out['phase']} of {out['space']}: {out['truths']} truths x {out['seeds']} seeds, models rotated "
+          f"({', '.join(out['models'])}), {out['max_trials']} trials per study", file=file)
+    print("| position | pre-trial front error (fresh; oracle) | trials to 95% (fresh) "
+          "| trials / front config (fresh) |",
+          file=file)
+    print("|---|---|---|---|", file=file)
+
+    def cell(x: object) -> str:
+        return "-" if x is None else f"{x:.3f}" if isinstance(x, float) and x < 1 else f"{x:.1f}"
+
+    for p in out["positions"]:
+        w, f = p["with_transfer"], p["fresh"]
+        print(f"| {p['position']} | {cell(w['pretrial_front_error'])} ({cell(f['pretrial_front_error'])}; "
+              f"{cell(w['oracle_front_error'])}) | "
+              f"{cell(w['trials_to_95pct'])} ({cell(f['trials_to_95pct'])}) | {cell(w['trials_per_front_point'])} "
+              f"({cell(f['trials_per_front_point'])}) |", file=file)
+    t = out
+    print(f"| total | {cell(t['pretrial_front_error']['total'])} ({cell(t['pretrial_front_error']['fresh_total'])}; "
+          f"{cell(t['pretrial_front_error']['oracle_total'])}) | "
+          f"{cell(t['trials_to_95pct']['total'])} ({cell(t['trials_to_95pct']['fresh_total'])}) | "
+          f"{cell(t['trials_per_front_point']['total'])} ({cell(t['trials_per_front_point']['fresh_total'])}) |",
+          file=file)
+    print("targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in out["targets_met"].items()),
+          file=file, flush=True)
+
+
+if __name__ == "__main__":
+    main()

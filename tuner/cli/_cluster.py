@@ -1,0 +1,59 @@
+"""`topotune calibrate` without a study: what the cluster store learnt across every study and model."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from tuner.cli._app import console, print_json
+from tuner.errors import ConfigError
+
+
+def show_cluster_knowledge(storage_url: str, cluster: str | None, json_out: bool) -> None:
+    """Each cluster of the store (or the one named): its learnt factors against the defaults, from how many
+    trials and models, the held-out error before and after, the per-layout offsets and the known launch risks."""
+    from tuner.cluster import ClusterStore, load_knowledge
+    from tuner.hardware import get_gpu
+
+    store = ClusterStore(storage_url)
+    keys = [k for k in store.clusters() if cluster is None or k.name == cluster]
+    if not keys:
+        known = ", ".join(sorted({k.name for k in store.clusters()})) or "none yet"
+        raise ConfigError(f"no cluster {cluster!r} in {storage_url}" if cluster else
+                          f"no trial recorded in {storage_url}'s cluster store yet", field="--cluster",
+                          fix=f"run `topotune tune` first, or pick a cluster (recorded: {known})")
+    learnt = [load_knowledge(store, k, get_gpu(k.gpu_class), held_out=True) for k in keys]
+    if json_out:
+        print_json({"clusters": [k.as_json() for k in learnt]})
+        return
+    for k in learnt:
+        console.print(f"[bold]{k.key.label()}[/]: learnt from {k.runs} trials of {len(k.models)} model(s) "
+                      f"({', '.join(k.models) or '-'}), {k.failures} launch failure(s)", highlight=False)
+        held = k.held_out
+        if held is not None:
+            console.print(f"  held-out error ({held.method}, {held.models} models): {_pct(held.error_default)} with "
+                          f"the default calibration, {_pct(held.error_fitted)} with the learnt one", highlight=False)
+        else:
+            console.print("  held-out error: needs trials of two models or more", highlight=False)
+        console.print(f"  in-sample error: {_pct(k.error_before)} default, {_pct(k.error_after)} learnt",
+                      highlight=False)
+        table = Table(title="factors (fitted on this cluster's trials)", title_justify="left")
+        for col in ("factor", "default", "learnt", "moved"):
+            table.add_column(col, justify="left" if col == "factor" else "right")
+        for name, (before, after) in k.moved().items():
+            table.add_row(name, f"{before:.4g}", f"{after:.4g}", f"{100 * (after / before - 1):+.1f}%")
+        console.print(table)
+        if k.layout_offsets:
+            worst = sorted(k.layout_offsets.items(), key=lambda kv: -abs(kv[1].log_throughput))[:8]
+            console.print(f"  per-layout offsets: {len(k.layout_offsets)} layouts; largest: " + "; ".join(
+                f"{role} TP{tp}xDP{dp}{' EP' if ep else ''}{f' MTP{mtp}' if mtp else ''} "
+                f"x{math.exp(v.log_throughput):.2f} ({v.models} model(s))"
+                for (role, tp, dp, ep, mtp), v in worst), highlight=False)
+        for risk in k.risks.values():
+            console.print(f"  known risk: {risk.topology.label()}: {risk.status} for {', '.join(risk.models)}",
+                          highlight=False)
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.1%}"

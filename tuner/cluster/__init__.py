@@ -1,0 +1,38 @@
+"""What a cluster teaches across models: a calibration store in the study database, and what is learnt from it."""
+
+from tuner.cluster._fit import ROLE_FACTORS, FitSample, SharedFit, fit_shared, prediction_error
+from tuner.cluster._key import ClusterKey
+from tuner.cluster._knowledge import (
+    MAX_OFFSET,
+    ClusterKnowledge,
+    HeldOut,
+    KnownRisk,
+    LayoutOffset,
+    learn,
+    load_knowledge,
+    risk_key,
+)
+from tuner.cluster._recorder import ClusterRecorder
+from tuner.cluster._store import DEFAULT_PREFIX, ClusterStore, StoredFailure, StoredRun
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "MAX_OFFSET",
+    "ROLE_FACTORS",
+    "ClusterKey",
+    "ClusterKnowledge",
+    "ClusterRecorder",
+    "ClusterStore",
+    "FitSample",
+    "HeldOut",
+    "KnownRisk",
+    "LayoutOffset",
+    "SharedFit",
+    "StoredFailure",
+    "StoredRun",
+    "fit_shared",
+    "learn",
+    "load_knowledge",
+    "prediction_error",
+    "risk_key",
+]

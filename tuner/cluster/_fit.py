@@ -1,0 +1,165 @@
+"""One calibration for a cluster from the trials of many models: bounded least squares in log space, held out.
+
+tuner.perf.fit_calibration fits one model's sweep; a cluster's factors are shared by every model that ran on it,
+so here the residuals of every stored run (each predicted with its own model) go into one fit. Factors a role
+does not exercise are left alone (prefill trials say nothing about the decode step), and every factor is pulled
+gently towards where it started (a ridge term in log space), so a factor the trials cannot pin down stays at its
+documented default instead of wandering to a bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tuner.errors import TopotuneError
+from tuner.hardware import GpuSpec
+from tuner.metrics import ServingMetrics
+from tuner.models import ModelSpec
+from tuner.perf import FITTABLE_FACTORS, Calibration, RooflineModel, predict_traffic
+from tuner.topology import Role, Topology
+from tuner.workload import Workload
+
+#: Factors each role's trials exercise (docs/perf-model.md): prefill moves compute and the request's fixed
+#: costs; decode moves bandwidth, the per-step and per-request costs and MTP.
+ROLE_FACTORS: dict[Role, tuple[str, ...]] = {
+    Role.PREFILL: ("prefill_flop_efficiency", "attention_flop_efficiency", "request_overhead_ms",
+                   "tokenize_us_per_token", "moe_gemm_efficiency", "alltoall_bw_efficiency",
+                   "allreduce_bw_efficiency"),
+    Role.DECODE: ("hbm_efficiency", "flop_efficiency", "kernel_latency_us", "step_overhead_ms", "request_step_us",
+                  "mtp_acceptance", "alltoall_latency_us", "allreduce_latency_us", "expert_popularity_cv",
+                  "kv_occupancy"),
+}
+RIDGE_SD = 0.35  # log-sd of the pull towards the starting value (a factor moves x1.4 at 1 sd)
+MODEL_SHRINK = 1.0  # models' worth of pull towards the start (benchmarks/transfer.py: 1 helps one-model fits)
+MAX_RUNS = 48  # runs per fit (spread over models): the fit stays ~1 s on one core
+_BOUNDS = {"mtp_acceptance": (0.01, 0.99)}
+
+
+@dataclass(frozen=True)
+class FitSample:
+    """One measured run with the model it ran: what the fit compares predictions with."""
+
+    model: ModelSpec
+    topology: Topology
+    role: Role
+    workload: Workload
+    points: tuple[ServingMetrics, ...]
+
+
+@dataclass(frozen=True)
+class SharedFit:
+    calibration: Calibration
+    factors: tuple[str, ...]
+    runs_used: int
+    error_before: float  # mean |log predicted/measured| on the runs it used, at the start calibration
+    error_after: float
+
+
+def fittable_factors(samples: Sequence[FitSample], start: Calibration) -> tuple[str, ...]:
+    roles = {s.role for s in samples}
+    names = [f for role in (Role.PREFILL, Role.DECODE) if role in roles for f in ROLE_FACTORS[role]]
+    if not any(s.topology.mtp for s in samples):
+        names = [f for f in names if f != "mtp_acceptance"]
+    if not any(s.topology.ep for s in samples):
+        names = [f for f in names if f not in ("alltoall_bw_efficiency", "alltoall_latency_us",
+                                               "expert_popularity_cv")]
+    return tuple(f for f in names if f in FITTABLE_FACTORS)
+
+
+def log_ratios(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration) -> np.ndarray:
+    """log(predicted / measured) of the request rate and the role's latency (TTFT or ITL), every level."""
+    out: list[float] = []
+    perfs: dict[str, RooflineModel] = {}
+    for s in samples:
+        perf = perfs.get(s.model.name)
+        if perf is None:
+            perf = perfs[s.model.name] = RooflineModel(s.model, gpu, calibration)
+        try:
+            predicted = predict_traffic(perf, s.topology, s.role, s.workload).points
+        except TopotuneError:
+            continue  # the memory model no longer fits it (another calibration's KV share): no information
+        for p, m in zip(predicted, s.points, strict=False):
+            latency_p, latency_m = ((p.itl_ms_mean, m.itl_ms_mean) if s.role is Role.DECODE
+                                    else (p.ttft_ms_mean, m.ttft_ms_mean))
+            if m.request_throughput_rps > 0 and latency_m > 0 and p.request_throughput_rps > 0 and latency_p > 0:
+                out += [math.log(p.request_throughput_rps / m.request_throughput_rps),
+                        math.log(latency_p / latency_m)]
+    return np.array(out)
+
+
+def prediction_error(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration) -> float:
+    """Mean |log predicted/measured| over rate and latency of every level: 0.10 is ~10% off."""
+    ratios = log_ratios(samples, gpu, calibration)
+    return float(np.mean(np.abs(ratios))) if len(ratios) else math.nan
+
+
+def spread(samples: Sequence[FitSample], limit: int = MAX_RUNS) -> list[FitSample]:
+    """At most `limit` runs, taken round-robin over models so no model dominates the fit."""
+    by_model: dict[str, list[FitSample]] = {}
+    for s in samples:
+        by_model.setdefault(s.model.name, []).append(s)
+    out: list[FitSample] = []
+    queues = [list(v) for v in by_model.values()]
+    while len(out) < limit and any(queues):
+        for q in queues:
+            if q and len(out) < limit:
+                out.append(q.pop(0))
+    return out
+
+
+def fit_shared(samples: Sequence[FitSample], gpu: GpuSpec, start: Calibration) -> SharedFit:
+    """The calibration that best explains every sample (bounded, ridge towards `start`)."""
+    from scipy.optimize import least_squares  # heavy: only when fitting
+
+    used = spread(samples)
+    names = fittable_factors(used, start)
+    before = prediction_error(used, gpu, start)
+    if not names or not used:
+        return SharedFit(start, (), len(used), before, before)
+    lo = np.array([math.log(_bounds(n)[0]) for n in names])
+    hi = np.array([math.log(_bounds(n)[1]) for n in names])
+    x0 = np.array([math.log(_start(start, n)) for n in names])
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+
+    def calibrated(x: np.ndarray) -> Calibration:
+        return start.model_copy(update={n: float(math.exp(v)) for n, v in zip(names, x, strict=True)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        data = log_ratios(used, gpu, calibrated(x))
+        ridge = (x - x0) / RIDGE_SD
+        return np.concatenate([data, ridge])
+
+    result = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3, max_nfev=12 * len(names))
+    # what one model's trials say mixes the cluster with the model (its own kernels, its KV layout): the move
+    # from the start is shrunk by m / (m + MODEL_SHRINK) for m models, so it counts fully only once several agree
+    models = len({s.model.name for s in used})
+    moved = x0 + (result.x - x0) * models / (models + MODEL_SHRINK)
+    fitted = Calibration.model_validate(calibrated(moved).model_dump())
+    after = prediction_error(used, gpu, fitted)
+    if not after <= before:  # never worse than the start on the data it saw
+        fitted, after = start, before
+    return SharedFit(fitted, names, len(used), before, after)
+
+
+def _start(start: Calibration, name: str) -> float:
+    value = getattr(start, name)
+    return max(float(start.prefill_flop_efficiency if value is None else value), 1e-6)
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    """The field's own range (open bounds nudged in), a zero lower bound raised so the log is finite."""
+    if name in _BOUNDS:
+        return _BOUNDS[name]
+    low, high = 1e-3, 1e4
+    for m in Calibration.model_fields[name].metadata:
+        for attr, nudge in (("ge", 0.0), ("gt", 1e-6)):
+            if getattr(m, attr, None) is not None:
+                low = max(low, float(getattr(m, attr)) + nudge)
+        for attr, nudge in (("le", 0.0), ("lt", -1e-6)):
+            if getattr(m, attr, None) is not None:
+                high = min(high, float(getattr(m, attr)) + nudge)
+    return low, high

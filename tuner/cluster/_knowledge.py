@@ -1,0 +1,284 @@
+"""What the tuner knows about a cluster from every study run on it: its calibration, per-layout offsets, crashes.
+
+`learn` turns the stored runs (tuner.cluster._store) into a ClusterKnowledge: the simulator's bounded factors
+refitted on every model's trials (tuner.cluster._fit), scored held out (leave one model out: each model's runs
+predicted by a fit on the others, so the figure says what a new model can expect), the residual left per parallel
+layout after the refit (the step-time effects no model predicts: collective algorithms, rank placement), and the
+layout+flag combinations that crashed at launch. A new study's simulator prior and guided sampler start from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tuner.cluster._fit import FitSample, fit_shared, prediction_error
+from tuner.cluster._key import ClusterKey
+from tuner.cluster._store import ClusterStore, StoredFailure, StoredRun
+from tuner.errors import TopotuneError
+from tuner.hardware import GpuSpec
+from tuner.metrics import ServingMetrics
+from tuner.models import ModelSpec, load_model
+from tuner.perf import Calibration, RooflineModel, default_calibration, predict_traffic
+from tuner.topology import Role, Topology
+
+MAX_OFFSET = 0.5  # |log| cap of a transferred per-layout offset (x1.65): a prior, never a verdict
+SHRINK_MODELS = 0.5  # an offset seen on m models is shrunk by m / (m + 0.5): one model's noise is not the cluster's
+#: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model).
+RISK_FIELDS = ("tp", "dp", "ep", "mtp", "dbo", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+               "kv_cache_dtype", "num_redundant_experts", "all2all_backend")
+LayoutKey = tuple[str, int, int, bool, int]  # role, tp, dp, ep, mtp
+
+
+def layout_key(role: Role, topo: Topology) -> LayoutKey:
+    return (role.value, topo.tp, topo.dp, topo.ep, topo.mtp)
+
+
+def risk_key(topo: Topology) -> tuple:
+    return tuple(getattr(topo, f) for f in RISK_FIELDS)
+
+
+@dataclass(frozen=True)
+class LayoutOffset:
+    """log(measured / predicted) of the two objectives on one parallel layout, after the calibration refit."""
+
+    log_throughput: float
+    log_user_speed: float
+    models: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class KnownRisk:
+    """A layout and its flags that failed to start on this cluster: which models it failed for, and how."""
+
+    topology: Topology
+    models: tuple[str, ...]
+    status: str
+    reason: str
+
+    def note(self) -> str:
+        return f"known risk on this cluster: {self.status} for {', '.join(self.models)}"
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The fit scored on runs it did not use (leave one model out): mean |log predicted/measured|."""
+
+    method: str
+    error_default: float  # the documented calibration on the same runs
+    error_fitted: float
+    models: int
+
+
+@dataclass(frozen=True)
+class ClusterKnowledge:
+    key: ClusterKey
+    default: Calibration
+    calibration: Calibration
+    factors: tuple[str, ...]  # those the fit could move
+    runs: int
+    models: tuple[str, ...]
+    error_before: float  # in-sample, default calibration
+    error_after: float  # in-sample, fitted
+    layout_offsets: dict[LayoutKey, LayoutOffset] = field(default_factory=dict)
+    risks: dict[tuple, KnownRisk] = field(default_factory=dict)
+    failures: int = 0
+    held_out: HeldOut | None = None
+    trends: dict[str, LayoutTrend] = field(default_factory=dict)  # per role: the smooth part of the offsets
+
+    @property
+    def empty(self) -> bool:
+        return self.runs == 0 and not self.risks
+
+    def moved(self) -> dict[str, tuple[float, float]]:
+        """Each fitted factor: (default, learnt)."""
+        out = {}
+        for name in self.factors:
+            before, after = getattr(self.default, name), getattr(self.calibration, name)
+            out[name] = (float(self.default.prefill_flop_efficiency if before is None else before),
+                         float(self.calibration.prefill_flop_efficiency if after is None else after))
+        return out
+
+    def offset(self, role: Role, topo: Topology) -> tuple[float, float]:
+        """The prior log-factor of each objective on this layout: the role's trend over layout features plus
+        the layout's own measured residual (0 where no model ran it), capped at MAX_OFFSET."""
+        trend = self.trends.get(role.value)
+        total = trend.at(topo) if trend is not None else np.zeros(2)
+        found = self.layout_offsets.get(layout_key(role, topo))
+        if found is not None:
+            total = total + np.array([found.log_throughput, found.log_user_speed])
+        x, y = np.clip(total, -MAX_OFFSET, MAX_OFFSET)
+        return float(x), float(y)
+
+    def risk(self, topo: Topology) -> KnownRisk | None:
+        return self.risks.get(risk_key(topo))
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.key.name, "gpu_class": self.key.gpu_class, "interconnect": self.key.interconnect,
+            "vllm_version": self.key.vllm_version, "kernel_family": self.key.kernel_family,
+            "runs": self.runs, "models": list(self.models), "launch_failures": self.failures,
+            "factors": {n: {"default": a, "learnt": b, "moved_pct": 100.0 * (b / a - 1.0) if a else None}
+                        for n, (a, b) in self.moved().items()},
+            "error_in_sample": {"default": _finite(self.error_before), "fitted": _finite(self.error_after)},
+            "held_out": None if self.held_out is None else {
+                "method": self.held_out.method, "models": self.held_out.models,
+                "error_default": _finite(self.held_out.error_default),
+                "error_fitted": _finite(self.held_out.error_fitted)},
+            "layout_offsets": [{"role": k[0], "tp": k[1], "dp": k[2], "ep": k[3], "mtp": k[4],
+                                "log_throughput": v.log_throughput, "log_user_speed": v.log_user_speed,
+                                "models": v.models, "runs": v.runs} for k, v in sorted(self.layout_offsets.items())],
+            "known_risks": [{"topology": r.topology.label(), "models": list(r.models), "status": r.status,
+                             "reason": r.reason} for r in self.risks.values()],
+        }
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+ModelLoader = Callable[[StoredRun], ModelSpec]
+
+
+def _load(run: StoredRun) -> ModelSpec:
+    return load_model(run.model_path)
+
+
+def samples_of(runs: Sequence[StoredRun], load: ModelLoader = _load) -> list[FitSample]:
+    """Runs whose model can still be read (a moved checkpoint drops its runs, not the whole store)."""
+    models: dict[str, ModelSpec | None] = {}
+    out = []
+    for r in runs:
+        if r.role is Role.BOTH or not r.points:
+            continue  # an aggregated instance mixes both roles' factors: not fitted yet
+        if r.model_path not in models:
+            try:
+                models[r.model_path] = load(r)
+            except (TopotuneError, OSError):
+                models[r.model_path] = None
+        model = models[r.model_path]
+        if model is not None:
+            out.append(FitSample(model, r.topology, r.role, r.workload, r.points))
+    return out
+
+
+def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Sequence[StoredFailure] = (), *,
+          held_out: bool = False, load: ModelLoader = _load, start: Calibration | None = None) -> ClusterKnowledge:
+    """Fit the cluster's calibration on every run, then the per-layout offsets left over; `held_out` also scores
+    the procedure leaving each model out (one more fit per model: for `topotune calibrate`, not a study start)."""
+    default = start or default_calibration(gpu.name)
+    samples = samples_of(runs, load)
+    risks = _risks(failures)
+    models = tuple(dict.fromkeys(s.model.name for s in samples))
+    if not samples:
+        return ClusterKnowledge(key, default, default, (), 0, models, math.nan, math.nan, {}, risks, len(failures))
+    fit = fit_shared(samples, gpu, default)
+    offsets, trends = layout_offsets(samples, gpu, fit.calibration)
+    scored = _held_out(samples, gpu, default) if held_out and len(models) > 1 else None
+    return ClusterKnowledge(key, default, fit.calibration, fit.factors, len(samples), models, fit.error_before,
+                            fit.error_after, offsets, risks, len(failures), scored, trends)
+
+
+def _held_out(samples: Sequence[FitSample], gpu: GpuSpec, default: Calibration) -> HeldOut:
+    """Leave one model out: fit on the other models' runs, score on the left-out model's (then average)."""
+    errors_default, errors_fitted = [], []
+    names = list(dict.fromkeys(s.model.name for s in samples))
+    for name in names:
+        train = [s for s in samples if s.model.name != name]
+        test = [s for s in samples if s.model.name == name]
+        fitted = fit_shared(train, gpu, default).calibration
+        errors_default.append(prediction_error(test, gpu, default))
+        errors_fitted.append(prediction_error(test, gpu, fitted))
+    return HeldOut("leave-one-model-out", float(np.nanmean(errors_default)), float(np.nanmean(errors_fitted)),
+                   len(names))
+
+
+def _axes(role: Role, m: ServingMetrics) -> tuple[float, float]:
+    """The phase's two objectives without an SLA: total tokens/s per GPU and the user's speed."""
+    user = m.isl * 1000.0 / m.ttft_ms_p50 if role is Role.PREFILL and m.ttft_ms_p50 > 0 else m.tok_s_per_user
+    return m.total_tok_s_per_gpu, user
+
+
+def layout_features(topo: Topology) -> np.ndarray:
+    """What a cluster's deviation follows smoothly across layouts: 1, log2 of the EP group (expert imbalance and
+    all-to-all grow with it), log2 TP, log2 DP, MTP on."""
+    ep_size = topo.tp * topo.dp if topo.ep else 1
+    return np.array([1.0, math.log2(ep_size), math.log2(topo.tp), math.log2(topo.dp), float(topo.mtp > 0)])
+
+
+@dataclass(frozen=True)
+class LayoutTrend:
+    """A ridge-regressed log-factor per objective over layout_features: carries to layouts no model measured."""
+
+    coef: np.ndarray  # (features, 2)
+
+    def at(self, topo: Topology) -> np.ndarray:
+        return layout_features(topo) @ self.coef
+
+
+TREND_RIDGE = 20.0  # per feature, in (model, layout) means: a trend needs several layouts to speak
+
+
+def layout_offsets(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration
+                   ) -> tuple[dict[LayoutKey, LayoutOffset], dict[str, LayoutTrend]]:
+    """Per role, a smooth trend over the layout features, then per layout: the mean over models of each model's
+    mean log(measured / predicted) left after the trend, shrunk by the number of models."""
+    per: dict[LayoutKey, dict[str, list[np.ndarray]]] = {}
+    topo_of: dict[LayoutKey, Topology] = {}
+    for s in samples:
+        perf = RooflineModel(s.model, gpu, calibration)
+        try:
+            predicted = predict_traffic(perf, s.topology, s.role, s.workload).points
+        except TopotuneError:
+            continue
+        logs = []
+        for p, m in zip(predicted, s.points, strict=False):
+            (px, py), (mx, my) = _axes(s.role, p), _axes(s.role, m)
+            if min(px, py, mx, my) > 0:
+                logs.append((math.log(mx / px), math.log(my / py)))
+        if logs:
+            key = layout_key(s.role, s.topology)
+            topo_of.setdefault(key, s.topology)
+            per.setdefault(key, {}).setdefault(s.model.name, []).append(np.mean(logs, axis=0))
+    # relative to each model's own mean over its layouts: a constant factor on one model is that model's (or what
+    # the refit left), not the cluster's, and must not carry to the next model; what carries is how layouts differ
+    centre: dict[tuple[str, str], np.ndarray] = {}
+    for (role, *_), by in per.items():
+        for name, v in by.items():
+            centre.setdefault((role, name), []).append(np.mean(v, axis=0))  # type: ignore[attr-defined]
+    centre = {k: np.mean(v, axis=0) for k, v in centre.items()}
+    trends: dict[str, LayoutTrend] = {}
+    for role in {k[0] for k in per}:
+        rows = [(layout_features(topo_of[k]), np.mean(v, axis=0) - centre[(role, name)])
+                for k, by in per.items() if k[0] == role for name, v in by.items()]
+        x = np.array([r[0] for r in rows])
+        x[:, 0] = 0.0  # no intercept: see above
+        y = np.array([r[1] for r in rows])
+        trends[role] = LayoutTrend(np.linalg.solve(x.T @ x + TREND_RIDGE * np.eye(x.shape[1]), x.T @ y))
+    out = {}
+    for key, by_model in per.items():
+        trend = trends[key[0]].at(topo_of[key])
+        means = np.array([np.mean(v, axis=0) - centre[(key[0], name)] for name, v in by_model.items()]) - trend
+        m = len(means)
+        shrunk = means.mean(axis=0) * m / (m + SHRINK_MODELS)
+        out[key] = LayoutOffset(float(shrunk[0]), float(shrunk[1]), m, sum(len(v) for v in by_model.values()))
+    return out, trends
+
+
+def _risks(failures: Sequence[StoredFailure]) -> dict[tuple, KnownRisk]:
+    grouped: dict[tuple, list[StoredFailure]] = {}
+    for f in failures:
+        if f.transferable:
+            grouped.setdefault(risk_key(f.topology), []).append(f)
+    return {k: KnownRisk(v[0].topology, tuple(dict.fromkeys(f.model_name for f in v)), v[0].status.value,
+                         v[-1].reason) for k, v in grouped.items()}
+
+
+def load_knowledge(store: ClusterStore, key: ClusterKey, gpu: GpuSpec, *, held_out: bool = False,
+                   load: ModelLoader = _load) -> ClusterKnowledge:
+    return learn(key, gpu, store.read_runs(key), store.read_failures(key), held_out=held_out, load=load)

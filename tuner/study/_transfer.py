@@ -1,0 +1,105 @@
+"""A study that starts from what its cluster already taught: the learnt calibration, per-layout offsets, crashes.
+
+Built once per study (tuner.cluster learns from the store when the study opens), it gives the simulator prior
+its calibration, a bounded prior log-factor per parallel layout and the configs to leave out, and records each
+finished trial back into the store, so the next model starts further along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.backends import TrialRequest, TrialResult
+from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterRecorder, ClusterStore, KnownRisk, load_knowledge
+from tuner.hardware import GpuSpec
+from tuner.models import ModelSpec
+from tuner.space import Phase, SearchSpace, phase_role
+from tuner.study._prior import SimulatorPrior
+from tuner.topology import Topology
+
+
+@dataclass(frozen=True)
+class StudyTransfer:
+    """The cluster knowledge a study starts from, and where its own trials go."""
+
+    knowledge: ClusterKnowledge
+    recorder: ClusterRecorder | None = None
+    use_offsets: bool = True
+    skip_risks: bool = True
+
+    @classmethod
+    def open(cls, store: ClusterStore, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
+             vllm_version: str | None = None, cluster: str | None = None, learn: bool = True,
+             record: bool = True) -> StudyTransfer:
+        """learn: start from the store (False: record only, the study starts fresh); record: add its trials."""
+        key = ClusterKey.of(gpu, vllm_version, cluster)
+        knowledge = load_knowledge(store, key, gpu) if learn else load_knowledge_empty(key, gpu)
+        recorder = ClusterRecorder(store, key, model.name, model_path) if record else None
+        return cls(knowledge, recorder)
+
+    def prior(self, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
+        role = phase_role(phase)
+        k = self.knowledge
+        return SimulatorPrior.build(
+            space, phase, model, gpu, calibration=k.calibration,
+            offset=(lambda topo: k.offset(role, topo)) if self.use_offsets else None,
+            skip=(lambda topo: k.risk(topo) is not None) if self.skip_risks else None)
+
+    def risks_in(self, space: SearchSpace, phase: Phase, model: ModelSpec) -> list[KnownRisk]:
+        """Known launch risks among the phase's configs (for the plan: said before any GPU is spent)."""
+        out = []
+        for topo in space.expand(phase, model):
+            risk = self.knowledge.risk(topo)
+            if risk is not None:
+                out.append(risk)
+        return out
+
+    def record(self, study: str, trial: int, request: TrialRequest, result: TrialResult) -> None:
+        if self.recorder is not None:
+            self.recorder.record(study, trial, request, result)
+
+
+def open_transfer(storage_url: str, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
+                  vllm_version: str | None = None, cluster: str | None = None, learn: bool = True
+                  ) -> StudyTransfer:
+    """The transfer of a study stored at `storage_url`: its cluster tables live in the same database."""
+    return StudyTransfer.open(ClusterStore(storage_url), gpu, model, model_path, vllm_version=vllm_version,
+                              cluster=cluster, learn=learn)
+
+
+def load_knowledge_empty(key: ClusterKey, gpu: GpuSpec) -> ClusterKnowledge:
+    from tuner.cluster import learn
+
+    return learn(key, gpu, [])
+
+
+def default_prior(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec,
+                  transfer: StudyTransfer | None) -> SimulatorPrior:
+    """The study's prior: from its cluster's knowledge when it has one, else the documented calibration."""
+    if transfer is None or transfer.knowledge.empty:
+        return SimulatorPrior.build(space, phase, model, gpu)
+    return transfer.prior(space, phase, model, gpu)
+
+
+def risk_of(transfer: StudyTransfer | None, topo: Topology) -> KnownRisk | None:
+    return transfer.knowledge.risk(topo) if transfer is not None else None
+
+
+def cluster_notes(storage_url: str, space: SearchSpace, model: ModelSpec, gpu: GpuSpec,
+                  cluster: str | None = None) -> list[str]:
+    """What `tune` says before the first trial: what the cluster store holds for this cluster, and which of the
+    space's configs crashed here for another model (they are left out of the guided search)."""
+    from tuner.cluster import learn
+
+    store = ClusterStore(storage_url)
+    key = ClusterKey.of(gpu, space.cluster.vllm_version, cluster)
+    runs = store.read_runs(key)
+    knowledge = learn(key, gpu, [], store.read_failures(key))
+    models = sorted({r.model_name for r in runs})
+    lines = [f"cluster {key.label()}: {len(runs)} trials of {len(models)} model(s) in the store"
+             + (" (this study starts from their calibration)" if runs else " (a fresh start)")]
+    transfer = StudyTransfer(knowledge)
+    for phase in space.phases:
+        for risk in transfer.risks_in(space, phase, model):
+            lines.append(f"{phase} {risk.topology.label()}: {risk.note()}")
+    return lines
