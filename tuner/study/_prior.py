@@ -7,17 +7,7 @@ with its documented calibration; the sampler learns how far the cluster is from 
 
 from __future__ import annotations
 
-            if skip is not None and skip(topo):
-                continue
-            curve = _at_levels(predict_traffic(perf, topo, topo.role, workload).points, workload)
-            dx, dy = offset(topo) if offset is not None else (0.0, 0.0)
-            candidates.append(_params_of(topo, choices))
-            # a saturated open-loop level has no point: infeasible, and no objective worth a trial
-            predicted.append([_shifted(phase_values(phase, space.constraints.judge(m)), dx, dy) if m else [0.0, 0.0]
-                              for m in curve])
-            feasible.append([m is not None and is_feasible(point_constraints(space.constraints.judge(m),
-                                                                             space.constraints, None))
-                             for m in curve])
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +73,17 @@ class SimulatorPrior:
         for topo in space.expand(phase, model):
             if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
                 continue
-from collections.abc import Callable, Sequence
+            if skip is not None and skip(topo):
+                continue
+            curve = _at_levels(predict_traffic(perf, topo, topo.role, workload).points, workload)
+            dx, dy = offset(topo) if offset is not None else (0.0, 0.0)
+            candidates.append(_params_of(topo, choices))
+            # a saturated open-loop level has no point: infeasible, and no objective worth a trial
+            predicted.append([_shifted(phase_values(phase, space.constraints.judge(m)), dx, dy) if m else [0.0, 0.0]
+                              for m in curve])
+            feasible.append([m is not None and is_feasible(point_constraints(space.constraints.judge(m),
+                                                                             space.constraints, None))
+                             for m in curve])
         varied = [k for k, v in choices.items() if len(v) > 1]
         layouts: dict[tuple, int] = {}
         group = [layouts.setdefault(tuple(c[k] for k in LAYOUT_KNOBS if k in c), len(layouts)) for c in candidates]
