@@ -133,15 +133,24 @@ class StudyRunner:
             return record.status
         with self._lock:
             stop = self._stops.setdefault(record.id, StopSignal())
-        stop.cancel()
         if record.status is StudyStatus.QUEUED:
+            stop.cancel()
             record.status, record.finished_at = StudyStatus.CANCELLED, _now()
             settle_model(session, record.id, StudyStatus.CANCELLED)
-        else:
-            record.status = StudyStatus.CANCELLING
-            request_cancel(self.settings.database_url, record.campaign)  # a driver in another replica, too
+            session.add(EventRecord(study_id=record.id, kind="cancel", message="cancel requested"))
+            session.commit()
+            return record.status
+        # Running: "cancelling" is written (only over "running") and committed before the driver is told, so the
+        # driver's own "cancelled" always comes after it; writing it afterwards could overwrite the driver's end
+        # with a "cancelling" nothing would ever settle.
+        session.execute(update(StudyRecord).where(StudyRecord.id == record.id,
+                                                  StudyRecord.status == StudyStatus.RUNNING)
+                        .values(status=StudyStatus.CANCELLING))
         session.add(EventRecord(study_id=record.id, kind="cancel", message="cancel requested"))
         session.commit()
+        request_cancel(self.settings.database_url, record.campaign)  # a driver in another replica, too
+        stop.cancel()
+        session.refresh(record)
         return record.status
 
     # -- the work -------------------------------------------------------------------------------------------------

@@ -159,3 +159,27 @@ def test_inline_space_with_a_trace_is_confined_and_read_at_request_time(sqlite_u
     page = client.get(f"/ui/studies/{good.json()['id']}").text
     assert f"trace {traces / 'chat.jsonl'}" in page
     assert wait_for(client, good.json()["id"], finished)["status"] == "succeeded"
+
+
+def test_cancel_never_overwrites_the_drivers_end(database_url, make_settings, client_for):
+    """The race behind a study stuck at "cancelling": the driver ends the study while the cancel request holds a
+    stale "running" record; the cancel must not write over the end."""
+    from sqlalchemy import update
+
+    from api.models import StudyRecord, StudyStatus
+
+    client = client_for(make_settings(database_url))
+    sid = client.post("/v1/studies", json={**FAST_STUDY, "trials": 30, "trial_delay_s": 0.5}, headers=AUTH).json()["id"]
+    wait_for(client, sid, lambda d: d["status"] == "running")
+    sessions, runner = client.app.state.sessions, client.app.state.runner
+    with sessions() as request_session:
+        stale = request_session.get(StudyRecord, sid)
+        assert stale.status is StudyStatus.RUNNING
+        with sessions() as driver_session:  # the driver ends the study meanwhile
+            driver_session.execute(update(StudyRecord).where(StudyRecord.id == sid)
+                                   .values(status=StudyStatus.CANCELLED))
+            driver_session.commit()
+        assert runner.cancel(request_session, stale) is StudyStatus.CANCELLED
+    assert client.get(f"/v1/studies/{sid}").json()["status"] == "cancelled"
+    client.post(f"/v1/studies/{sid}/cancel", headers=AUTH)  # stop the driver itself
+    wait_for(client, sid, finished, timeout_s=30)
