@@ -16,8 +16,6 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from scipy import stats
-
 from tuner.errors import ConfigError
 
 NOISE_FLOOR = 0.03  # log-sd of one run's throughput when the samples cannot tell (one run, identical repeats)
@@ -63,6 +61,8 @@ class NoiseTest:
         else:
             df = (va / len(a) + vb / len(b)) ** 2 / ((va / len(a)) ** 2 / (len(a) - 1) + (vb / len(b)) ** 2
                                                       / (len(b) - 1))
+        from scipy import stats  # ~0.45 s to import: paid by a comparison, not by every `import tuner.study`
+
         p = float(2 * (stats.norm.sf(abs(t)) if math.isinf(df) else stats.t.sf(abs(t), df)))
         ratio = math.exp(mb - ma)
         changed = p < self.alpha and abs(ratio - 1) >= self.min_effect
@@ -80,6 +80,8 @@ class NoiseTest:
     def detectable_ratio(self, old_runs: int, new_runs: int) -> float:
         """The smallest speed ratio (> 1) reported as a change when both sides' spread is at the floor: a
         change of a factor beyond it (or below its inverse) is always reported, one inside it never."""
+        from scipy import stats
+
         se = self.noise_floor * math.sqrt(1 / old_runs + 1 / new_runs)
         return max(math.exp(float(stats.norm.isf(self.alpha / 2)) * se), 1 + self.min_effect)
 
