@@ -30,6 +30,7 @@ from tuner.perf import (
     InstanceState,
     RooflineModel,
     default_calibration,
+    factor_range,
     flag_cap_per_rank,
     predict_traffic,
 )
@@ -67,7 +68,7 @@ def draw_calibration(base: Calibration, rng: np.random.Generator,
         if name in LATER_FACTORS:
             continue
         value = float(getattr(base, name))
-        low, high = _bounds(name)
+        low, high = factor_range(name)
         if name == "mtp_acceptance":
             drawn = float(rng.uniform(*MTP_ACCEPTANCE))
         elif high == 1.0:
@@ -77,27 +78,12 @@ def draw_calibration(base: Calibration, rng: np.random.Generator,
         update[name] = min(max(drawn, low), high)
     later = later_rng or np.random.default_rng(0)
     for name in LATER_FACTORS:
-        low, high = _bounds(name)
+        low, high = factor_range(name)
         update[name] = min(max(float(getattr(base, name)) * float(later.uniform(*COST_SPREAD)), low), high)
     if base.attention_flop_efficiency is not None:
         ratio = update["prefill_flop_efficiency"] / base.prefill_flop_efficiency
         update["attention_flop_efficiency"] = min(base.attention_flop_efficiency * ratio, 1.0)
     return base.model_copy(update=update)
-
-
-def _bounds(field: str) -> tuple[float, float]:
-    """The (inclusive-ish) range a Calibration field accepts; open bounds are nudged inwards."""
-    low, high = 0.0, math.inf
-    for m in Calibration.model_fields[field].metadata:
-        if getattr(m, "ge", None) is not None:
-            low = max(low, float(m.ge))
-        if getattr(m, "gt", None) is not None:
-            low = max(low, float(m.gt) + 1e-6)
-        if getattr(m, "le", None) is not None:
-            high = min(high, float(m.le))
-        if getattr(m, "lt", None) is not None:
-            high = min(high, float(m.lt) - 1e-6)
-    return low, high
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.perf import FITTABLE_FACTORS, Calibration, RooflineModel, predict_traffic
+from tuner.perf import FITTABLE_FACTORS, Calibration, RooflineModel, factor_range, predict_traffic
 from tuner.topology import Role, Topology
 from tuner.workload import Workload
 
@@ -146,20 +146,12 @@ def fit_shared(samples: Sequence[FitSample], gpu: GpuSpec, start: Calibration) -
 
 
 def _start(start: Calibration, name: str) -> float:
-    value = getattr(start, name)
-    return max(float(start.prefill_flop_efficiency if value is None else value), 1e-6)
+    return max(start.factor(name), 1e-6)
 
 
 def _bounds(name: str) -> tuple[float, float]:
-    """The field's own range (open bounds nudged in), a zero lower bound raised so the log is finite."""
+    """The field's own range, a zero lower bound raised (and an open upper one capped) so the log is finite."""
     if name in _BOUNDS:
         return _BOUNDS[name]
-    low, high = 1e-3, 1e4
-    for m in Calibration.model_fields[name].metadata:
-        for attr, nudge in (("ge", 0.0), ("gt", 1e-6)):
-            if getattr(m, attr, None) is not None:
-                low = max(low, float(getattr(m, attr)) + nudge)
-        for attr, nudge in (("le", 0.0), ("lt", -1e-6)):
-            if getattr(m, attr, None) is not None:
-                high = min(high, float(getattr(m, attr)) + nudge)
-    return low, high
+    low, high = factor_range(name)
+    return max(low, 1e-3), min(high, 1e4)

@@ -2,7 +2,13 @@
 
 from tuner.perf._aggregated import AggregatedPoint, BurstRun
 from tuner.perf._base import PerformanceModel
-from tuner.perf._calibration import FITTABLE_FACTORS, Calibration, default_calibration, known_calibrations
+from tuner.perf._calibration import (
+    FITTABLE_FACTORS,
+    Calibration,
+    default_calibration,
+    factor_range,
+    known_calibrations,
+)
 from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
 from tuner.perf._roofline import InstanceState, LatencyParts, Occupancy, RooflineModel, flag_cap_per_rank
 from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
@@ -41,6 +47,7 @@ __all__ = [
     "accepted_tokens",
     "candidate_topologies",
     "default_calibration",
+    "factor_range",
     "fit_calibration",
     "flag_cap_per_rank",
     "known_calibrations",

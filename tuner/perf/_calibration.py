@@ -7,6 +7,8 @@ physically plausible values; the GB300 defaults are calibrated against the publi
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.errors import ConfigError
@@ -105,6 +107,26 @@ class Calibration(BaseModel):
                     "other's compute (vLLM --enable-dbo, DeepEP backends); the SMs the all-to-all kernels hold "
                     "meanwhile are priced apart (InstanceCosts.a2a_sm_share). 1.0: vLLM's pipeline leaves only "
                     "what the compute cannot cover (0.7 before 2026-12-05, when it also stood for that SM share).")
+
+    def factor(self, name: str) -> float:
+        """A factor's value as the model reads it: an unset attention efficiency is the prefill one."""
+        value = getattr(self, name)
+        return float(self.prefill_flop_efficiency if value is None else value)
+
+
+def factor_range(name: str) -> tuple[float, float]:
+    """The range a Calibration field documents (its Field bounds), open bounds nudged inwards by 1e-6."""
+    low, high = 0.0, math.inf
+    for m in Calibration.model_fields[name].metadata:
+        if getattr(m, "ge", None) is not None:
+            low = max(low, float(m.ge))
+        if getattr(m, "gt", None) is not None:
+            low = max(low, float(m.gt) + 1e-6)
+        if getattr(m, "le", None) is not None:
+            high = min(high, float(m.le))
+        if getattr(m, "lt", None) is not None:
+            high = min(high, float(m.lt) - 1e-6)
+    return low, high
 
 
 #: Factors least_squares may change; everything a measurement can pin down. (scale_out_bw_efficiency is not one

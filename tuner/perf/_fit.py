@@ -53,12 +53,6 @@ def _bounds(name: str) -> tuple[float, float]:
     return _FRACTION_BOUNDS
 
 
-def _start_value(start: Calibration, name: str) -> float:
-    """A factor's starting value; an unset attention efficiency starts where it currently is: at the prefill one."""
-    value = getattr(start, name)
-    return float(start.prefill_flop_efficiency if value is None else value)
-
-
 def _ratios(perf: PerformanceModel, points: Sequence[MeasuredPoint]) -> list[float]:
     """predicted / measured for request rate, and ITL (decode) or TTFT (prefill), per point."""
     out = []
@@ -112,7 +106,7 @@ def fit_calibration(model: ModelSpec, gpu: GpuSpec, measured_points: Sequence[Me
     names = tuple(factors)
     lo = [math.log(_bounds(n)[0]) for n in names]
     hi = [math.log(_bounds(n)[1]) for n in names]
-    x0 = [min(max(math.log(max(_start_value(start, n), 1e-12)), a + 1e-9), b - 1e-9)
+    x0 = [min(max(math.log(max(start.factor(n), 1e-12)), a + 1e-9), b - 1e-9)
           for n, a, b in zip(names, lo, hi, strict=True)]
 
     def calibrated(x: Sequence[float]) -> Calibration:
