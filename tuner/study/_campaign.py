@@ -274,9 +274,9 @@ class Campaign:
 
     def _warm_start(self, phase: str, pair_with_tps: frozenset[int],
                     transfer: StudyTransfer | None = None) -> list[dict[str, Any]]:
-        learnt = transfer.knowledge.calibration if transfer is not None and not transfer.knowledge.empty else None
         return predicted_front_params(self.space, phase, self.model, self.gpu,  # type: ignore[arg-type]
-                                      pair_with_tps=pair_with_tps, calibration=learnt)
+                                      pair_with_tps=pair_with_tps,
+                                      calibration=transfer.calibration if transfer is not None else None)
 
     def run(self) -> CampaignResult:
         storage = open_storage(self.storage_url)

@@ -10,12 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.backends import TrialRequest, TrialResult
-from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterRecorder, ClusterStore, KnownRisk, load_knowledge
+from tuner.cluster import (
+    ClusterKey,
+    ClusterKnowledge,
+    ClusterRecorder,
+    ClusterStore,
+    KnownRisk,
+    learn,
+    load_knowledge,
+)
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec
+from tuner.perf import Calibration
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._prior import SimulatorPrior
-from tuner.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -29,13 +37,19 @@ class StudyTransfer:
 
     @classmethod
     def open(cls, store: ClusterStore, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
-             vllm_version: str | None = None, cluster: str | None = None, learn: bool = True,
+             vllm_version: str | None = None, cluster: str | None = None, learn_from_store: bool = True,
              record: bool = True) -> StudyTransfer:
-        """learn: start from the store (False: record only, the study starts fresh); record: add its trials."""
+        """learn_from_store: start from the store (False: record only, the study starts fresh); record: add its
+        trials."""
         key = ClusterKey.of(gpu, vllm_version, cluster)
-        knowledge = load_knowledge(store, key, gpu) if learn else load_knowledge_empty(key, gpu)
+        knowledge = load_knowledge(store, key, gpu) if learn_from_store else learn(key, gpu, [])
         recorder = ClusterRecorder(store, key, model.name, model_path) if record else None
         return cls(knowledge, recorder)
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The learnt calibration; None while the cluster taught nothing (the GPU's documented one applies)."""
+        return None if self.knowledge.empty else self.knowledge.calibration
 
     def prior(self, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
         role = phase_role(phase)
@@ -64,13 +78,7 @@ def open_transfer(storage_url: str, gpu: GpuSpec, model: ModelSpec, model_path: 
                   ) -> StudyTransfer:
     """The transfer of a study stored at `storage_url`: its cluster tables live in the same database."""
     return StudyTransfer.open(ClusterStore(storage_url), gpu, model, model_path, vllm_version=vllm_version,
-                              cluster=cluster, learn=learn)
-
-
-def load_knowledge_empty(key: ClusterKey, gpu: GpuSpec) -> ClusterKnowledge:
-    from tuner.cluster import learn
-
-    return learn(key, gpu, [])
+                              cluster=cluster, learn_from_store=learn)
 
 
 def default_prior(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec,
@@ -79,10 +87,6 @@ def default_prior(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSp
     if transfer is None or transfer.knowledge.empty:
         return SimulatorPrior.build(space, phase, model, gpu)
     return transfer.prior(space, phase, model, gpu)
-
-
-def risk_of(transfer: StudyTransfer | None, topo: Topology) -> KnownRisk | None:
-    return transfer.knowledge.risk(topo) if transfer is not None else None
 
 
 def cluster_notes(storage_url: str, space: SearchSpace, model: ModelSpec, gpu: GpuSpec,
