@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -662,18 +662,7 @@ class VllmBackend(Backend):
     @staticmethod
     def _prefix_counters(plan: LaunchPlan) -> dict[str, float]:
         """Prefix-cache counters summed over the servers that compute prompts (prefill and aggregated)."""
-        totals = dict.fromkeys(PREFIX_CACHE_COUNTERS, 0.0)
-        for spec in plan.servers:
-            if spec.role not in ("prefill", "both") or not spec.port:
-                continue
-            try:
-                text = scrape(f"http://{spec.host}:{spec.port}/metrics", timeout_s=30.0)
-            except OSError as exc:
-                raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
-                                           f"{spec.name}: /metrics unreadable ({exc})")) from None
-            for key, value in prefix_cache_counters(text).items():
-                totals[key] += value
-        return totals
+        return _summed_counters(plan, ("prefill", "both"), PREFIX_CACHE_COUNTERS, prefix_cache_counters)
 
     def _wait_aiperf(self, aiperf: RunningProcess, processes: list[ProcessHandle], level: str,
                      timeout_s: float) -> int:
@@ -694,18 +683,7 @@ class VllmBackend(Backend):
     @staticmethod
     def _decode_kv_counters(plan: LaunchPlan) -> dict[str, float]:
         """KV-transfer counters summed over the decode servers (vLLM's /metrics); cumulative since start."""
-        totals = dict.fromkeys(KV_TRANSFER_COUNTERS, 0.0)
-        for spec in plan.servers:
-            if spec.role != "decode" or not spec.port:
-                continue
-            try:
-                text = scrape(f"http://{spec.host}:{spec.port}/metrics", timeout_s=30.0)
-            except OSError as exc:
-                raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
-                                           f"{spec.name}: /metrics unreadable ({exc})")) from None
-            for key, value in kv_transfer_counters(text).items():
-                totals[key] += value
-        return totals
+        return _summed_counters(plan, ("decode",), KV_TRANSFER_COUNTERS, kv_transfer_counters)
 
     def _connect_pd(self, request: TrialRequest, plan: LaunchPlan) -> dict[str, float]:
         """First contact: requests through the router until decode has received prompt KV over the connector.
@@ -748,3 +726,20 @@ class VllmBackend(Backend):
             if failure is not None:
                 return failure
         return None
+
+
+def _summed_counters(plan: LaunchPlan, roles: tuple[str, ...], names: Sequence[str],
+                     parse: Callable[[str], dict[str, float]]) -> dict[str, float]:
+    """vLLM /metrics counters summed over the plan's servers of these roles; an unreadable endpoint ends the trial."""
+    totals = dict.fromkeys(names, 0.0)
+    for spec in plan.servers:
+        if spec.role not in roles or not spec.port:
+            continue
+        try:
+            text = scrape(f"http://{spec.host}:{spec.port}/metrics", timeout_s=30.0)
+        except OSError as exc:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
+                                       f"{spec.name}: /metrics unreadable ({exc})")) from None
+        for key, value in parse(text).items():
+            totals[key] += value
+    return totals
