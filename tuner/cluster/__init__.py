@@ -5,6 +5,7 @@ from tuner.cluster._key import ClusterKey
 from tuner.cluster._knowledge import (
     MAX_OFFSET,
     ClusterKnowledge,
+    FactorEvidence,
     HeldOut,
     KnownRisk,
     LayoutOffset,
@@ -23,6 +24,7 @@ __all__ = [
     "ClusterKnowledge",
     "ClusterRecorder",
     "ClusterStore",
+    "FactorEvidence",
     "FitSample",
     "HeldOut",
     "KnownRisk",
