@@ -25,7 +25,7 @@ from api.cluster_view import anchor_of, cluster_views
 from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
-from api.schemas import StudyCreate
+from api.schemas import ReverifyCreate, StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
@@ -163,6 +163,7 @@ def plotly_js() -> FileResponse:
 def study_page(request: Request, record: StudyDep, session: SessionDep, cache: CacheDep,
                settings: SettingsDep) -> HTMLResponse:
     snap = cache.snapshot(record, full=True)
+    reports = _reports(record, settings.database_url)
     events = session.scalars(select(EventRecord).where(EventRecord.study_id == record.id)
                              .order_by(EventRecord.id.desc()).limit(15)).all()
     result = snap.result
@@ -178,18 +179,29 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,
-        "reverify": _last_report(record, settings.database_url),
+        "reverify": reports[-1] if reports else None, "reverify_count": len(reports),
+        "reverify_form": reverify_form(),
         "verified_on": recipe_versions(result) if result else [],
         "cluster": study_cluster(record.space),
         "dashboard": {ph: dashboard_url(sid) for ph, sid in snap.study_ids.items()}})
 
 
-def _last_report(record: StudyRecord, storage_url: str) -> ReverifyReport | None:
+def _reports(record: StudyRecord, storage_url: str) -> list[ReverifyReport]:
     try:
-        reports = stored_reports(storage_url, record.campaign)
+        return stored_reports(storage_url, record.campaign)
     except TopotuneError:  # no trials yet
-        return None
-    return reports[-1] if reports else None
+        return []
+
+
+def reverify_form() -> dict[str, Any]:
+    """The re-verify form's defaults and bounds, from the endpoint's schema (one validation path)."""
+    fields = ReverifyCreate.model_fields
+
+    def most(name: str) -> int:
+        return next(m.le for m in fields[name].metadata if hasattr(m, "le"))
+
+    return {"budget": fields["budget"].default, "budget_max": most("budget"), "repeats": fields["repeats"].default,
+            "repeats_max": most("repeats"), "reopen": fields["reopen"].default}
 
 
 def _traffic(space: dict) -> str:
