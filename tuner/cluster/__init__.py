@@ -9,8 +9,10 @@ from tuner.cluster._knowledge import (
     HeldOut,
     KnownRisk,
     LayoutOffset,
+    RiskMatch,
     learn,
     load_knowledge,
+    planned_risks,
     risk_key,
 )
 from tuner.cluster._recorder import ClusterRecorder
@@ -29,12 +31,14 @@ __all__ = [
     "HeldOut",
     "KnownRisk",
     "LayoutOffset",
+    "RiskMatch",
     "SharedFit",
     "StoredFailure",
     "StoredRun",
     "fit_shared",
     "learn",
     "load_knowledge",
+    "planned_risks",
     "prediction_error",
     "risk_key",
 ]

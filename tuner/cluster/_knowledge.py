@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tuner.cluster._fit import FitSample, exercises, fit_shared, prediction_error, spread
-from tuner.cluster._key import ClusterKey
+from tuner.cluster._key import UNKNOWN, ClusterKey
 from tuner.cluster._store import ClusterStore, StoredFailure, StoredRun
 from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec
@@ -300,6 +300,43 @@ def _risks(failures: Sequence[StoredFailure]) -> dict[tuple, KnownRisk]:
             grouped.setdefault(risk_key(f.topology), []).append(f)
     return {k: KnownRisk(v[0].topology, tuple(dict.fromkeys(f.model_name for f in v)), v[0].status.value,
                          v[-1].reason) for k, v in grouped.items()}
+
+
+@dataclass(frozen=True)
+class RiskMatch:
+    """A planned instance whose layout and flags crashed on a matching cluster key."""
+
+    key: ClusterKey
+    topology: Topology  # as planned
+    risk: KnownRisk
+
+    def warning(self) -> str:
+        return (f"warning: {self.topology.role.value} {self.topology.label()} is a known risk on cluster "
+                f"{self.key.name} (vLLM {self.key.vllm_version}): {self.risk.status} for "
+                f"{', '.join(self.risk.models)} (last: {self.risk.reason.strip()[:200] or 'no reason recorded'})")
+
+
+def planned_risks(store: ClusterStore, topologies: Sequence[Topology], *, gpu_class: str,
+                  vllm_version: str | None = None, cluster: str | None = None) -> list[RiskMatch]:
+    """Which planned instances repeat a known crash: on every key of this GPU class (and cluster name, when
+    given) whose vLLM is the planned one or was not pinned by its studies (recorded as unknown)."""
+    versions = {UNKNOWN, *((_bare(vllm_version),) if vllm_version else ())}
+    out = []
+    for key in store.clusters():
+        if key.gpu_class != gpu_class or (cluster is not None and key.name != cluster):
+            continue
+        if vllm_version is not None and _bare(key.vllm_version) not in versions:
+            continue
+        risks = _risks(store.read_failures(key))
+        for topo in dict.fromkeys(topologies):
+            found = risks.get(risk_key(topo))
+            if found is not None:
+                out.append(RiskMatch(key, topo, found))
+    return out
+
+
+def _bare(version: str) -> str:
+    return version.lstrip("v")
 
 
 def load_knowledge(store: ClusterStore, key: ClusterKey, gpu: GpuSpec, *, held_out: bool = False,
