@@ -229,6 +229,7 @@ class StudyRunner:
         space = SearchSpace.model_validate(record.space)
         options = dict(record.backend_options)
         phases = tuple(options.pop("phases", None) or space.phases)
+        retry_risks = bool(options.pop("retry_risks", False))  # the study's, not the backend's
         if record.backend == "simulated":
             options = {k: v for k, v in options.items() if k in ("noise", "delay_s") and v}
         executor = None
@@ -242,7 +243,7 @@ class StudyRunner:
                 options=TuneOptions(trials=record.trials_per_phase, sampler=record.sampler, seed=record.seed,
                                     warm_start=record.warm_start),
                 artifacts_dir=self.settings.artifacts_dir, on_event=self._event_recorder(study_id), stop=stop,
-                phases=phases, name=record.campaign)
+                phases=phases, name=record.campaign, retry_risks=retry_risks)
             self._event(study_id, "started", f"campaign {campaign.name}")
             result = campaign.run()
         except TopotuneError as exc:

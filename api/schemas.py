@@ -48,6 +48,8 @@ class StudyCreate(_In):
     sampler: SamplerName = "auto"
     seed: int = Field(0, ge=0, le=2**31 - 1)
     warm_start: bool = True
+    retry_risks: bool = Field(False, description="launch configs that crashed on this cluster for another model "
+                              "(its known risks, /ui/clusters); by default no sampler launches them")
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=3, description="default: every phase")
     constraints: ConstraintsIn | None = Field(None, description="SLA bounds replacing the space's, field by field: "
                                             "max_ttft_ms, max_itl_ms, percentile, min_accuracy (null: unbounded)")

@@ -188,9 +188,9 @@ def with_constraints(space: SearchSpace, body: StudyCreate) -> SearchSpace:
 def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:
     model_path, model = resolve_model(body.model_path, settings, ("body", "model_path"))
     space = with_constraints(resolve_space(body, settings), body)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"retry_risks": True} if body.retry_risks else {}
     if body.backend == "simulated":
-        options = {"noise": body.noise, "delay_s": body.trial_delay_s}
+        options |= {"noise": body.noise, "delay_s": body.trial_delay_s}
     record = new_study(session, model_path=model_path, model=model, space=space, backend=body.backend,
                        trials=body.trials, sampler=body.sampler, seed=body.seed, warm_start=body.warm_start,
                        phases=tuple(body.phases) if body.phases else None, backend_options=options)

@@ -21,13 +21,16 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
 from api.choices import model_choices, space_choices
+from api.cluster_view import anchor_of, cluster_views
 from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
-from api.schemas import StudyCreate
+from api.schemas import ReverifyCreate, StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
+from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
 from tuner.frontier import binding_bound
+from tuner.hardware import get_gpu
 from tuner.space import WorkloadSpec
 from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
 
@@ -131,6 +134,25 @@ def compare_page(request: Request, session: SessionDep, a: int | None = None, b:
         "b": b if b in ids else (ids[0] if ids else None)})
 
 
+@router.get("/clusters", response_class=HTMLResponse)
+def clusters_page(request: Request, settings: SettingsDep, held_out: bool = False) -> HTMLResponse:
+    """What every study taught each cluster (api/cluster_view.py); `?held_out=true` also scores the fit leaving
+    each model out (one more fit per model: seconds, so only when asked)."""
+    return TEMPLATES.TemplateResponse(request, "clusters.html", {
+        "clusters": cluster_views(settings.database_url, held_out=held_out), "held_out": held_out})
+
+
+def study_cluster(space: dict) -> tuple[str, str] | None:
+    """The cluster a service study records into and learns from (the default name of its GPU and network), and
+    its section on /ui/clusters."""
+    try:
+        cluster = space["cluster"]
+        name = ClusterKey.of(get_gpu(cluster["gpu"]), cluster.get("vllm_version")).name
+    except (KeyError, TypeError, TopotuneError):
+        return None
+    return name, anchor_of(name)
+
+
 @router.get("/static/plotly.min.js")
 def plotly_js() -> FileResponse:
     return FileResponse(_plotly_js(), media_type="application/javascript",
@@ -141,6 +163,7 @@ def plotly_js() -> FileResponse:
 def study_page(request: Request, record: StudyDep, session: SessionDep, cache: CacheDep,
                settings: SettingsDep) -> HTMLResponse:
     snap = cache.snapshot(record, full=True)
+    reports = _reports(record, settings.database_url)
     events = session.scalars(select(EventRecord).where(EventRecord.study_id == record.id)
                              .order_by(EventRecord.id.desc()).limit(15)).all()
     result = snap.result
@@ -156,17 +179,29 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,
-        "reverify": _last_report(record, settings.database_url),
+        "reverify": reports[-1] if reports else None, "reverify_count": len(reports),
+        "reverify_form": reverify_form(),
         "verified_on": recipe_versions(result) if result else [],
+        "cluster": study_cluster(record.space),
         "dashboard": {ph: dashboard_url(sid) for ph, sid in snap.study_ids.items()}})
 
 
-def _last_report(record: StudyRecord, storage_url: str) -> ReverifyReport | None:
+def _reports(record: StudyRecord, storage_url: str) -> list[ReverifyReport]:
     try:
-        reports = stored_reports(storage_url, record.campaign)
+        return stored_reports(storage_url, record.campaign)
     except TopotuneError:  # no trials yet
-        return None
-    return reports[-1] if reports else None
+        return []
+
+
+def reverify_form() -> dict[str, Any]:
+    """The re-verify form's defaults and bounds, from the endpoint's schema (one validation path)."""
+    fields = ReverifyCreate.model_fields
+
+    def most(name: str) -> int:
+        return next(m.le for m in fields[name].metadata if hasattr(m, "le"))
+
+    return {"budget": fields["budget"].default, "budget_max": most("budget"), "repeats": fields["repeats"].default,
+            "repeats_max": most("repeats"), "reopen": fields["reopen"].default}
 
 
 def _traffic(space: dict) -> str:

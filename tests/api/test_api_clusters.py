@@ -19,4 +19,5 @@ def test_clusters_lists_what_the_store_learnt(sqlite_url, make_settings, client_
     (cluster,) = body["clusters"]
     assert cluster["cluster"] == "lab" and cluster["runs"] == 4 and cluster["models"] == ["qwen3-235b-a22b"]
     assert cluster["held_out"] is None  # not asked (and one model cannot be left out)
-    assert all(set(f) == {"default", "learnt", "moved_pct"} for f in cluster["factors"].values())
+    assert all(set(f) == {"default", "learnt", "moved_pct", "runs", "models"} for f in cluster["factors"].values())
+    assert all(f["runs"] >= 1 and f["models"] == 1 for f in cluster["factors"].values())

@@ -39,10 +39,12 @@ def show_cluster_knowledge(storage_url: str, cluster: str | None, json_out: bool
         console.print(f"  in-sample error: {_pct(k.error_before)} default, {_pct(k.error_after)} learnt",
                       highlight=False)
         table = Table(title="factors (fitted on this cluster's trials)", title_justify="left")
-        for col in ("factor", "default", "learnt", "moved"):
+        for col in ("factor", "default", "learnt", "moved", "from"):
             table.add_column(col, justify="left" if col == "factor" else "right")
         for name, (before, after) in k.moved().items():
-            table.add_row(name, f"{before:.4g}", f"{after:.4g}", f"{100 * (after / before - 1):+.1f}%")
+            ev = k.evidence.get(name)
+            table.add_row(name, f"{before:.4g}", f"{after:.4g}", f"{100 * (after / before - 1):+.1f}%",
+                          f"{ev.runs} trials, {ev.models} model(s)" if ev else "-")
         console.print(table)
         if k.layout_offsets:
             worst = sorted(k.layout_offsets.items(), key=lambda kv: -abs(kv[1].log_throughput))[:8]

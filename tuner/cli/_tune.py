@@ -128,6 +128,8 @@ def tune(
     parallel: Annotated[int, typer.Option(help="trials in flight at once (limited by free GPUs)")] = 1,
     executor: Annotated[str, typer.Option(help="ray (local Ray, or RAY_ADDRESS) | local (threads)")] = "ray",
     warm_start: Annotated[bool, typer.Option(help="enqueue the simulator's predicted front first")] = True,
+    retry_risks: Annotated[bool, typer.Option(help="launch configs that crashed on this cluster for another model "
+                                                   "(known risks: by default no sampler launches them)")] = False,
     noise: Annotated[float, typer.Option(help="simulated backend: seeded relative noise per trial")] = 0.0,
     emulate_vllm: Annotated[str | None, typer.Option(help="simulated backend: answer as this vLLM version (an "
                                                           "emulated upgrade, see `topotune reverify`)")] = None,
@@ -176,13 +178,14 @@ def tune(
                             storage_url=settings.storage_url, options=TuneOptions(trials=trials, sampler=sampler,
                                                                                   seed=seed, warm_start=warm_start),
                             artifacts_dir=settings.artifacts_dir, on_event=progress, stop=stop,
-                            phases=tuple(phase) if phase else ALL_PHASES)
+                            phases=tuple(phase) if phase else ALL_PHASES, retry_risks=retry_risks)
         if json_out:
             result = campaign.run()
         else:
             from tuner.study import cluster_notes
 
-            for line in cluster_notes(settings.storage_url, the_space, campaign.model, campaign.gpu):
+            for line in cluster_notes(settings.storage_url, the_space, campaign.model, campaign.gpu,
+                                      retry_risks=retry_risks):
                 console.print(line, highlight=False)
             with Live(progress, console=console, refresh_per_second=4, transient=False):
                 result = campaign.run()

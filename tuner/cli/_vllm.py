@@ -8,10 +8,24 @@ from typing import Annotated
 
 import typer
 
-from tuner.cli._app import app, console, print_json
+from tuner.cli._app import app, console, err_console, print_json
 from tuner.errors import ConfigError
 
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-cpu-vllm.sh"
+NOT_DETECTED = "not detected: the newest the version table checks"
+
+
+def plan_warnings(storage: str | None, deployment, gpu: str, vllm_version: str | None,  # type: ignore[no-untyped-def]
+                  cluster: str | None) -> list[str]:
+    """The planned instances that crashed on this cluster for another model (its store in `storage`): the issue's
+    "a known risk for the next", said before anything launches. A guessed vLLM version matches every version."""
+    if storage is None:
+        return []
+    from tuner.cluster import ClusterStore, planned_risks
+
+    found = planned_risks(ClusterStore(storage), [g.topology for g in deployment.groups], gpu_class=gpu,
+                          vllm_version=vllm_version, cluster=cluster)
+    return [m.warning() for m in found]
 
 
 @app.command("setup-cpu-vllm")
@@ -87,7 +101,13 @@ def plan(
     prefix_caching: Annotated[bool, typer.Option(
         "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (its default: on). Off, a hybrid "
         "model's PD pair may use TPs whose block sizes differ.")] = True,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    storage: Annotated[str | None, typer.Option(
+        help="Study database (SQLAlchemy URL) whose cluster store is checked: a planned instance whose layout and "
+             "flags crashed on this cluster for another model is named (a warning; the plan is still printed).")]
+    = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="With --storage: the cluster's name in the store (default: every cluster of this GPU).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (warnings go to stderr).")] = False,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
@@ -118,8 +138,7 @@ def plan(
         version, how = str(VllmVersion.parse(vllm_version, field_name="--vllm-version")), "given"
     else:
         found = detect_version((vllm,))
-        version, how = (str(found), f"detected from {vllm}") if found else (str(NEWEST_CHECKED), "not detected: "
-                                                                             "the newest the version table checks")
+        version, how = (str(found), f"detected from {vllm}") if found else (str(NEWEST_CHECKED), NOT_DETECTED)
     if max_model_len is None and isl and osl:
         max_model_len = served_context_tokens(isl, osl)
     spec = model_or_none(model)
@@ -131,12 +150,18 @@ def plan(
                             extra_flags=() if prefix_caching else ("--no-enable-prefix-caching",))
     launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
                         resolve=resolve_address if addresses else keep_names, model=spec)
+    warnings = plan_warnings(storage, dep, get_gpu(hardware).name, version if how != NOT_DETECTED else None,
+                             cluster)
     if json_out:
+        for line in warnings:
+            err_console.print(line, highlight=False, markup=False, soft_wrap=True)
         print_json(launch.model_dump(mode="json"))
         return
     console.print(f"# {dep.name}: {dep.num_gpus} GPUs on {len(launch.hosts())} host(s); endpoint {launch.endpoint}",
                   highlight=False)
     console.print(f"# vLLM {version} ({how}); hybrid model: {settings.model_is_hybrid}", highlight=False)
+    for line in warnings:
+        console.print(f"# {line}", highlight=False, markup=False, style="yellow", soft_wrap=True)
     for host in launch.hosts():
         console.print(f"\n# --- {host} ---", highlight=False)
         for proc in launch.for_host(host):

@@ -59,15 +59,23 @@ class SharedFit:
     error_after: float
 
 
+_EP_FACTORS = frozenset({"alltoall_bw_efficiency", "alltoall_latency_us", "expert_popularity_cv"})
+
+
+def exercises(sample: FitSample, factor: str) -> bool:
+    """Whether a run says anything about a factor: its role's factors, MTP acceptance only with MTP on, the
+    all-to-all and expert imbalance only with EP on."""
+    if factor not in ROLE_FACTORS.get(sample.role, ()):
+        return False
+    if factor == "mtp_acceptance":
+        return sample.topology.mtp > 0
+    return sample.topology.ep or factor not in _EP_FACTORS
+
+
 def fittable_factors(samples: Sequence[FitSample], start: Calibration) -> tuple[str, ...]:
-    roles = {s.role for s in samples}
-    names = [f for role in (Role.PREFILL, Role.DECODE) if role in roles for f in ROLE_FACTORS[role]]
-    if not any(s.topology.mtp for s in samples):
-        names = [f for f in names if f != "mtp_acceptance"]
-    if not any(s.topology.ep for s in samples):
-        names = [f for f in names if f not in ("alltoall_bw_efficiency", "alltoall_latency_us",
-                                               "expert_popularity_cv")]
-    return tuple(f for f in names if f in FITTABLE_FACTORS)
+    """The factors at least one sample exercises, in ROLE_FACTORS order."""
+    names = [f for role in (Role.PREFILL, Role.DECODE) for f in ROLE_FACTORS[role]]
+    return tuple(f for f in names if f in FITTABLE_FACTORS and any(exercises(s, f) for s in samples))
 
 
 def log_ratios(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration) -> np.ndarray:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.cluster._fit import FitSample, fit_shared, prediction_error
-from tuner.cluster._key import ClusterKey
+from tuner.cluster._fit import FitSample, exercises, fit_shared, prediction_error, spread
+from tuner.cluster._key import UNKNOWN, ClusterKey
 from tuner.cluster._store import ClusterStore, StoredFailure, StoredRun
 from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec
@@ -66,6 +66,15 @@ class KnownRisk:
 
 
 @dataclass(frozen=True)
+class FactorEvidence:
+    """What moved one factor: the runs of the fit that exercise it (tuner.cluster._fit.exercises), of how many
+    models. A factor moved by one model's runs is shrunk towards its default (MODEL_SHRINK)."""
+
+    runs: int
+    models: int
+
+
+@dataclass(frozen=True)
 class HeldOut:
     """The fit scored on runs it did not use (leave one model out): mean |log predicted/measured|."""
 
@@ -90,6 +99,7 @@ class ClusterKnowledge:
     failures: int = 0
     held_out: HeldOut | None = None
     trends: dict[str, LayoutTrend] = field(default_factory=dict)  # per role: the smooth part of the offsets
+    evidence: dict[str, FactorEvidence] = field(default_factory=dict)  # per fitted factor
 
     @property
     def empty(self) -> bool:
@@ -123,7 +133,9 @@ class ClusterKnowledge:
             "cluster": self.key.name, "gpu_class": self.key.gpu_class, "interconnect": self.key.interconnect,
             "vllm_version": self.key.vllm_version, "kernel_family": self.key.kernel_family,
             "runs": self.runs, "models": list(self.models), "launch_failures": self.failures,
-            "factors": {n: {"default": a, "learnt": b, "moved_pct": 100.0 * (b / a - 1.0) if a else None}
+            "factors": {n: {"default": a, "learnt": b, "moved_pct": 100.0 * (b / a - 1.0) if a else None,
+                            "runs": self.evidence[n].runs if n in self.evidence else None,
+                            "models": self.evidence[n].models if n in self.evidence else None}
                         for n, (a, b) in self.moved().items()},
             "error_in_sample": {"default": _finite(self.error_before), "fitted": _finite(self.error_after)},
             "held_out": None if self.held_out is None else {
@@ -181,7 +193,18 @@ def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Se
     offsets, trends = layout_offsets(samples, gpu, fit.calibration)
     scored = _held_out(samples, gpu, default) if held_out and len(models) > 1 else None
     return ClusterKnowledge(key, default, fit.calibration, fit.factors, len(samples), models, fit.error_before,
-                            fit.error_after, offsets, risks, len(failures), scored, trends)
+                            fit.error_after, offsets, risks, len(failures), scored, trends,
+                            factor_evidence(samples, fit.factors))
+
+
+def factor_evidence(samples: Sequence[FitSample], factors: Sequence[str]) -> dict[str, FactorEvidence]:
+    """Per factor: the runs the fit used (tuner.cluster._fit.spread) that exercise it, and their models."""
+    used = spread(samples)
+    out = {}
+    for name in factors:
+        runs = [s for s in used if exercises(s, name)]
+        out[name] = FactorEvidence(len(runs), len({s.model.name for s in runs}))
+    return out
 
 
 def _held_out(samples: Sequence[FitSample], gpu: GpuSpec, default: Calibration) -> HeldOut:
@@ -277,6 +300,43 @@ def _risks(failures: Sequence[StoredFailure]) -> dict[tuple, KnownRisk]:
             grouped.setdefault(risk_key(f.topology), []).append(f)
     return {k: KnownRisk(v[0].topology, tuple(dict.fromkeys(f.model_name for f in v)), v[0].status.value,
                          v[-1].reason) for k, v in grouped.items()}
+
+
+@dataclass(frozen=True)
+class RiskMatch:
+    """A planned instance whose layout and flags crashed on a matching cluster key."""
+
+    key: ClusterKey
+    topology: Topology  # as planned
+    risk: KnownRisk
+
+    def warning(self) -> str:
+        return (f"warning: {self.topology.role.value} {self.topology.label()} is a known risk on cluster "
+                f"{self.key.name} (vLLM {self.key.vllm_version}): {self.risk.status} for "
+                f"{', '.join(self.risk.models)} (last: {self.risk.reason.strip()[:200] or 'no reason recorded'})")
+
+
+def planned_risks(store: ClusterStore, topologies: Sequence[Topology], *, gpu_class: str,
+                  vllm_version: str | None = None, cluster: str | None = None) -> list[RiskMatch]:
+    """Which planned instances repeat a known crash: on every key of this GPU class (and cluster name, when
+    given) whose vLLM is the planned one or was not pinned by its studies (recorded as unknown)."""
+    versions = {UNKNOWN, *((_bare(vllm_version),) if vllm_version else ())}
+    out = []
+    for key in store.clusters():
+        if key.gpu_class != gpu_class or (cluster is not None and key.name != cluster):
+            continue
+        if vllm_version is not None and _bare(key.vllm_version) not in versions:
+            continue
+        risks = _risks(store.read_failures(key))
+        for topo in dict.fromkeys(topologies):
+            found = risks.get(risk_key(topo))
+            if found is not None:
+                out.append(RiskMatch(key, topo, found))
+    return out
+
+
+def _bare(version: str) -> str:
+    return version.lstrip("v")
 
 
 def load_knowledge(store: ClusterStore, key: ClusterKey, gpu: GpuSpec, *, held_out: bool = False,

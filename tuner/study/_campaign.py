@@ -259,6 +259,7 @@ class Campaign:
     name: str = ""  # prefix of the phase studies; default campaign_name(model, GPU, workload)
     cluster: str | None = None  # the calibration store's cluster name; default derived from the GPU and network
     learn_cluster: bool = True  # start each study from what the cluster taught earlier studies (tuner/cluster)
+    retry_risks: bool = False  # launch configs that crashed on this cluster before (default: no sampler does)
 
     def __post_init__(self) -> None:
         self.model: ModelSpec = load_model(self.model_path)
@@ -276,7 +277,8 @@ class Campaign:
                     transfer: StudyTransfer | None = None) -> list[dict[str, Any]]:
         return predicted_front_params(self.space, phase, self.model, self.gpu,  # type: ignore[arg-type]
                                       pair_with_tps=pair_with_tps,
-                                      calibration=transfer.calibration if transfer is not None else None)
+                                      calibration=transfer.calibration if transfer is not None else None,
+                                      skip=(lambda t: transfer.known_risk(t) is not None) if transfer else None)
 
     def run(self) -> CampaignResult:
         storage = open_storage(self.storage_url)
@@ -287,7 +289,7 @@ class Campaign:
             # learnt per phase: the decode study already starts from what the prefill study just measured
             transfer = open_transfer(self.storage_url, self.gpu, self.model, str(self.model_path),
                                      vllm_version=self.space.cluster.vllm_version, cluster=self.cluster,
-                                     learn=self.learn_cluster)
+                                     learn=self.learn_cluster, retry_risks=self.retry_risks)
             run = PhaseRun(phase=phase, space=self.space, model=self.model, model_path=str(self.model_path),  # type: ignore[arg-type]
                            gpu=self.gpu, storage=storage, study_name=self.phase_study_name(phase),
                            backend_name=self.backend_name, executor=self.executor, options=self.options,

@@ -2,8 +2,9 @@
 
 Call order per phase: open (or resume) the Optuna study -> reclaim RUNNING trials of a dead driver
 (`_liveness.py`) -> warm start (the simulator's predicted front, enqueued once; `_warm_start.py`) -> loop while
-the budget allows (`_budget.py`): ask while the executor has room, screen each config with the memory model (an
-impossible config is told infeasible and never launched, and repaired; `_screen.py`), submit, heartbeat the
+the budget allows (`_budget.py`): ask while the executor has room, screen each config with the memory model and
+the cluster's known risks (an impossible or known-crashing config is told infeasible, never launched, and
+repaired; `_screen.py`), submit, heartbeat the
 running trials, tell each finished trial (`_recorder.py`: its representative point, and its other concurrency
 levels as completed trials of the same params). Progress goes to `on_event` (`_events.py`).
 """
@@ -71,7 +72,8 @@ class PhaseRun:
     _started_at: float = field(default_factory=time.time, init=False, repr=False)  # orphans predate it
 
     def __post_init__(self) -> None:
-        self._screen = Screen(self.space, self.phase, self.model, self.gpu)
+        self._screen = Screen(self.space, self.phase, self.model, self.gpu,
+                              risk=self.transfer.known_risk if self.transfer is not None else None)
         self._recorder = Recorder(self.phase, self.space, lambda event: self.on_event(event))
 
     @property

@@ -1,8 +1,9 @@
 """A study that starts from what its cluster already taught: the learnt calibration, per-layout offsets, crashes.
 
 Built once per study (tuner.cluster learns from the store when the study opens), it gives the simulator prior
-its calibration, a bounded prior log-factor per parallel layout and the configs to leave out, and records each
-finished trial back into the store, so the next model starts further along.
+its calibration, a bounded prior log-factor per parallel layout and the configs to leave out (the known risks:
+the guided sampler's prior, the warm start and the screen every sampler's proposals pass all skip them, unless the
+study retries risks), and records each finished trial back into the store, so the next model starts further along.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tuner.models import ModelSpec
 from tuner.perf import Calibration
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._prior import SimulatorPrior
+from tuner.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -33,18 +35,22 @@ class StudyTransfer:
     knowledge: ClusterKnowledge
     recorder: ClusterRecorder | None = None
     use_offsets: bool = True
-    skip_risks: bool = True
+    skip_risks: bool = True  # False: the study retries the cluster's known crashes (`tune --retry-risks`)
 
     @classmethod
     def open(cls, store: ClusterStore, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
              vllm_version: str | None = None, cluster: str | None = None, learn_from_store: bool = True,
-             record: bool = True) -> StudyTransfer:
+             record: bool = True, retry_risks: bool = False) -> StudyTransfer:
         """learn_from_store: start from the store (False: record only, the study starts fresh); record: add its
-        trials."""
+        trials; retry_risks: launch the known risks like any config (after a fix on the cluster)."""
         key = ClusterKey.of(gpu, vllm_version, cluster)
         knowledge = load_knowledge(store, key, gpu) if learn_from_store else learn(key, gpu, [])
         recorder = ClusterRecorder(store, key, model.name, model_path) if record else None
-        return cls(knowledge, recorder)
+        return cls(knowledge, recorder, skip_risks=not retry_risks)
+
+    def known_risk(self, topo: Topology) -> KnownRisk | None:
+        """The known crash this config repeats on this cluster, when the study skips them (else None)."""
+        return self.knowledge.risk(topo) if self.skip_risks else None
 
     @property
     def calibration(self) -> Calibration | None:
@@ -57,7 +63,7 @@ class StudyTransfer:
         return SimulatorPrior.build(
             space, phase, model, gpu, calibration=k.calibration,
             offset=(lambda topo: k.offset(role, topo)) if self.use_offsets else None,
-            skip=(lambda topo: k.risk(topo) is not None) if self.skip_risks else None)
+            skip=(lambda topo: self.known_risk(topo) is not None) if self.skip_risks else None)
 
     def risks_in(self, space: SearchSpace, phase: Phase, model: ModelSpec) -> list[KnownRisk]:
         """Known launch risks among the phase's configs (for the plan: said before any GPU is spent)."""
@@ -74,11 +80,11 @@ class StudyTransfer:
 
 
 def open_transfer(storage_url: str, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
-                  vllm_version: str | None = None, cluster: str | None = None, learn: bool = True
-                  ) -> StudyTransfer:
+                  vllm_version: str | None = None, cluster: str | None = None, learn: bool = True,
+                  retry_risks: bool = False) -> StudyTransfer:
     """The transfer of a study stored at `storage_url`: its cluster tables live in the same database."""
     return StudyTransfer.open(ClusterStore(storage_url), gpu, model, model_path, vllm_version=vllm_version,
-                              cluster=cluster, learn_from_store=learn)
+                              cluster=cluster, learn_from_store=learn, retry_risks=retry_risks)
 
 
 def default_prior(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec,
@@ -90,9 +96,9 @@ def default_prior(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSp
 
 
 def cluster_notes(storage_url: str, space: SearchSpace, model: ModelSpec, gpu: GpuSpec,
-                  cluster: str | None = None) -> list[str]:
+                  cluster: str | None = None, retry_risks: bool = False) -> list[str]:
     """What `tune` says before the first trial: what the cluster store holds for this cluster, and which of the
-    space's configs crashed here for another model (they are left out of the guided search)."""
+    space's configs crashed here for another model (no sampler launches them, unless the study retries risks)."""
     from tuner.cluster import learn
 
     store = ClusterStore(storage_url)
@@ -103,7 +109,8 @@ def cluster_notes(storage_url: str, space: SearchSpace, model: ModelSpec, gpu: G
     lines = [f"cluster {key.label()}: {len(runs)} trials of {len(models)} model(s) in the store"
              + (" (this study starts from their calibration)" if runs else " (a fresh start)")]
     transfer = StudyTransfer(knowledge)
+    action = "retried (--retry-risks)" if retry_risks else "skipped (--retry-risks to retry)"
     for phase in space.phases:
         for risk in transfer.risks_in(space, phase, model):
-            lines.append(f"{phase} {risk.topology.label()}: {risk.note()}")
+            lines.append(f"{phase} {risk.topology.label()}: {risk.note()}; {action}")
     return lines

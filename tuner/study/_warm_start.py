@@ -20,13 +20,17 @@ from tuner.topology import Topology
 
 
 def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
-                     calibration: Calibration | None = None) -> list[tuple[Topology, tuple[float, float]]]:
+                     calibration: Calibration | None = None, skip: Callable[[Topology], bool] | None = None
+                     ) -> list[tuple[Topology, tuple[float, float]]]:
     """Every valid, fitting config of the phase with its predicted values at every concurrency level
-    (calibration: a cluster's learnt factors instead of the GPU's documented ones)."""
+    (calibration: a cluster's learnt factors instead of the GPU's documented ones; skip: configs left out, the
+    cluster's known risks)."""
     workload = space.phase_workload(phase)
     perf = RooflineModel(model, gpu, calibration)
     out = []
     for topo in space.expand(phase, model):
+        if skip is not None and skip(topo):
+            continue
         if not compute_memory(model, gpu, topo, MemoryInputs.for_workload(workload)).fits:
             continue
         for m in predict_traffic(perf, topo, phase_role(phase), workload).points:
@@ -36,13 +40,15 @@ def predicted_points(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: Gp
 
 def predicted_front_params(space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec, *,
                            pair_with_tps: frozenset[int] = frozenset(),
-                           calibration: Calibration | None = None) -> list[dict[str, Any]]:
+                           calibration: Calibration | None = None,
+                           skip: Callable[[Topology], bool] | None = None) -> list[dict[str, Any]]:
     """Configs on the predicted front, spread along it (alternating ends inward) so a small budget covers it.
 
     pair_with_tps: for hybrid models a PD pair needs equal TP on both sides, so the best predicted config of
-    each TP already on the other phase's front comes first (otherwise nothing may compose).
+    each TP already on the other phase's front comes first (otherwise nothing may compose). skip: configs never
+    enqueued (a known crash on this cluster).
     """
-    points = predicted_points(space, phase, model, gpu, calibration=calibration)
+    points = predicted_points(space, phase, model, gpu, calibration=calibration, skip=skip)
     front = pareto_front(points, x=lambda p: p[1][0], y=lambda p: p[1][1])
     paired: list[Topology] = []
     for tp in sorted(pair_with_tps):

@@ -1,0 +1,113 @@
+"""The /ui/clusters page's read model: what every study taught each cluster, shaped for a table per cluster.
+
+Built from tuner.cluster's ClusterKnowledge (the same learning `topotune calibrate` and GET /v1/clusters show).
+The held-out error is one more calibration fit per model, so it is computed only when the page asks for it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterStore, load_knowledge
+from tuner.errors import TopotuneError
+from tuner.hardware import get_gpu
+
+TOP_OFFSETS = 30  # layouts shown per cluster, largest |offset| first
+
+
+@dataclass(frozen=True)
+class FactorRow:
+    name: str
+    default: float
+    learnt: float
+    moved_pct: float | None  # None when the default is 0
+    runs: int | None  # the fit's runs that exercise the factor
+    models: int | None
+
+
+@dataclass(frozen=True)
+class OffsetRow:
+    """One parallel layout's learnt deviation from the refitted model, as factors on each objective."""
+
+    role: str
+    layout: str
+    throughput_factor: float
+    user_speed_factor: float
+    models: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class RiskRow:
+    topology: str
+    status: str
+    models: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    key: ClusterKey
+    runs: int
+    models: tuple[str, ...]
+    launch_failures: int
+    factors: list[FactorRow]
+    error_before: float | None  # in-sample mean |log predicted/measured|, default calibration
+    error_after: float | None  # the same, learnt calibration
+    held_out: dict[str, float | int | str | None] | None  # method, models, error_default, error_fitted
+    offsets: list[OffsetRow]  # the TOP_OFFSETS largest
+    offsets_total: int
+    risks: list[RiskRow]
+    error: str | None = None  # the cluster could not be learnt (e.g. its GPU left the catalog)
+
+    @property
+    def anchor(self) -> str:
+        return anchor_of(self.key.name)
+
+
+def anchor_of(cluster_name: str) -> str:
+    """The id of a cluster's section on /ui/clusters (the study page links to it)."""
+    return "cluster-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in cluster_name)
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def layout_label(tp: int, dp: int, ep: bool, mtp: int) -> str:
+    return f"TP{tp}xDP{dp}{' EP' if ep else ''}{f' MTP{mtp}' if mtp else ''}"
+
+
+def view_of(k: ClusterKnowledge) -> ClusterView:
+    factors = []
+    for name, (before, after) in k.moved().items():
+        ev = k.evidence.get(name)
+        factors.append(FactorRow(name, before, after, 100.0 * (after / before - 1.0) if before else None,
+                                 ev.runs if ev else None, ev.models if ev else None))
+    ranked = sorted(k.layout_offsets.items(),
+                    key=lambda kv: -max(abs(kv[1].log_throughput), abs(kv[1].log_user_speed)))
+    offsets = [OffsetRow(role, layout_label(tp, dp, ep, mtp), math.exp(v.log_throughput),
+                         math.exp(v.log_user_speed), v.models, v.runs)
+               for (role, tp, dp, ep, mtp), v in ranked[:TOP_OFFSETS]]
+    held = k.held_out
+    return ClusterView(
+        key=k.key, runs=k.runs, models=k.models, launch_failures=k.failures, factors=factors,
+        error_before=_finite(k.error_before), error_after=_finite(k.error_after),
+        held_out=None if held is None else {"method": held.method, "models": held.models,
+                                            "error_default": _finite(held.error_default),
+                                            "error_fitted": _finite(held.error_fitted)},
+        offsets=offsets, offsets_total=len(k.layout_offsets),
+        risks=[RiskRow(r.topology.label(), r.status, r.models, r.reason) for r in k.risks.values()])
+
+
+def cluster_views(storage_url: str, *, held_out: bool) -> list[ClusterView]:
+    """Every cluster of the study database; one that cannot be learnt is listed with its error, not a 500."""
+    store = ClusterStore(storage_url)
+    out = []
+    for key in store.clusters():
+        try:
+            out.append(view_of(load_knowledge(store, key, get_gpu(key.gpu_class), held_out=held_out)))
+        except TopotuneError as exc:
+            out.append(ClusterView(key, 0, (), 0, [], None, None, None, [], 0, [], error=exc.user_message()))
+    return out
