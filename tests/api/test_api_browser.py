@@ -217,6 +217,31 @@ def test_a_browser_drives_the_service(driver, live_server):
     assert f"study {pair[0]}" in legend and f"study {pair[1]}" in legend
     driver.save_screenshot(str(ARTIFACTS / "ui-compare.png"))
 
+    # re-verify from the page's form: a bad budget is shown at its field, then an emulated upgrade's verdicts
+    driver.get(f"{live_server}/ui/studies/{pair[0]}")
+    budget = _wait(driver, lambda d: d.find_element(By.ID, "rv-budget"))
+    budget.clear()
+    budget.send_keys("0")
+    driver.find_element(By.ID, "reverify-start").click()
+    error = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-field=budget] .field-error"))[0]
+    assert error.text.startswith("budget:"), error.text
+    budget.clear()
+    budget.send_keys("2")
+    driver.find_element(By.ID, "rv-emulate").send_keys("0.99.0")
+    driver.find_element(By.ID, "reverify-start").click()
+    heading = _wait(driver, lambda d: [h for h in d.find_elements(By.TAG_NAME, "h3")
+                                       if h.text.startswith("Re-verified on")], 120)[0]
+    assert "0.99.0" in heading.text
+    verdicts = driver.find_elements(By.CSS_SELECTOR, "#reverify-table tr")
+    assert len(verdicts) >= 2  # a header and at least one re-measured config
+    driver.save_screenshot(str(ARTIFACTS / "ui-reverify.png"))
+
+    # the cluster's page: what every finished study taught it, linked from the study page
+    driver.find_element(By.ID, "cluster-link").click()
+    section = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "section.cluster"))[0]
+    assert "learnt" in section.text, section.text[:500]
+    driver.save_screenshot(str(ARTIFACTS / "ui-clusters.png"))
+
     # the dashboard's own write API from the browser, signed in (the bundle sends no token: cookie + Origin)
     driver.get(f"{live_server}/dashboard")
     _wait(driver, lambda d: "Optuna" in d.title or d.find_elements(By.ID, "dashboard"))
