@@ -17,8 +17,10 @@ from tuner.perf._sweep import (
     PREFILL_LADDER,
     Curves,
     LevelLimits,
+    RateCurves,
     candidate_topologies,
     sweep_curves,
+    sweep_rate_curves,
 )
 from tuner.perf._traffic import SaturatedLevel, TrafficCurve, predict_traffic, prefix_hit_share
 
@@ -41,6 +43,7 @@ __all__ = [
     "Occupancy",
     "PerformanceModel",
     "PrefillStep",
+    "RateCurves",
     "RooflineModel",
     "SaturatedLevel",
     "TrafficCurve",
@@ -55,4 +58,5 @@ __all__ = [
     "predict_traffic",
     "prefix_hit_share",
     "sweep_curves",
+    "sweep_rate_curves",
 ]

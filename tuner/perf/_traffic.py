@@ -31,7 +31,7 @@ from tuner.topology import Role, Topology
 from tuner.workload import Workload
 
 _P = np.array(SKETCH_PROBABILITIES)
-_SATURATION = 0.995  # utilisation past which an open-loop level is called saturated
+SATURATION = 0.995  # utilisation past which an open-loop level is called saturated
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
         return curve
     servers, capacity = perf.service_capacity(topo, role, isl=isl, osl=osl_role, cached_tokens=cached)
     for rate in workload.request_rates:
-        if rate >= _SATURATION * capacity:
+        if rate >= SATURATION * capacity:
             curve.saturated.append(SaturatedLevel(rate, capacity))
             continue
         c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
