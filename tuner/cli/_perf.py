@@ -388,7 +388,8 @@ def frontier(
     _print_recommendation(pick, constraints, setting, RecipeContext(
         model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
         isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest,
-        prefix_caching=traffic.trace is not None or traffic.prefix is not None), offered_rps=rate)
+        prefix_caching=traffic.trace is not None or traffic.prefix is not None,
+        model=spec if weights is None else None), offered_rps=rate)
 
 
 def _frontier_traffic(path: Path | None, *, isl: int, osl: int, request_rate: float | None,
