@@ -180,6 +180,8 @@ class _Mix:
     fixed: bool
     z: np.ndarray  # standard-normal draws per output length (the chunk-share spread)
     _new: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
+    _ends: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
+    _decode_outputs: list[np.ndarray] = field(default_factory=list, compare=False)
 
     def new_tokens(self, hit: float) -> np.ndarray:
         """Each prompt's tokens left to compute after `hit` of them came from the prefix cache (ascending)."""
@@ -187,6 +189,23 @@ class _Mix:
         if found is None:
             found = self._new[hit] = np.maximum(1.0, self.inputs * (1.0 - hit))
         return found
+
+    def quantile_ends(self, hit: float) -> np.ndarray:
+        """(2, sketch) the prompts each sketch quantile interpolates between (lower row, upper row): the spread
+        prices both rows in one pass, every level of a ladder reusing them."""
+        found = self._ends.get(hit)
+        if found is None:
+            new = self.new_tokens(hit)
+            lo, hi, _ = _positions(len(new))
+            found = self._ends[hit] = np.stack([new[lo], new[hi]])
+        return found
+
+    @property
+    def output_steps(self) -> np.ndarray:
+        """Each output length's decode steps after the first token, before MTP (outputs - 1)."""
+        if not self._decode_outputs:
+            self._decode_outputs.append(self.outputs - 1.0)
+        return self._decode_outputs[0]
 
     @classmethod
     def of(cls, workload: Workload) -> _Mix:
@@ -213,10 +232,10 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hi
         if mix.fixed:
             ttft_q = _quantiles(new, ttft_mean)
         else:
-            lo, hi, frac = _positions(len(new))
-            at_lo = parts.wait_ms + (parts.prompt_ms * new[lo] / typical_new + parts.front_ms + parts.first_token_ms)
-            at_hi = parts.wait_ms + (parts.prompt_ms * new[hi] / typical_new + parts.front_ms + parts.first_token_ms)
-            ttft_q = tuple((at_lo + (at_hi - at_lo) * frac).tolist())
+            frac = _positions(len(new))[2]
+            at = parts.wait_ms + (parts.prompt_ms * mix.quantile_ends(hit) / typical_new + parts.front_ms
+                                  + parts.first_token_ms)
+            ttft_q = tuple((at[0] + (at[1] - at[0]) * frac).tolist())
     else:  # every wait quantile with every prompt: independent draws
         own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
         grid = (np.arange(len(own)) + 0.5) / len(own)
@@ -226,10 +245,10 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hi
     if role is Role.PREFILL or parts.chunk_share == 0.0:
         itl_q = _quantiles(new, mean.itl_ms_mean)
     else:
-        steps = np.maximum(1.0, (mix.outputs - 1.0) * parts.decode_steps / max(1.0, mix.osl - 1.0))
+        steps = np.maximum(1.0, mix.output_steps * parts.decode_steps / max(1.0, mix.osl - 1.0))
         share = parts.chunk_share
         sd = np.sqrt(share * (1.0 - share) / steps)
-        shares = np.clip(share + sd[:, None] * mix.z[None, :], 0.0, 1.0)
+        shares = np.minimum(np.maximum(share + sd[:, None] * mix.z[None, :], 0.0), 1.0)  # np.clip, cheaper
         itl_q = _quantiles(np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel()),
                            None)
     return mean.model_copy(update={
