@@ -10,6 +10,7 @@ once for its decode tokens and its prefill chunk together.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from tuner.hardware import GpuSpec
@@ -96,8 +97,10 @@ class MixedStep:
                 + self.requests_ms + self.draft_ms)
 
 
+@functools.lru_cache(maxsize=256)
 def accepted_tokens(depth: int, acceptance: float) -> float:
-    """Expected tokens per step with `depth` drafts, each accepted with `acceptance` given the previous was."""
+    """Expected tokens per step with `depth` drafts, each accepted with `acceptance` given the previous was
+    (cached: every step of a sweep asks for the same few)."""
     return 1.0 + sum(acceptance**i for i in range(1, depth + 1))
 
 
