@@ -7,12 +7,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
@@ -346,18 +345,12 @@ def frontier(
     if not topologies:
         raise ConfigError(f"no topology of up to {gpus} GPUs is valid for {spec.name}", field="--gpus",
                           fix="allow more GPUs")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as progress:
-        task = progress.add_task("predicting topologies", total=len(topologies))
-
-        def advance(topo: Topology) -> None:
-            progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
-
+    with _TopologyProgress(len(topologies), shown=not json_out and err_console.is_terminal) as progress:
         if traffic.open_loop:
-            curves, fronts = _rate_fronts(perf, topologies, traffic, constraints, serving, depths, advance)
+            curves, fronts = _rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress.advance)
         else:
-            curves, fronts = _closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths, advance,
-                                                 lambda: progress.reset(task))
+            curves, fronts = _closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths,
+                                                 progress.advance, progress.restart)
     pick = recommend(fronts)
     elapsed = time.perf_counter() - started
     rate = traffic.request_rates[0] if traffic.open_loop else None
@@ -390,6 +383,38 @@ def frontier(
         isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest,
         prefix_caching=traffic.trace is not None or traffic.prefix is not None,
         model=spec if weights is None else None), offered_rps=rate)
+
+
+class _TopologyProgress:
+    """The sweep's transient progress bar on a terminal; nothing (and no import of rich.progress) otherwise."""
+
+    def __init__(self, total: int, *, shown: bool) -> None:
+        self._progress: Any = None
+        self._task: Any = None
+        if shown:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                      console=err_console, transient=True)
+            self._task = self._progress.add_task("predicting topologies", total=total)
+
+    def __enter__(self) -> _TopologyProgress:
+        if self._progress is not None:
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def advance(self, topo: Topology) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, description=f"predicting {topo.name:<12}")
+
+    def restart(self) -> None:
+        if self._progress is not None:
+            self._progress.reset(self._task)
 
 
 def _frontier_traffic(path: Path | None, *, isl: int, osl: int, request_rate: float | None,
