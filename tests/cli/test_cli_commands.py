@@ -33,3 +33,14 @@ def test_help_lists_every_command(capsys) -> None:  # type: ignore[no-untyped-de
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in COMMAND_MODULES)
+
+
+def test_the_console_script_collects_rarely_only_for_short_commands() -> None:
+    """run() freezes the imports out of the collector's passes; only a compute-only command raises the threshold
+    (a long `tune` or the service keep the default)."""
+    code = ("import gc, sys, contextlib, io\nfrom tuner.cli import main\ndefault = gc.get_threshold()[0]\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    main([sys.argv[1], '--help'], process=True)\n"
+            "print(gc.get_threshold()[0] > default, gc.get_freeze_count() > 0)")
+    seen = {command: subprocess.run([sys.executable, "-c", code, command], check=True, capture_output=True,
+                                    text=True).stdout.split() for command in ("frontier", "tune")}
+    assert seen == {"frontier": ["True", "True"], "tune": ["False", "True"]}
