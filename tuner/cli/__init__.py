@@ -63,8 +63,9 @@ def _load_plugins(app: Any) -> None:
 
 
 def _command_of(argv: list[str]) -> str | None:
-    """The subcommand a command line names: its first word that is not an option (the root takes none)."""
-    return next((arg for arg in argv if not arg.startswith("-")), None)
+    """The subcommand a command line names: its first word. None when it starts with an option (the root's only
+    one is --help, which lists every command)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 # Short commands that only compute and print: their process ends with the command, so the cyclic garbage collector
