@@ -225,6 +225,11 @@ def test_frontier_open_loop_carries_the_offered_rate(ref: str, capsys: pytest.Ca
     pick = data["recommendation"]
     assert pick["winner_num_gpus"] == min(p["num_gpus"] for p in every)
     assert pick[pick["winner"]]["num_gpus"] == pick["winner_num_gpus"]
+    assert main(["frontier", ref, "--gpus", "32", "--max-mtp", "0", "--isl", "2000", "--osl", "200",
+                 "--request-rate", str(rate), "--max-ttft-ms", "1000", "--max-itl-ms", "40"]) == 0
+    out = capsys.readouterr().out
+    assert f"fewest GPUs that carry 6 req/s under the limits: {pick['winner_num_gpus']}" in out
+    assert "P req/s" in out and "req/s/inst" in out and "vllm serve" in out
 
 
 def test_frontier_open_loop_at_the_traces_own_rate(ref: str, tmp_path: Path,

@@ -691,7 +691,7 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
     if winner is None:
         return
     if offered_rps is not None:  # one rate for every deployment: more tok/s/GPU is fewer GPUs
-        margin = f" with x{pick.margin:.2f} fewer GPUs" if pick.margin else ""
+        margin = f" (the other mode needs x{pick.margin:.2f} its GPUs)" if pick.margin else ""
         console.print(f"  fewest GPUs that carry {offered_rps:.4g} req/s under the limits: {winner.num_gpus}",
                       highlight=False)
     else:
