@@ -178,9 +178,10 @@ def sweep_rate_curves(perf: RooflineModel, topologies: Sequence[Topology], workl
             except DoesNotFitError as exc:
                 curves.skipped.append((f"{topo.label()} {role.value}", exc.message))
                 continue
+            rates_seen: dict[tuple[int, float], float] = {}  # the counts' searches probe the same client counts
             for n in range(1, most + 1):
                 share = workload.model_copy(update={"request_rates": (rate / n,)})
-                traffic = predict_traffic(perf, placed, role, share, replicas=n)
+                traffic = predict_traffic(perf, placed, role, share, replicas=n, rates_seen=rates_seen)
                 if n == 1:
                     curves.instances_needed[(placed, role)] = (
                         math.ceil(rate / (SATURATION * traffic.saturated[0].capacity_rps) + 1e-9)

@@ -67,12 +67,16 @@ def prefix_hit_share(perf: RooflineModel, topo: Topology, role: Role, workload: 
 
 def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
                     cache_aware: bool = True, replicas: int = 1,
-                    until: Callable[[ServingMetrics], bool] | None = None) -> TrafficCurve:
+                    until: Callable[[ServingMetrics], bool] | None = None,
+                    rates_seen: dict[tuple[int, float], float] | None = None) -> TrafficCurve:
     """Every load level of `workload` on one instance (of `replicas` behind a router, each getting its share of
     an open-loop rate: the levels are per instance); open-loop levels past capacity come back saturated.
 
     `until`: the levels come in ascending load; the first one it is true of ends the curve (left out), e.g. the
-    first that breaks an SLA, since latency only grows with load (tuner.perf.LevelLimits)."""
+    first that breaks an SLA, since latency only grows with load (tuner.perf.LevelLimits).
+
+    `rates_seen`: closed-loop rates already predicted for this (topology, role, lengths), by (clients, cached
+    tokens); the open-loop search reads and fills it (a sweep over instance counts asks for the same ones)."""
     isl, osl = workload.isl, workload.osl
     osl_role = 1 if role is Role.PREFILL else osl
     hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware, replicas=replicas)
@@ -96,7 +100,7 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
         if rate >= SATURATION * capacity:
             curve.saturated.append(SaturatedLevel(rate, capacity))
             continue
-        c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
+        c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate, {} if rates_seen is None else rates_seen)
         mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
         wait = _poisson_wait(rate, capacity, servers, _service_scv(workload, role))
         point = _spread(_at_rate(mean, rate), parts, mix, role, hit, wait=wait, offered_rps=rate)
@@ -115,16 +119,25 @@ def _at_rate(m: ServingMetrics, rate: float) -> ServingMetrics:
 
 
 def _concurrency_at(perf: RooflineModel, topo: Topology, role: Role, isl: int, osl: int, cached: float,
-                    rate: float) -> int:
-    """The smallest client count whose closed-loop rate reaches `rate` (the requests in service at that rate)."""
+                    rate: float, seen: dict[tuple[int, float], float]) -> int:
+    """The smallest client count whose closed-loop rate reaches `rate` (the requests in service at that rate);
+    `seen` holds the closed-loop rates already predicted, by (clients, cached tokens)."""
+
+    def rate_at(clients: int) -> float:
+        key = (clients, cached)
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = perf.predict(topo, role, isl=isl, osl=osl, concurrency=clients,
+                                             cached_tokens=cached).request_throughput_rps
+        return found
+
     cap = perf.capacity(topo, role, isl=isl, osl=osl)
     lo, hi = 1, max(1, cap)
-    if perf.predict(topo, role, isl=isl, osl=osl, concurrency=lo, cached_tokens=cached).request_throughput_rps >= rate:
+    if rate_at(lo) >= rate:
         return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if perf.predict(topo, role, isl=isl, osl=osl, concurrency=mid,
-                        cached_tokens=cached).request_throughput_rps >= rate:
+        if rate_at(mid) >= rate:
             hi = mid
         else:
             lo = mid
