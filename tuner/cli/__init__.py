@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None, *, process: bool = False) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
         command = _command_of(args)
+        if process and command in _ONE_SHOT:
+            gc.set_threshold(100_000, 50, 100)  # from before the command's imports on
         app = register_commands(command)
         if process:
             gc.freeze()
-            if command in _ONE_SHOT:
-                gc.set_threshold(100_000, 50, 100)
         app(args=args, prog_name="topotune")
     except TopotuneError as exc:
         err_console.print(f"[bold red]error:[/] {exc.user_message()}", highlight=False, soft_wrap=True)
