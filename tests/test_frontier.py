@@ -14,6 +14,8 @@ from tuner.frontier import (
     InfeasibleError,
     combined_front,
     compose_disaggregated,
+    compose_rate_aggregated,
+    compose_rate_disaggregated,
     family_fronts,
     hypervolume_2d,
     pareto_front,
@@ -168,3 +170,45 @@ def test_reference_sweeps_keep_who_wins_where(reference_front: tuple[RooflineMod
     small = perf.capacity(Topology.parse("TP2DP4+EP"), Role.DECODE, isl=ISL, osl=OSL) / 8
     big = perf.capacity(Topology.parse("TP4DP4+EP"), Role.DECODE, isl=ISL, osl=OSL) / 16
     assert big > small
+
+
+# -- open loop: one offered rate ----------------------------------------------------------------------------
+def test_rate_composition_picks_the_fewest_gpus_that_carry_the_rate_under_the_sla() -> None:
+    """Every count shares the one rate (2 req/s); the prefill side with the fewest GPUs that meets the TTFT bound
+    is chosen, tok/s/GPU is the offered rate over the GPUs, and the front trades GPUs for tok/s/user."""
+    tp4, tp8 = Topology.parse("TP4", role=Role.PREFILL), Topology.parse("TP8", role=Role.PREFILL)
+    d8 = Topology.parse("TP8", role=Role.DECODE)
+    prefill = [(tp4, 1, _m(rps=2.0, ttft=900.0, itl=0.0, gpus=4)), (tp4, 2, _m(rps=1.0, ttft=300.0, itl=0.0, gpus=4)),
+               (tp8, 1, _m(rps=2.0, ttft=250.0, itl=0.0))]
+    decode = [(d8, 1, _m(rps=2.0, ttft=20.0, itl=25.0)), (d8, 2, _m(rps=1.0, ttft=10.0, itl=12.0))]
+    sla = Constraints(max_gpus=32, max_ttft_ms=500.0, max_itl_ms=30.0)
+    points = compose_rate_disaggregated(prefill, decode, sla, offered_rps=2.0)
+    one = next(p for p in points if p.num_decode == 1)
+    # 1 x TP4 (4 GPUs) breaks TTFT <= 500; 2 x TP4 and 1 x TP8 both take 8 GPUs: the lower TTFT (TP8) wins the tie
+    assert (one.prefill_topology.name, one.num_prefill, one.num_gpus) == ("TP8", 1, 16)
+    assert one.total_tok_s_per_gpu == pytest.approx(2.0 * (ISL + OSL) / 16)
+    assert one.ttft_ms == pytest.approx(270.0) and one.tok_s_per_user == pytest.approx(40.0)
+    two = next(p for p in points if p.num_decode == 2)
+    assert two.num_gpus == 24 and two.total_tok_s_per_gpu == pytest.approx(2.0 * (ISL + OSL) / 24)
+    front = combined_front(points)
+    assert [p.num_gpus for p in front] == [24, 16]  # latency end first: more GPUs buy tok/s/user
+    no_sla = compose_rate_disaggregated(prefill, decode, Constraints(max_gpus=15), offered_rps=2.0)
+    assert [(p.num_prefill, p.prefill_topology.name, p.num_gpus) for p in no_sla] == [(1, "TP4", 12)]
+    assert compose_rate_disaggregated(prefill, decode, Constraints(max_gpus=11), offered_rps=2.0) == []
+    assert compose_rate_disaggregated(prefill, decode, Constraints(max_gpus=32, max_itl_ms=10.0),
+                                      offered_rps=2.0) == []
+
+
+def test_rate_aggregation_counts_gpus_and_equal_counts_tie_exactly() -> None:
+    tp8, tep8 = Topology.parse("TP8", role=Role.BOTH), Topology.parse("TEP8", role=Role.BOTH)
+    rate = 3.0
+    curve = [(tp8, 1, _m(rps=rate, ttft=400.0, itl=20.0)), (tep8, 1, _m(rps=rate * (1 + 1e-12), ttft=450.0, itl=30.0)),
+             (tp8, 3, _m(rps=rate / 3, ttft=200.0, itl=10.0))]
+    points = compose_rate_aggregated(curve, Constraints(max_gpus=24, max_itl_ms=25.0), offered_rps=rate)
+    assert [(p.topology.name, p.num_instances, p.num_gpus) for p in points] == [("TP8", 1, 8), ("TP8", 3, 24)]
+    assert points[1].total_tok_s_per_gpu == pytest.approx(rate * (ISL + OSL) / 24)
+    every = compose_rate_aggregated(curve, Constraints(max_gpus=24), offered_rps=rate)
+    front = pareto_front(every, x="total_tok_s_per_gpu", y="tok_s_per_user")
+    # TEP8 on 8 GPUs carries the same rate as TP8 on 8 but slower per user: dominated, even with float noise
+    assert [(p.topology.name, p.num_gpus) for p in front] == [("TP8", 24), ("TP8", 8)]
+    assert compose_rate_aggregated(curve, Constraints(max_gpus=16, max_ttft_ms=300.0), offered_rps=rate) == []

@@ -192,7 +192,7 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
     p_ttft = np.array([_ttft(m, pct) for _, m in prefill], dtype=float)
     p_index = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in prefill))}  # distinct prefill topologies
     p_topos = list(p_index)
-    p_topo_index = np.array([p_index[t] for t, _ in prefill]) if c.pairing else np.zeros(0, dtype=int)
+    p_topo_index = np.array([p_index[t] for t, _ in prefill])
     pair_cache: dict[Topology, np.ndarray] = {}
     refusals: dict[str, int] = {}
     p_ok = (p_rps > 0) & (p_gpus < c.max_gpus)
@@ -200,6 +200,10 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
         p_ok &= p_ttft <= c.max_ttft_ms
     all_ok = np.flatnonzero(p_ok)
     tie = p_ttft / (p_ttft.max() + 1.0)  # < 1: breaks GPU-count ties by TTFT only
+    # the columns of each candidate set, sliced once (decode points of one topology share their set)
+    sliced: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    ys: dict[int, np.ndarray] = {}  # decode counts 1..n
+    families: dict[tuple[int, int], str] = {}
     out: list[ComposedPoint] = []
     itl_bound = c.max_itl_for_users_ms
     reasons = {"itl": 0, "pairing": 0, "gpus": 0, "ttft": 0}
@@ -214,7 +218,8 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
                 why = [c.pairing(t, d_topo) for t in p_topos]
                 for w in why:
                     if w:
-                        refusals[w.split(":", 1)[0]] = refusals.get(w.split(":", 1)[0], 0) + 1
+                        rule = w.split(":", 1)[0]
+                        refusals[rule] = refusals.get(rule, 0) + 1
                 pair_cache[d_topo] = np.flatnonzero(p_ok & np.array([w is None for w in why])[p_topo_index])
             base = pair_cache[d_topo]
         else:
@@ -222,42 +227,55 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
         if base.size == 0:
             reasons["pairing"] += 1
             continue
-        d_ttft = _ttft(d, pct)
+        if id(base) not in sliced:
+            sliced[id(base)] = (p_gpus[base], p_rps[base], tie[base], p_ttft[base])
         cols = base
+        c_gpus, c_rps, c_tie, c_ttft = sliced[id(base)]
+        d_ttft = _ttft(d, pct)
         if c.max_ttft_ms is not None:
-            cols = base[p_ttft[base] + d_ttft <= c.max_ttft_ms]
-            if cols.size == 0:
-                reasons["ttft"] += 1
-                continue
+            keep = c_ttft + d_ttft <= c.max_ttft_ms
+            if not keep.all():
+                cols = base[keep]
+                if cols.size == 0:
+                    reasons["ttft"] += 1
+                    continue
+                c_gpus, c_rps, c_tie, c_ttft = c_gpus[keep], c_rps[keep], c_tie[keep], c_ttft[keep]
         gd = d_topo.num_gpus
-        c_gpus = p_gpus[cols]
-        y = np.arange(1, (c.max_gpus - int(c_gpus.min())) // gd + 1, dtype=float)
-        if y.size == 0 or d.request_throughput_rps <= 0:
+        n_y = (c.max_gpus - int(c_gpus.min())) // gd
+        if n_y <= 0 or d.request_throughput_rps <= 0:
             reasons["gpus"] += 1
             continue
+        if n_y not in ys:
+            ys[n_y] = np.arange(1, n_y + 1, dtype=float)
+        y = ys[n_y]
         need = y[:, None] * d.request_throughput_rps  # (Y, 1) decode rate to cover
-        x = np.ceil(need / p_rps[cols][None, :] - 1e-9)
+        x = np.ceil(need / c_rps[None, :] - 1e-9)
         x = np.maximum(x, 1.0)
         gpus = x * c_gpus[None, :] + y[:, None] * gd
-        key = np.where(gpus <= c.max_gpus, gpus + tie[cols][None, :], np.inf)
+        key = np.where(gpus <= c.max_gpus, gpus + c_tie[None, :], np.inf)
         best = key.argmin(axis=1)
-        rows = np.nonzero(np.isfinite(key[np.arange(y.size), best]))[0]
+        rows = np.nonzero(np.isfinite(key.min(axis=1)))[0]
         if rows.size == 0:
             reasons["gpus"] += 1
             continue
         total_per_req = d.isl + d.osl
-        for row in rows:
+        user = 1000.0 / d_itl if d_itl > 0 else 0.0
+        d_family = f" -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")
+        for row in rows.tolist():
             j = int(best[row])
             i = int(cols[j])
             p_topo, p = prefill[i]
             n_gpus = int(gpus[row, j])
-            n_dec = int(y[row])
+            n_dec = row + 1
+            family_key = (int(p_topo_index[i]), id(d_topo))
+            family = families.get(family_key)
+            if family is None:
+                family = families[family_key] = p_topo.name + d_family
             out.append(ComposedPoint(
                 prefill_topology=p_topo, num_prefill=int(x[row, j]), decode_topology=d_topo, num_decode=n_dec,
                 prefill=p, decode=d, num_gpus=n_gpus,
                 total_tok_s_per_gpu=n_dec * d.request_throughput_rps * total_per_req / n_gpus,
-                tok_s_per_user=1000.0 / d_itl if d_itl > 0 else 0.0, ttft_ms=float(p_ttft[i]) + d_ttft,
-                itl_ms=d_itl, family=f"{p_topo.name} -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")))
+                tok_s_per_user=user, ttft_ms=float(p_ttft[i]) + d_ttft, itl_ms=d_itl, family=family))
     if not out:
         raise _explain(reasons, len(decode), c, refusals)
     return out
@@ -394,3 +412,76 @@ def which_wins(disaggregated: Sequence[ComposedPoint], aggregated: Sequence[Aggr
         else:
             stretches.append(Winner(mode, p.tok_s_per_user, p.tok_s_per_user, p.total_tok_s_per_gpu))
     return stretches
+
+
+# -- open loop: one offered request rate -------------------------------------------------------------------
+# (topology, instances, one instance's metrics at the offered rate / instances): what tuner.perf.sweep_rate_curves
+# predicts. Every instance of a side shares the one rate, so a count is a point, not a multiplier.
+RatePoint = tuple[Topology, int, ServingMetrics]
+
+
+def compose_rate_disaggregated(prefill: Sequence[RatePoint], decode: Sequence[RatePoint], constraints: Constraints,
+                               *, offered_rps: float) -> list[ComposedPoint]:
+    """Open loop: every (x prefill instances, y decode instances) that carries the offered rate, per decode count
+    the prefill count with the fewest GPUs (ties: lower TTFT) under the limits. The rate is the same for every
+    deployment, so tok/s/GPU only falls as GPUs are added: the front trades GPUs for tok/s/user (tok/s/GPU is
+    computed from `offered_rps` itself, so equal GPU counts tie exactly)."""
+    c = constraints
+    if not prefill or not decode:
+        return []
+    pct = c.percentile
+    p_gpus = np.array([t.num_gpus * n for t, n, _ in prefill], dtype=float)
+    p_ttft = np.array([_ttft(m, pct) for _, _, m in prefill], dtype=float)
+    p_index = {t: i for i, t in enumerate(dict.fromkeys(t for t, _, _ in prefill))}
+    p_topos = list(p_index)
+    p_topo_index = np.array([p_index[t] for t, _, _ in prefill])
+    p_ok = p_gpus < c.max_gpus
+    if c.max_ttft_ms is not None:
+        p_ok &= p_ttft <= c.max_ttft_ms
+    pair_cache: dict[Topology, np.ndarray] = {}
+    tie = p_ttft / (p_ttft.max() + 1.0)  # < 1: breaks GPU-count ties by TTFT only
+    itl_bound = c.max_itl_for_users_ms
+    out: list[ComposedPoint] = []
+    for d_topo, y, d in decode:
+        d_itl = _itl(d, pct)
+        if itl_bound is not None and d_itl > itl_bound:
+            continue
+        if d_topo not in pair_cache:
+            allowed = (np.array([c.pairing(t, d_topo) is None for t in p_topos]) if c.pairing is not None
+                       else np.ones(len(p_topos), dtype=bool))
+            pair_cache[d_topo] = np.flatnonzero(p_ok & allowed[p_topo_index])
+        cols = pair_cache[d_topo]
+        d_gpus, d_ttft = d_topo.num_gpus * y, _ttft(d, pct)
+        cols = cols[p_gpus[cols] + d_gpus <= c.max_gpus]
+        if c.max_ttft_ms is not None:
+            cols = cols[p_ttft[cols] + d_ttft <= c.max_ttft_ms]
+        if cols.size == 0:
+            continue
+        i = int(cols[np.argmin(p_gpus[cols] + tie[cols])])
+        p_topo, x, p = prefill[i]
+        n_gpus = int(p_gpus[i]) + d_gpus
+        out.append(ComposedPoint(
+            prefill_topology=p_topo, num_prefill=x, decode_topology=d_topo, num_decode=y, prefill=p, decode=d,
+            num_gpus=n_gpus, total_tok_s_per_gpu=offered_rps * (d.isl + d.osl) / n_gpus,
+            tok_s_per_user=1000.0 / d_itl if d_itl > 0 else 0.0, ttft_ms=float(p_ttft[i]) + d_ttft, itl_ms=d_itl,
+            family=f"{p_topo.name} -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")))
+    return out
+
+
+def compose_rate_aggregated(curve: Sequence[RatePoint], constraints: Constraints, *,
+                            offered_rps: float) -> list[AggregatedPoint]:
+    """Open loop: every count of aggregated instances that carries the offered rate within the limits."""
+    c = constraints
+    out: list[AggregatedPoint] = []
+    for topo, n, m in curve:
+        ttft, itl = _ttft(m, c.percentile), _itl(m, c.percentile)
+        if (topo.num_gpus * n > c.max_gpus or (c.max_ttft_ms is not None and ttft > c.max_ttft_ms)
+                or (c.max_itl_ms is not None and itl > c.max_itl_ms)
+                or (c.min_tok_s_per_user is not None and m.tok_s_per_user < c.min_tok_s_per_user)):
+            continue
+        placed = topo.model_copy(update={"role": Role.BOTH}) if topo.role is not Role.BOTH else topo
+        out.append(AggregatedPoint(
+            topology=placed, num_instances=n, instance=m, num_gpus=n * topo.num_gpus,
+            total_tok_s_per_gpu=offered_rps * (m.isl + m.osl) / (n * topo.num_gpus), tok_s_per_user=m.tok_s_per_user,
+            ttft_ms=ttft, itl_ms=itl, family=topo.name + (f" MTP{topo.mtp}" if topo.mtp else "")))
+    return out

@@ -199,3 +199,69 @@ def test_simulate_open_loop_says_saturated(ref: str, capsys: pytest.CaptureFixtu
     data = json.loads(capsys.readouterr().out)
     assert [p["offered_rps"] for p in data["points"]] == [1.0]
     assert data["saturated"][0]["offered_rps"] == 100000.0
+
+
+def test_frontier_open_loop_carries_the_offered_rate(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--request-rate: every instance of a side shares the one rate, tok/s/GPU is that rate's tokens over the GPUs,
+    no point breaks the SLA, and the recommendation is the fewest GPUs (the concurrency ladder is not swept)."""
+    rate = 6.0
+    assert main(["frontier", ref, "--gpus", "32", "--max-mtp", "0", "--isl", "2000", "--osl", "200",
+                 "--request-rate", str(rate), "--max-ttft-ms", "1000", "--max-itl-ms", "40", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["offered_rps"], data["arrival"], data["offered_tok_s"]) == (rate, "poisson", rate * 2200)
+    assert data["front"] and data["aggregated_front"]
+    for p in data["front"]:
+        assert p["num_prefill"] * p["prefill_rps_per_instance"] == pytest.approx(rate, rel=1e-3)
+        assert p["num_decode"] * p["decode_rps_per_instance"] == pytest.approx(rate, rel=1e-3)
+    for p in data["aggregated_front"]:
+        assert p["num_instances"] * p["rps_per_instance"] == pytest.approx(rate, rel=1e-3)
+    every = data["front"] + data["aggregated_front"]
+    for p in every:
+        assert p["ttft_ms"] <= 1000 and p["itl_ms"] <= 40 and p["num_gpus"] <= 32
+        assert p["total_tok_s_per_gpu"] == pytest.approx(rate * 2200 / p["num_gpus"], abs=0.1)
+    gpus = sorted(p["num_gpus"] for p in data["front"])
+    speed = [p["tok_s_per_user"] for p in sorted(data["front"], key=lambda p: p["num_gpus"])]
+    assert speed == sorted(speed) and len(set(gpus)) == len(gpus)  # more GPUs only to be faster per user
+    pick = data["recommendation"]
+    assert pick["winner_num_gpus"] == min(p["num_gpus"] for p in every)
+    assert pick[pick["winner"]]["num_gpus"] == pick["winner_num_gpus"]
+    assert main(["frontier", ref, "--gpus", "32", "--max-mtp", "0", "--isl", "2000", "--osl", "200",
+                 "--request-rate", str(rate), "--max-ttft-ms", "1000", "--max-itl-ms", "40"]) == 0
+    out = capsys.readouterr().out
+    assert f"fewest GPUs that carry 6 req/s under the limits: {pick['winner_num_gpus']}" in out
+    assert "P req/s" in out and "req/s/inst" in out and "vllm serve" in out
+
+
+def test_frontier_open_loop_at_the_traces_own_rate(ref: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    trace = str(_mix_trace(tmp_path))  # 50 requests over 4.9 s
+    assert main(["frontier", ref, "--gpus", "16", "--max-mtp", "0", "--workload", trace, "--arrival", "trace",
+                 "--mode", "agg", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["arrival"] == "trace" and data["offered_rps"] == pytest.approx(49 / 4.9)
+    assert data["aggregated_front"] and data["front"] == []
+    assert main(["frontier", ref, "--gpus", "16", "--arrival", "trace"]) == 2  # no trace, no rate of its own
+    assert "--arrival" in capsys.readouterr().err
+
+
+def test_frontier_open_loop_says_how_many_gpus_carry_the_rate(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rate no deployment in the budget carries is an error naming --gpus and a count that does carry it."""
+    args = ["frontier", ref, "--max-mtp", "0", "--isl", "2000", "--osl", "200", "--request-rate", "60",
+            "--mode", "agg"]
+    assert main([*args, "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus" in err and "carries 60 req/s" in err
+    needed = int(err.split("--gpus ")[-1].split(")")[0])
+    assert needed > 8
+    assert main([*args, "--gpus", str(needed), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recommendation"]["winner_num_gpus"] <= needed
+
+
+def test_frontier_open_loop_sla_miss_names_the_bound(ref: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["frontier", ref, "--gpus", "32", "--max-mtp", "0", "--isl", "2000", "--osl", "200", "--request-rate", "5"]
+    assert main([*args, "--max-ttft-ms", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-ttft-ms" in err and "the best TTFT is" in err and "5 req/s" in err
+    assert main([*args, "--max-itl-ms", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-itl-ms" in err and "the best ITL is" in err

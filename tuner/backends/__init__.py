@@ -1,14 +1,22 @@
 """Trial backends: one base class, one result schema, implementations in their own modules."""
 
-from tuner.backends._base import (
-    AccuracyGate,
-    Backend,
-    ExecutorNeeds,
-    HostAssignment,
-    TrialRequest,
-    TrialResult,
-    TrialStatus,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # loaded on first use (PEP 562): the vLLM backend's planner is read without the trial schema
+    from tuner.backends._base import (
+        AccuracyGate,
+        Backend,
+        ExecutorNeeds,
+        HostAssignment,
+        TrialRequest,
+        TrialResult,
+        TrialStatus,
+    )
+
+_BASE = {"AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus"}
 
 __all__ = ["AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus",
            "backend_class", "make_backend"]
@@ -47,3 +55,11 @@ def make_backend(name: str, **options: object) -> Backend:
             return VllmBackend(VllmBackendSettings.for_cpu(**options))
         return VllmBackend(VllmBackendSettings(device=device, **options))  # type: ignore[arg-type]
     raise ConfigError(f"unknown backend {name!r}", field="--backend", fix="use simulated or vllm")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _BASE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("tuner.backends._base"), name)
+    globals()[name] = value
+    return value

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
@@ -28,6 +28,8 @@ from tuner.frontier import (
     combined_front,
     compose_aggregated,
     compose_disaggregated,
+    compose_rate_aggregated,
+    compose_rate_disaggregated,
     pareto_front,
     which_wins,
 )
@@ -38,11 +40,13 @@ from tuner.perf import (
     Calibration,
     Curves,
     LevelLimits,
+    RateCurves,
     RooflineModel,
     candidate_topologies,
     default_calibration,
     predict_traffic,
     sweep_curves,
+    sweep_rate_curves,
 )
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import (
@@ -53,6 +57,7 @@ from tuner.topology import (
     Role,
     Topology,
 )
+from tuner.workload import Workload
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
     help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
@@ -255,7 +260,13 @@ def _point_dict(p: ComposedPoint) -> dict[str, object]:
             "num_decode": p.num_decode, "decode_concurrency": p.decode.concurrency,
             "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1),
             "output_tok_s_per_gpu": round(p.output_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
-            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
+            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3), **_rates_per_instance(
+                prefill_rps_per_instance=p.prefill.offered_rps, decode_rps_per_instance=p.decode.offered_rps)}
+
+
+def _rates_per_instance(**rates: float | None) -> dict[str, float]:
+    """Open loop: the request rate each instance is offered (its side's share of the whole rate)."""
+    return {k: round(v, 4) for k, v in rates.items() if v is not None}
 
 
 def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list[ComposedPoint],
@@ -292,6 +303,12 @@ def frontier(
     all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
+    request_rate: Annotated[float | None, typer.Option(
+        help="Open loop: the request rate (req/s) the deployment must carry, Poisson arrivals (or the trace's with "
+             "--arrival trace); every instance of a side gets its share. Replaces the concurrency ladder.")] = None,
+    arrival: Annotated[str | None, typer.Option(
+        help="Open-loop arrivals: poisson, or trace (the trace's own timestamps; alone, at the trace's own rate).")]
+    = None,
     serving: Annotated[str, typer.Option(
         "--mode", help="both (PD-disaggregated and aggregated fronts side by side), disagg or agg.")] = "both",
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
@@ -307,7 +324,7 @@ def frontier(
     if percentile not in PERCENTILES:
         raise ConfigError(f"unknown percentile {percentile!r}", field="--percentile", fix="use p50, p90 or p99")
     started = time.perf_counter()
-    traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
+    traffic = _frontier_traffic(workload, isl=isl, osl=osl, request_rate=request_rate, arrival=arrival)
     isl, osl = traffic.isl, traffic.osl
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
@@ -328,46 +345,28 @@ def frontier(
     if not topologies:
         raise ConfigError(f"no topology of up to {gpus} GPUs is valid for {spec.name}", field="--gpus",
                           fix="allow more GPUs")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True, disable=json_out) as progress:
-        task = progress.add_task("predicting topologies", total=len(topologies))
-
-        def advance(topo: Topology) -> None:
-            progress.update(task, advance=1, description=f"predicting {topo.name:<12}")
-
-        def sweep(limits: LevelLimits | None) -> Curves:
-            curves = sweep_curves(perf, topologies, isl=isl, osl=osl,
-                                  prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
-                                  aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
-                                  workload=traffic, limits=limits)
-            if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode depth
-                curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
-                                                  for d in depths])
-            return curves
-
-        # Under an SLA each ladder stops at its first level past a bound (same fronts, a fraction of the points);
-        # when nothing meets the SLA the full sweep runs again, so the error names what the full one would.
-        limits = LevelLimits(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, min_tok_s_per_user=min_tok_s_user,
-                             percentile=percentile)
-        curves = sweep(limits)
-        try:
-            fronts = _fronts(curves, constraints, serving)
-        except InfeasibleError:
-            if not limits.active:
-                raise
-            progress.reset(task)
-            curves = sweep(None)
-            fronts = _fronts(curves, constraints, serving)
+    with _TopologyProgress(len(topologies), shown=not json_out and err_console.is_terminal) as progress:
+        if traffic.open_loop:
+            curves, fronts = _rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress.advance)
+        else:
+            curves, fronts = _closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths,
+                                                 progress.advance, progress.restart)
     pick = recommend(fronts)
     elapsed = time.perf_counter() - started
-    setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe(load=False)}"
-    title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}: combined PD Pareto front "
+    rate = traffic.request_rates[0] if traffic.open_loop else None
+    setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe(load=False)}" + (
+        f", {rate:.4g} req/s offered ({traffic.arrival} arrivals)" if rate is not None else "")
+    title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}"
+             + (f" at {rate:.4g} req/s" if rate is not None else "") + ": combined PD Pareto front "
              f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
     if html is not None:
         _write_html(html, title, fronts.points, fronts.front, fronts.aggregated)
     if json_out:
+        load: dict[str, object] = {}
+        if rate is not None:
+            load = {"offered_rps": rate, "arrival": traffic.arrival, "offered_tok_s": round(rate * (isl + osl), 1)}
         print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
-                    "workload": traffic.describe(),
+                    "workload": traffic.describe(), **load,
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
                                     "min_tok_s_per_user": min_tok_s_user,
                                     "pairing": f"vLLM {rules.version} NIXL rules"},
@@ -382,20 +381,188 @@ def frontier(
     _print_recommendation(pick, constraints, setting, RecipeContext(
         model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
         isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest,
-        prefix_caching=traffic.trace is not None or traffic.prefix is not None))
+        prefix_caching=traffic.trace is not None or traffic.prefix is not None,
+        model=spec if weights is None else None), offered_rps=rate)
+
+
+class _TopologyProgress:
+    """The sweep's transient progress bar on a terminal; nothing (and no import of rich.progress) otherwise."""
+
+    def __init__(self, total: int, *, shown: bool) -> None:
+        self._progress: Any = None
+        self._task: Any = None
+        if shown:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                      console=err_console, transient=True)
+            self._task = self._progress.add_task("predicting topologies", total=total)
+
+    def __enter__(self) -> _TopologyProgress:
+        if self._progress is not None:
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def advance(self, topo: Topology) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, description=f"predicting {topo.name:<12}")
+
+    def restart(self) -> None:
+        if self._progress is not None:
+            self._progress.reset(self._task)
+
+
+def _frontier_traffic(path: Path | None, *, isl: int, osl: int, request_rate: float | None,
+                      arrival: str | None) -> Workload:
+    """The workload `frontier` answers for: closed loop (its own ladder), or open loop at one rate: --request-rate,
+    --arrival trace alone (the trace's own rate), or a workload file's one request rate."""
+    if request_rate is not None and not request_rate > 0:
+        raise ConfigError(f"must be positive, got {request_rate:g}", field="--request-rate",
+                          fix="give the requests/s the deployment must carry, e.g. 2.5")
+    if arrival is not None and arrival not in ("poisson", "trace"):
+        raise ConfigError(f"unknown arrival {arrival!r}", field="--arrival", fix="use poisson or trace")
+    if request_rate is not None:
+        return load_workload(path, isl=isl, osl=osl, concurrency=(1,), request_rate=f"{request_rate!r}",
+                             arrival=arrival or "poisson")
+    traffic = load_workload(path, isl=isl, osl=osl, concurrency=(1,))
+    if arrival == "trace":
+        own = traffic.trace.arrival_rps if traffic.trace is not None else None
+        if not own:
+            raise ConfigError("--arrival trace needs a trace with timestamps (its own rate)", field="--arrival",
+                              fix="give --workload a JSONL trace with timestamps, or a --request-rate")
+        return traffic.model_copy(update={"arrival": "trace", "request_rates": (own,)})
+    if arrival == "poisson":
+        raise ConfigError("--arrival poisson needs a rate", field="--request-rate",
+                          fix="give --request-rate R (requests/s)")
+    if traffic.open_loop and len(traffic.request_rates) > 1:
+        rates = ", ".join(f"{r:g}" for r in traffic.request_rates)
+        raise ConfigError(f"the workload offers several request rates ({rates}); a frontier answers for one",
+                          field="--request-rate", fix="give the one rate to carry with --request-rate")
+    return traffic
+
+
+def _closed_loop_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,
+                        serving: str, depths: tuple[int, ...], advance: Callable[[Topology], None],
+                        restart: Callable[[], None]) -> tuple[Curves, _Fronts]:
+    """The concurrency ladder of every topology, composed."""
+    spec, c = perf.model, constraints
+
+    def sweep(limits: LevelLimits | None) -> Curves:
+        curves = sweep_curves(perf, topologies, isl=traffic.isl, osl=traffic.osl,
+                              prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
+                              aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
+                              workload=traffic, limits=limits)
+        if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode depth
+            curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
+                                              for d in depths])
+        return curves
+
+    # Under an SLA each ladder stops at its first level past a bound (same fronts, a fraction of the points);
+    # when nothing meets the SLA the full sweep runs again, so the error names what the full one would.
+    limits = LevelLimits(max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms, min_tok_s_per_user=c.min_tok_s_per_user,
+                         percentile=c.percentile)
+    curves = sweep(limits)
+    try:
+        return curves, _fronts(curves, constraints, serving)
+    except InfeasibleError:
+        if not limits.active:
+            raise
+    restart()
+    curves = sweep(None)
+    return curves, _fronts(curves, constraints, serving)
+
+
+def _rate_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,
+                 serving: str, depths: tuple[int, ...], advance: Callable[[Topology], None]
+                 ) -> tuple[RateCurves, _Fronts]:
+    """Open loop: every instance count of every topology that carries the rate, composed; when none does, an
+    error that says how many GPUs would, and when none meets the SLA, the best latency that can be had."""
+    spec, c = perf.model, constraints
+    curves = sweep_rate_curves(perf, topologies, traffic, max_gpus=c.max_gpus,
+                               prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
+                               aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance)
+    if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode depth
+        curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), n, m) for t, n, m in curves.prefill
+                                          for d in depths])
+
+    def compose(limits: Constraints) -> tuple[list[ComposedPoint], list[AggregatedPoint]]:
+        rate = curves.offered_rps
+        points = (compose_rate_disaggregated(curves.prefill, curves.decode, limits, offered_rps=rate)
+                  if serving != "agg" else [])
+        aggregated = (compose_rate_aggregated(curves.aggregated, limits, offered_rps=rate)
+                      if serving != "disagg" else [])
+        return points, aggregated
+
+    points, aggregated = compose(c)
+    if not points and not aggregated:
+        raise _rate_failure(curves, c, serving, *compose(Constraints(max_gpus=c.max_gpus, percentile=c.percentile,
+                                                                     pairing=c.pairing)))
+    front = combined_front(points)
+    agg_front = pareto_front(aggregated, x="total_tok_s_per_gpu", y="tok_s_per_user")
+    return curves, _Fronts(points, front, agg_front, which_wins(front, agg_front))
+
+
+def _rate_failure(curves: RateCurves, c: Constraints, serving: str, carried: list[ComposedPoint],
+                  carried_agg: list[AggregatedPoint]) -> InfeasibleError:
+    """Why nothing is left at the offered rate: no deployment carries it in the budget (and how many GPUs
+    would), or every one that does breaks the SLA (and the best latency one reaches)."""
+    rate = curves.offered_rps
+    if not carried and not carried_agg:
+        def fewest(role: Role) -> int | None:
+            need = [t.num_gpus * n for (t, r), n in curves.instances_needed.items() if r is role]
+            return min(need) if need else None
+
+        options = []
+        agg, prefill, decode = fewest(Role.BOTH), fewest(Role.PREFILL), fewest(Role.DECODE)
+        if serving != "disagg" and agg is not None:
+            options.append(agg)
+        if serving != "agg" and prefill is not None and decode is not None:
+            options.append(prefill + decode)
+        needed = min(options) if options else None
+        if needed is not None and needed > c.max_gpus:
+            return InfeasibleError(
+                f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s: every one saturates (its queue "
+                f"and TTFT grow without bound); about {needed} GPUs would carry it", field="--gpus",
+                fix=f"allow at least {needed} GPUs (--gpus {needed}) or offer a lower --request-rate")
+        return InfeasibleError(f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s", field="--gpus",
+                               fix="allow more GPUs (--gpus) or offer a lower --request-rate")
+    pct = c.percentile
+    every = [*carried, *carried_agg]
+    best_ttft = min(p.ttft_ms for p in every)
+    best_itl = min(p.itl_ms for p in every)
+    where = f"at {rate:g} req/s within {c.max_gpus} GPUs"
+    if c.max_ttft_ms is not None and best_ttft > c.max_ttft_ms:
+        return InfeasibleError(f"no deployment meets TTFT <= {c.max_ttft_ms:g} ms ({pct}) {where}; the best TTFT is "
+                               f"{best_ttft:,.0f} ms", field="--max-ttft-ms",
+                               fix=f"raise the TTFT limit to at least {math.ceil(best_ttft)} ms, or allow more GPUs")
+    bound = c.max_itl_for_users_ms
+    if bound is not None and best_itl > bound:
+        field = "--min-tok-s-user" if c.max_itl_ms is None or bound < c.max_itl_ms else "--max-itl-ms"
+        return InfeasibleError(f"no deployment meets ITL <= {bound:g} ms ({pct}) {where}; the best ITL is "
+                               f"{best_itl:.1f} ms ({1000 / best_itl:.1f} tok/s/user)", field=field,
+                               fix=f"relax {field} (the best deployment gives {best_itl:.1f} ms)")
+    return InfeasibleError(f"no deployment meets the TTFT and ITL limits together ({pct}) {where} (the best TTFT "
+                           f"is {best_ttft:,.0f} ms, the best ITL {best_itl:.1f} ms, on different deployments)",
+                           field="--max-ttft-ms", fix="relax --max-ttft-ms or --max-itl-ms, or allow more GPUs")
 
 
 def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, html: Path | None) -> None:
     """The PD table, the aggregated table and which mode wins where."""
     if fronts.front:
         table = Table(title=title, title_justify="left")
+        rated = fronts.front[0].decode.offered_rps is not None
         for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms",
-                    "P conc", "D conc"):
+                    *(("P req/s", "D req/s") if rated else ("P conc", "D conc"))):
             table.add_column(col, justify="left" if col.startswith("deployment") else "right")
         for p in reversed(fronts.front):  # throughput end first
             table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.output_tok_s_per_gpu:,.0f}",
                           f"{p.tok_s_per_user:.1f}",
-                          f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.prefill.concurrency), str(p.decode.concurrency))
+                          f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", _load(p.prefill), _load(p.decode))
         console.print(table)
     if fronts.aggregated:
         _print_aggregated(fronts.aggregated, f"{setting}: aggregated front (prefill + decode on every instance, "
@@ -440,18 +607,25 @@ def _agg_dict(p: AggregatedPoint) -> dict[str, object]:
             "num_instances": p.num_instances, "concurrency_per_instance": p.concurrency_per_instance,
             "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1),
             "output_tok_s_per_gpu": round(p.output_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
-            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3)}
+            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3),
+            **_rates_per_instance(rps_per_instance=p.instance.offered_rps)}
+
+
+def _load(m: ServingMetrics) -> str:
+    """An instance's load: its offered requests/s (open loop) or its clients (closed loop)."""
+    return f"{m.offered_rps:.3g}" if m.offered_rps is not None else str(m.concurrency)
 
 
 def _print_aggregated(front: list[AggregatedPoint], title: str) -> None:
     table = Table(title=title, title_justify="left")
+    rated = bool(front) and front[0].instance.offered_rps is not None
     for col in ("deployment (replicas)", "GPUs", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms",
-                "conc/inst"):
+                "req/s/inst" if rated else "conc/inst"):
         table.add_column(col, justify="left" if col.startswith("deployment") else "right")
     for p in reversed(front):
         table.add_row(p.name, str(p.num_gpus), f"{p.total_tok_s_per_gpu:,.0f}", f"{p.output_tok_s_per_gpu:,.0f}",
                       f"{p.tok_s_per_user:.1f}",
-                      f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", str(p.concurrency_per_instance))
+                      f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", _load(p.instance))
     console.print(table)
 
 
@@ -477,7 +651,8 @@ class Recommendation:
 
     def as_json(self) -> dict[str, object]:
         w = self.winner
-        return {"winner": None if w is None else w.mode, "margin": self.margin,
+        return {"winner": None if w is None else w.mode, "winner_num_gpus": None if w is None else w.num_gpus,
+                "margin": self.margin,
                 "disaggregated": None if self.disaggregated is None else _point_dict(self.disaggregated),
                 "aggregated": None if self.aggregated is None else _agg_dict(self.aggregated)}
 
@@ -498,7 +673,8 @@ def operating_deployment(point: ComposedPoint | AggregatedPoint) -> Deployment:
     return point.deployment.with_decode_seqs(min(serving.max_num_seqs, per_rank))
 
 
-def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext) -> None:
+def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext, *,
+                          offered_rps: float | None = None) -> None:
     sla = ", ".join(part for part in (
         f"TTFT <= {c.max_ttft_ms:g} ms" if c.max_ttft_ms else "", f"ITL <= {c.max_itl_ms:g} ms" if c.max_itl_ms else "",
         f">= {c.min_tok_s_per_user:g} tok/s/user" if c.min_tok_s_per_user else "") if part) or "no SLA"
@@ -514,6 +690,11 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
     winner = pick.winner
     if winner is None:
         return
-    margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
+    if offered_rps is not None:  # one rate for every deployment: more tok/s/GPU is fewer GPUs
+        margin = f" (the other mode needs x{pick.margin:.2f} its GPUs)" if pick.margin else ""
+        console.print(f"  fewest GPUs that carry {offered_rps:.4g} req/s under the limits: {winner.num_gpus}",
+                      highlight=False)
+    else:
+        margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
     console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
     console.print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), highlight=False, markup=False)

@@ -4,7 +4,9 @@ exactly what a recipe runs."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -20,9 +22,12 @@ from tuner.backends.vllm import (
 )
 from tuner.deployment import Deployment
 from tuner.hardware import get_gpu
-from tuner.space import SearchSpace
 from tuner.topology import Role
 from tuner.workload import served_context_tokens
+
+if TYPE_CHECKING:  # the space's module (and its validators) loads only where a study uses it
+    from tuner.models import ModelSpec
+    from tuner.space import SearchSpace
 
 VLLM_IMAGE = "vllm/vllm-openai:latest"
 
@@ -43,6 +48,13 @@ class RecipeContext:
     # what the recipe's measurements ran on, e.g. "vLLM 0.32.0 · model e0f1e04" (tuner.study.recipe_versions):
     # every format names it, so a recipe says which vLLM it was verified on
     verified_on: str | None = None
+    # the model at model_path when the caller has read it already (`topotune frontier`): None reads it once here
+    model: ModelSpec | None = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def model_spec(self) -> ModelSpec | None:
+        """The model the plan checks (hybrid PD settings, pairing), None when its config cannot be read."""
+        return self.model if self.model is not None else model_or_none(self.model_path)
 
     def verified_line(self) -> str:
         return f"# Verified on {self.verified_on}." if self.verified_on else \
@@ -65,21 +77,16 @@ class RecipeContext:
         """The same settings a trial's plan uses (version table, hybrid PD settings, context headroom)."""
         return PlanSettings(model_path=self.model_path, served_model_name=self.model_name,
                             max_model_len=served_context_tokens(self.isl, self.osl), vllm_version=self.vllm_version,
-                            model_is_hybrid=model_is_hybrid(self.model_path),
+                            model_is_hybrid=self.model_spec is not None and self.model_spec.is_hybrid,
                             multi_node_nvlink=has_multi_node_nvlink("cuda", self.gpu),
                             gpu_architecture=gpu_architecture(self.gpu), prefix_caching=self.prefix_caching)
-
-
-def model_is_hybrid(model_path: str) -> bool:
-    model = model_or_none(model_path)
-    return model is not None and model.is_hybrid
 
 
 def _plan(deployment: Deployment, ctx: RecipeContext) -> LaunchPlan:
     """hostN placeholders (the user maps them to hosts), packed so no TP group straddles hosts; the PD pairing
     check reads the model's config when it is readable here."""
     return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host), ctx.plan_settings(), resolve=keep_names,
-                      model=model_or_none(ctx.model_path))
+                      model=ctx.model_spec)
 
 
 def to_vllm_commands(deployment: Deployment, ctx: RecipeContext) -> str:

@@ -108,9 +108,9 @@ class HardwareCatalog:
         self._gpus = dict(gpus)
 
     @staticmethod
-    def _parse(text: str, source: str) -> dict[str, GpuSpec]:
+    def _parse(text: str, source: str, *, loader: type = yaml.SafeLoader) -> dict[str, GpuSpec]:
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=loader)  # a safe loader (the C one for the built-in file)
         except yaml.YAMLError as exc:
             raise ConfigError(f"not valid YAML: {exc}", field=source, fix="fix the YAML syntax") from exc
         if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
@@ -131,7 +131,8 @@ class HardwareCatalog:
     @classmethod
     def builtin(cls) -> HardwareCatalog:
         text = resources.files("tuner.hardware").joinpath("gpus.yaml").read_text()
-        return cls(cls._parse(text, "gpus.yaml"))
+        # libyaml's safe loader when present: the same data, a few ms less on every command's start
+        return cls(cls._parse(text, "gpus.yaml", loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
 
     def with_file(self, path: str | Path) -> HardwareCatalog:
         path = Path(path)

@@ -1,4 +1,11 @@
-"""Performance models of vLLM instances: one base class, a roofline implementation, calibration and fitting."""
+"""Performance models of vLLM instances: one base class, a roofline implementation, calibration and fitting.
+
+The fitting names load on first use (a frontier or a simulation never fits)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from tuner.perf._aggregated import AggregatedPoint, BurstRun
 from tuner.perf._base import PerformanceModel
@@ -9,7 +16,6 @@ from tuner.perf._calibration import (
     factor_range,
     known_calibrations,
 )
-from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
 from tuner.perf._roofline import InstanceState, LatencyParts, Occupancy, RooflineModel, flag_cap_per_rank
 from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
 from tuner.perf._sweep import (
@@ -17,8 +23,10 @@ from tuner.perf._sweep import (
     PREFILL_LADDER,
     Curves,
     LevelLimits,
+    RateCurves,
     candidate_topologies,
     sweep_curves,
+    sweep_rate_curves,
 )
 from tuner.perf._traffic import SaturatedLevel, TrafficCurve, predict_traffic, prefix_hit_share
 
@@ -41,6 +49,7 @@ __all__ = [
     "Occupancy",
     "PerformanceModel",
     "PrefillStep",
+    "RateCurves",
     "RooflineModel",
     "SaturatedLevel",
     "TrafficCurve",
@@ -55,4 +64,18 @@ __all__ = [
     "predict_traffic",
     "prefix_hit_share",
     "sweep_curves",
+    "sweep_rate_curves",
 ]
+
+if TYPE_CHECKING:
+    from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
+
+_LAZY = {"DEFAULT_FIT_FACTORS", "FitResult", "MeasuredPoint", "fit_calibration", "mean_relative_error"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("tuner.perf._fit"), name)
+    globals()[name] = value
+    return value

@@ -10,6 +10,7 @@ once for its decode tokens and its prefill chunk together.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from tuner.hardware import GpuSpec
@@ -96,8 +97,10 @@ class MixedStep:
                 + self.requests_ms + self.draft_ms)
 
 
+@functools.lru_cache(maxsize=256)
 def accepted_tokens(depth: int, acceptance: float) -> float:
-    """Expected tokens per step with `depth` drafts, each accepted with `acceptance` given the previous was."""
+    """Expected tokens per step with `depth` drafts, each accepted with `acceptance` given the previous was
+    (cached: every step of a sweep asks for the same few)."""
     return 1.0 + sum(acceptance**i for i in range(1, depth + 1))
 
 
@@ -130,16 +133,18 @@ def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_e
 
     The DSA indexer's logits (FP8, every context token) join the FP8 FLOPs; the attention itself reads only
     the attended context (`attended_context`)."""
-    dense = p.dense_flops_per_token.scaled(tokens_rank)
-    experts = p.expert_flops_per_token.scaled(tokens_ep * load / costs.ep_size / moe_efficiency)
-    head = costs.lm_head_flops_per_token.scaled(logits_tokens)
+    # FlopsByDtype.scaled of the dense, expert and head FLOPs, summed per dtype, written out: the hottest line of
+    # a sweep (the same products and sums, in the same order, without three intermediate objects)
+    dense, experts, head = p.dense_flops_per_token, p.expert_flops_per_token, costs.lm_head_flops_per_token
+    e = tokens_ep * load / costs.ep_size / moe_efficiency
     window = min(context, costs.sliding_window) if costs.sliding_window else 0.0
     attended = p.sparse_topk if p.sparse_math_all_slots else attended_context(p, context, prompt_tokens)
     mixer = tokens_rank * (p.attn_flops_per_token_ctx * attended + p.window_attn_flops_per_token_ctx * window
                            + p.gdn_flops_per_token)
     index = tokens_rank * p.index_flops_per_token_ctx * context
-    return FlopsByDtype(dense.bf16 + experts.bf16 + head.bf16, dense.fp8 + experts.fp8 + head.fp8 + index,
-                        dense.fp4 + experts.fp4 + head.fp4, mixer)
+    return FlopsByDtype(dense.bf16 * tokens_rank + experts.bf16 * e + head.bf16 * logits_tokens,
+                        dense.fp8 * tokens_rank + experts.fp8 * e + head.fp8 * logits_tokens + index,
+                        dense.fp4 * tokens_rank + experts.fp4 * e + head.fp4 * logits_tokens, mixer)
 
 
 def _sum(a: FlopsByDtype, b: FlopsByDtype) -> FlopsByDtype:

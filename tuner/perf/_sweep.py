@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -10,7 +11,7 @@ from tuner.errors import DoesNotFitError, TopologyError
 from tuner.metrics import ServingMetrics
 from tuner.perf._base import PerformanceModel
 from tuner.perf._roofline import RooflineModel
-from tuner.perf._traffic import predict_traffic
+from tuner.perf._traffic import SATURATION, predict_traffic
 from tuner.topology import Role, Topology, enumerate_topologies
 from tuner.workload import Workload
 
@@ -131,3 +132,60 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
                     points.append(point)
             target.extend((placed, metrics) for metrics in points)
     return curves
+
+
+@dataclass(frozen=True)
+class RateCurves:
+    """Open loop: every (topology, instance count) that carries one offered rate, per role. Each entry is
+    (topology, instances, one instance's metrics at offered_rps / instances); `instances_needed` is how many
+    instances of a (topology, role) carry the rate by one instance's capacity (its prefix cache alone), so a budget
+    too small can say how many GPUs would do."""
+
+    offered_rps: float
+    prefill: list[tuple[Topology, int, ServingMetrics]] = field(default_factory=list)
+    decode: list[tuple[Topology, int, ServingMetrics]] = field(default_factory=list)
+    aggregated: list[tuple[Topology, int, ServingMetrics]] = field(default_factory=list)
+    instances_needed: dict[tuple[Topology, Role], int] = field(default_factory=dict)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def num_points(self) -> int:
+        return len(self.prefill) + len(self.decode) + len(self.aggregated)
+
+
+def sweep_rate_curves(perf: RooflineModel, topologies: Sequence[Topology], workload: Workload, *, max_gpus: int,
+                      prefill_mtp_depths: Sequence[int] = (0,), aggregated_mtp_depths: Sequence[int] = (),
+                      on_topology: Callable[[Topology], None] | None = None) -> RateCurves:
+    """An open-loop workload's one rate R shared by n instances of each topology (n = 1 .. what the GPU budget
+    holds, each instance offered R / n behind a router; its prefix cache pooled over the n as the router allows):
+    the counts that leave an instance saturated are left out, since its queue would grow without bound."""
+    if not workload.open_loop or len(workload.request_rates) != 1:
+        raise ValueError("sweep_rate_curves takes an open-loop workload with exactly one request rate")
+    rate = workload.request_rates[0]
+    curves = RateCurves(offered_rps=rate)
+    for topo in topologies:
+        if on_topology is not None:
+            on_topology(topo)
+        roles = ([Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
+                 + ([Role.BOTH] if topo.mtp in aggregated_mtp_depths else []))
+        for role in roles:
+            target = {Role.DECODE: curves.decode, Role.PREFILL: curves.prefill, Role.BOTH: curves.aggregated}[role]
+            placed = topo.model_copy(update={"role": role})
+            # a PD side leaves at least one GPU to the other side
+            most = (max_gpus - (0 if role is Role.BOTH else 1)) // topo.num_gpus
+            try:
+                perf.capacity(topo, role, isl=workload.isl, osl=1 if role is Role.PREFILL else workload.osl)
+            except DoesNotFitError as exc:
+                curves.skipped.append((f"{topo.label()} {role.value}", exc.message))
+                continue
+            rates_seen: dict[tuple[int, float], float] = {}  # the counts' searches probe the same client counts
+            for n in range(1, most + 1):
+                share = workload.model_copy(update={"request_rates": (rate / n,)})
+                traffic = predict_traffic(perf, placed, role, share, replicas=n, rates_seen=rates_seen)
+                if n == 1:
+                    curves.instances_needed[(placed, role)] = (
+                        math.ceil(rate / (SATURATION * traffic.saturated[0].capacity_rps) + 1e-9)
+                        if traffic.saturated and traffic.saturated[0].capacity_rps > 0 else 1)
+                target.extend((placed, n, m) for m in traffic.points)
+    return curves
+

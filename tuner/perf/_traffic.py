@@ -31,7 +31,7 @@ from tuner.topology import Role, Topology
 from tuner.workload import Workload
 
 _P = np.array(SKETCH_PROBABILITIES)
-_SATURATION = 0.995  # utilisation past which an open-loop level is called saturated
+SATURATION = 0.995  # utilisation past which an open-loop level is called saturated
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,16 @@ def prefix_hit_share(perf: RooflineModel, topo: Topology, role: Role, workload: 
 
 def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: Workload, *,
                     cache_aware: bool = True, replicas: int = 1,
-                    until: Callable[[ServingMetrics], bool] | None = None) -> TrafficCurve:
+                    until: Callable[[ServingMetrics], bool] | None = None,
+                    rates_seen: dict[tuple[int, float], float] | None = None) -> TrafficCurve:
     """Every load level of `workload` on one instance (of `replicas` behind a router, each getting its share of
     an open-loop rate: the levels are per instance); open-loop levels past capacity come back saturated.
 
     `until`: the levels come in ascending load; the first one it is true of ends the curve (left out), e.g. the
-    first that breaks an SLA, since latency only grows with load (tuner.perf.LevelLimits)."""
+    first that breaks an SLA, since latency only grows with load (tuner.perf.LevelLimits).
+
+    `rates_seen`: closed-loop rates already predicted for this (topology, role, lengths), by (clients, cached
+    tokens); the open-loop search reads and fills it (a sweep over instance counts asks for the same ones)."""
     isl, osl = workload.isl, workload.osl
     osl_role = 1 if role is Role.PREFILL else osl
     hit = prefix_hit_share(perf, topo, role, workload, cache_aware=cache_aware, replicas=replicas)
@@ -93,10 +97,10 @@ def predict_traffic(perf: RooflineModel, topo: Topology, role: Role, workload: W
         return curve
     servers, capacity = perf.service_capacity(topo, role, isl=isl, osl=osl_role, cached_tokens=cached)
     for rate in workload.request_rates:
-        if rate >= _SATURATION * capacity:
+        if rate >= SATURATION * capacity:
             curve.saturated.append(SaturatedLevel(rate, capacity))
             continue
-        c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate)
+        c = _concurrency_at(perf, topo, role, isl, osl_role, cached, rate, {} if rates_seen is None else rates_seen)
         mean, parts = perf.predict_with_parts(topo, role, isl=isl, osl=osl_role, concurrency=c, cached_tokens=cached)
         wait = _poisson_wait(rate, capacity, servers, _service_scv(workload, role))
         point = _spread(_at_rate(mean, rate), parts, mix, role, hit, wait=wait, offered_rps=rate)
@@ -115,16 +119,25 @@ def _at_rate(m: ServingMetrics, rate: float) -> ServingMetrics:
 
 
 def _concurrency_at(perf: RooflineModel, topo: Topology, role: Role, isl: int, osl: int, cached: float,
-                    rate: float) -> int:
-    """The smallest client count whose closed-loop rate reaches `rate` (the requests in service at that rate)."""
+                    rate: float, seen: dict[tuple[int, float], float]) -> int:
+    """The smallest client count whose closed-loop rate reaches `rate` (the requests in service at that rate);
+    `seen` holds the closed-loop rates already predicted, by (clients, cached tokens)."""
+
+    def rate_at(clients: int) -> float:
+        key = (clients, cached)
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = perf.predict(topo, role, isl=isl, osl=osl, concurrency=clients,
+                                             cached_tokens=cached).request_throughput_rps
+        return found
+
     cap = perf.capacity(topo, role, isl=isl, osl=osl)
     lo, hi = 1, max(1, cap)
-    if perf.predict(topo, role, isl=isl, osl=osl, concurrency=lo, cached_tokens=cached).request_throughput_rps >= rate:
+    if rate_at(lo) >= rate:
         return lo
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if perf.predict(topo, role, isl=isl, osl=osl, concurrency=mid,
-                        cached_tokens=cached).request_throughput_rps >= rate:
+        if rate_at(mid) >= rate:
             hi = mid
         else:
             lo = mid
@@ -180,6 +193,8 @@ class _Mix:
     fixed: bool
     z: np.ndarray  # standard-normal draws per output length (the chunk-share spread)
     _new: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
+    _ends: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
+    _decode_outputs: list[np.ndarray] = field(default_factory=list, compare=False)
 
     def new_tokens(self, hit: float) -> np.ndarray:
         """Each prompt's tokens left to compute after `hit` of them came from the prefix cache (ascending)."""
@@ -187,6 +202,23 @@ class _Mix:
         if found is None:
             found = self._new[hit] = np.maximum(1.0, self.inputs * (1.0 - hit))
         return found
+
+    def quantile_ends(self, hit: float) -> np.ndarray:
+        """(2, sketch) the prompts each sketch quantile interpolates between (lower row, upper row): the spread
+        prices both rows in one pass, every level of a ladder reusing them."""
+        found = self._ends.get(hit)
+        if found is None:
+            new = self.new_tokens(hit)
+            lo, hi, _ = _positions(len(new))
+            found = self._ends[hit] = np.stack([new[lo], new[hi]])
+        return found
+
+    @property
+    def output_steps(self) -> np.ndarray:
+        """Each output length's decode steps after the first token, before MTP (outputs - 1)."""
+        if not self._decode_outputs:
+            self._decode_outputs.append(self.outputs - 1.0)
+        return self._decode_outputs[0]
 
     @classmethod
     def of(cls, workload: Workload) -> _Mix:
@@ -213,10 +245,10 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hi
         if mix.fixed:
             ttft_q = _quantiles(new, ttft_mean)
         else:
-            lo, hi, frac = _positions(len(new))
-            at_lo = parts.wait_ms + (parts.prompt_ms * new[lo] / typical_new + parts.front_ms + parts.first_token_ms)
-            at_hi = parts.wait_ms + (parts.prompt_ms * new[hi] / typical_new + parts.front_ms + parts.first_token_ms)
-            ttft_q = tuple((at_lo + (at_hi - at_lo) * frac).tolist())
+            frac = _positions(len(new))[2]
+            at = parts.wait_ms + (parts.prompt_ms * mix.quantile_ends(hit) / typical_new + parts.front_ms
+                                  + parts.first_token_ms)
+            ttft_q = tuple((at[0] + (at[1] - at[0]) * frac).tolist())
     else:  # every wait quantile with every prompt: independent draws
         own = parts.prompt_ms * new / typical_new + parts.front_ms + parts.first_token_ms
         grid = (np.arange(len(own)) + 0.5) / len(own)
@@ -226,10 +258,10 @@ def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hi
     if role is Role.PREFILL or parts.chunk_share == 0.0:
         itl_q = _quantiles(new, mean.itl_ms_mean)
     else:
-        steps = np.maximum(1.0, (mix.outputs - 1.0) * parts.decode_steps / max(1.0, mix.osl - 1.0))
+        steps = np.maximum(1.0, mix.output_steps * parts.decode_steps / max(1.0, mix.osl - 1.0))
         share = parts.chunk_share
         sd = np.sqrt(share * (1.0 - share) / steps)
-        shares = np.clip(share + sd[:, None] * mix.z[None, :], 0.0, 1.0)
+        shares = np.minimum(np.maximum(share + sd[:, None] * mix.z[None, :], 0.0), 1.0)  # np.clip, cheaper
         itl_q = _quantiles(np.sort((parts.itl_plain_ms + (parts.itl_chunk_ms - parts.itl_plain_ms) * shares).ravel()),
                            None)
     return mean.model_copy(update={

@@ -1,51 +1,105 @@
-"""The real backend: launch vLLM deployments, benchmark them with AIPerf, gate on GSM8K accuracy."""
+"""The real backend: launch vLLM deployments, benchmark them with AIPerf, gate on GSM8K accuracy.
 
-from tuner.backends.vllm._accuracy import AccuracyResult, run_gsm8k
-from tuner.backends.vllm._backend import (
-    LAUNCHER,
-    PORT_BLOCK,
-    TINY_MODEL_SCRIPT,
-    TrialTimings,
-    VllmBackend,
-    VllmBackendSettings,
-    default_envs_dir,
-    gpu_architecture,
-    has_multi_node_nvlink,
-    model_is_hybrid,
-    model_or_none,
-)
-from tuner.backends.vllm._pairing import (
-    PairingContext,
-    PairingRefusal,
-    check_pd_pairing,
-    pairing_predicate,
-    pairing_refusal,
-    side_blocks,
-)
-from tuner.backends.vllm._plan import (
-    InstancePlacement,
-    LaunchPlan,
-    PlanSettings,
-    ProcessSpec,
-    build_plan,
-    check_host_split,
-    keep_names,
-    pack_hosts,
-    parse_deployment,
-    place_instances,
-    resolve_address,
-    topology_flags,
-    uniform_hosts,
-)
-from tuner.backends.vllm._versions import (
-    DISTRIBUTION_VERSION_CODE,
-    NEWEST_CHECKED,
-    LaunchRules,
-    VllmVersion,
-    detect_version,
-    launch_rules,
-    python_of,
-)
+The names load on first use (PEP 562): `topotune frontier` and the recipes read the pairing rules and the
+launch plan without importing the backend that runs trials (AIPerf, processes, accuracy)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.backends.vllm._accuracy import (
+        AccuracyResult,
+        run_gsm8k,
+    )
+    from tuner.backends.vllm._backend import (
+        LAUNCHER,
+        PORT_BLOCK,
+        TINY_MODEL_SCRIPT,
+        TrialTimings,
+        VllmBackend,
+        VllmBackendSettings,
+        default_envs_dir,
+    )
+    from tuner.backends.vllm._pairing import (
+        PairingContext,
+        PairingRefusal,
+        check_pd_pairing,
+        pairing_predicate,
+        pairing_refusal,
+        side_blocks,
+    )
+    from tuner.backends.vllm._plan import (
+        InstancePlacement,
+        LaunchPlan,
+        PlanSettings,
+        ProcessSpec,
+        build_plan,
+        check_host_split,
+        gpu_architecture,
+        has_multi_node_nvlink,
+        keep_names,
+        model_is_hybrid,
+        model_or_none,
+        pack_hosts,
+        parse_deployment,
+        place_instances,
+        resolve_address,
+        topology_flags,
+        uniform_hosts,
+    )
+    from tuner.backends.vllm._versions import (
+        DISTRIBUTION_VERSION_CODE,
+        NEWEST_CHECKED,
+        LaunchRules,
+        VllmVersion,
+        detect_version,
+        launch_rules,
+        python_of,
+    )
+
+_HOMES: dict[str, str] = {
+    "AccuracyResult": "_accuracy",
+    "DISTRIBUTION_VERSION_CODE": "_versions",
+    "InstancePlacement": "_plan",
+    "LAUNCHER": "_backend",
+    "LaunchPlan": "_plan",
+    "LaunchRules": "_versions",
+    "NEWEST_CHECKED": "_versions",
+    "PORT_BLOCK": "_backend",
+    "PairingContext": "_pairing",
+    "PairingRefusal": "_pairing",
+    "PlanSettings": "_plan",
+    "ProcessSpec": "_plan",
+    "TINY_MODEL_SCRIPT": "_backend",
+    "TrialTimings": "_backend",
+    "VllmBackend": "_backend",
+    "VllmBackendSettings": "_backend",
+    "VllmVersion": "_versions",
+    "build_plan": "_plan",
+    "check_host_split": "_plan",
+    "check_pd_pairing": "_pairing",
+    "default_envs_dir": "_backend",
+    "detect_version": "_versions",
+    "gpu_architecture": "_plan",
+    "has_multi_node_nvlink": "_plan",
+    "keep_names": "_plan",
+    "launch_rules": "_versions",
+    "model_is_hybrid": "_plan",
+    "model_or_none": "_plan",
+    "pack_hosts": "_plan",
+    "pairing_predicate": "_pairing",
+    "pairing_refusal": "_pairing",
+    "parse_deployment": "_plan",
+    "place_instances": "_plan",
+    "python_of": "_versions",
+    "resolve_address": "_plan",
+    "run_gsm8k": "_accuracy",
+    "side_blocks": "_pairing",
+    "topology_flags": "_plan",
+    "uniform_hosts": "_plan",
+}
 
 __all__ = [
     "DISTRIBUTION_VERSION_CODE",
@@ -88,3 +142,12 @@ __all__ = [
     "topology_flags",
     "uniform_hosts",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

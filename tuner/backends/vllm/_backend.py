@@ -37,7 +37,17 @@ from tuner.backends.vllm._aiperf import (
     to_serving_metrics,
     tokenizer_hub_alias,
 )
-from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan
+from tuner.backends.vllm._plan import (  # noqa: F401  (the host helpers' old home re-exports them)
+    Device,
+    LaunchPlan,
+    PlanSettings,
+    ProcessSpec,
+    build_plan,
+    gpu_architecture,
+    has_multi_node_nvlink,
+    model_is_hybrid,
+    model_or_none,
+)
 from tuner.backends.vllm._process import (
     VLLM_PROCESSES,
     Failure,
@@ -56,7 +66,7 @@ from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_star
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
-from tuner.models import ModelSpec, model_revision
+from tuner.models import model_revision
 from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
@@ -225,46 +235,6 @@ class _TrialRun:
     observed: dict[str, float] = field(default_factory=dict)
     predicted: dict[str, float] = field(default_factory=dict)
     accuracy_gate: AccuracyGate | None = None
-
-
-def model_or_none(model_path: str) -> ModelSpec | None:
-    """The model's spec, None when its config cannot be read (a hub id on a machine without the weights: the
-    trial's own start-up then says what is wrong)."""
-    try:
-        from tuner.models import load_model
-
-        return load_model(model_path)
-    except Exception:  # any unreadable config: plan as for a plain transformer
-        return None
-
-
-def model_is_hybrid(model_path: str) -> bool:
-    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read."""
-    model = model_or_none(model_path)
-    return model is not None and model.is_hybrid
-
-
-def gpu_architecture(gpu: str) -> str | None:
-    """The catalog's architecture of a GPU name (None: not in the catalog)."""
-    try:
-        from tuner.hardware import get_gpu
-
-        return get_gpu(gpu).architecture
-    except Exception:  # an unknown GPU name: the plan's default
-        return None
-
-
-def has_multi_node_nvlink(device: Device, gpu: str) -> bool:
-    """GB200/GB300 NVL72: the NVLink domain spans hosts, so NIXL's UCX runs over multi-node NVLink."""
-    if device != "cuda":
-        return False
-    try:
-        from tuner.hardware import get_gpu
-
-        spec = get_gpu(gpu)
-    except Exception:  # an unknown GPU name: no multi-node NVLink settings
-        return False
-    return spec.nvlink_domain_gpus > spec.gpus_per_host
 
 
 class _TrialFailed(Exception):

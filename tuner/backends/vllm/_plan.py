@@ -581,3 +581,43 @@ def build_plan(deployment: Deployment, hosts: tuple[HostAssignment, ...] | list[
     return LaunchPlan(processes=(*servers, router),
                       endpoint=f"http://{_reach(settings, front_host)}:{settings.router_port}",
                       placements=placements)
+
+
+def model_or_none(model_path: str) -> ModelSpec | None:
+    """The model's spec, None when its config cannot be read (a hub id on a machine without the weights: the
+    trial's own start-up then says what is wrong)."""
+    try:
+        from tuner.models import load_model
+
+        return load_model(model_path)
+    except Exception:  # any unreadable config: plan as for a plain transformer
+        return None
+
+
+def model_is_hybrid(model_path: str) -> bool:
+    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read."""
+    model = model_or_none(model_path)
+    return model is not None and model.is_hybrid
+
+
+def gpu_architecture(gpu: str) -> str | None:
+    """The catalog's architecture of a GPU name (None: not in the catalog)."""
+    try:
+        from tuner.hardware import get_gpu
+
+        return get_gpu(gpu).architecture
+    except Exception:  # an unknown GPU name: the plan's default
+        return None
+
+
+def has_multi_node_nvlink(device: Device, gpu: str) -> bool:
+    """GB200/GB300 NVL72: the NVLink domain spans hosts, so NIXL's UCX runs over multi-node NVLink."""
+    if device != "cuda":
+        return False
+    try:
+        from tuner.hardware import get_gpu
+
+        spec = get_gpu(gpu)
+    except Exception:  # an unknown GPU name: no multi-node NVLink settings
+        return False
+    return spec.nvlink_domain_gpus > spec.gpus_per_host
