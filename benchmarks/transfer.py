@@ -22,8 +22,10 @@ The model order is rotated over truths and seeds, so position k is not always th
   ideal front error (the floor of any transfer): the same prior, but each layout's cluster factor only as well as
     the earlier models' trials can tell it: the truth's calibration and expert imbalance exactly, and per layout
     the Bayes posterior mean of its cluster factor given the exact (noiseless) factor each earlier model had on it
-    (cluster x that model's own), 0 on layouts no earlier model launched. Every transfer learns from the same
-    trials with noise and an unknown calibration, so it cannot beat this in expectation.
+    (cluster x that model's own), 0 on layouts no earlier model launched. A transfer learns from the same
+    launches with noise and an unknown calibration, so this is what those trials can tell at best; a reference,
+    not a strict bound: the true front's configs are selected for lucky factors, and a prior biased towards
+    optimism can come closer to them (docs/benchmarks/transfer.md).
 Targets (issue 36; mean over truths and seeds, default sampler): position 4's pre-trial front error <= half of
 position 1's; its trials to 95% >= 30% below position 1's; no position worse than starting fresh.
 
