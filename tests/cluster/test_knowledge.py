@@ -98,9 +98,10 @@ def test_a_crash_on_one_model_is_a_known_risk_for_the_next() -> None:
 
 
 def test_the_layout_factors_track_the_clusters_own(two_models: list) -> None:
-    """Per layout two models ran, the learnt step-time factor (trend + own part, fitted jointly with the calibration)
-    is close to the truth's cluster factor (its layout factor x expert imbalance, without either model's own):
-    0.044 mean |log| on truth 3, where the earlier per-model-centred residuals were 0.063 off and no offset 0.088."""
+    """Across the layouts two models ran, the learnt step-time factors (trend + own part, fitted jointly with the
+    calibration) differ as the truth's cluster factors differ (its layout factor x expert imbalance, without either
+    model's own; compared about their means, since a level common to every layout is the calibration's): 0.045 mean
+    |log| on truth 3, where residuals taken after a calibration-only fit were 0.051 off and no offset 0.085."""
     import dataclasses
     import math
 
@@ -114,7 +115,8 @@ def test_the_layout_factors_track_the_clusters_own(two_models: list) -> None:
                     for r in two_models}.values())
     learnt = np.array([-k.offset(Role.DECODE, t)[0] for t in layouts])
     true = np.array([math.log(cluster.step_factor(t)) for t in layouts])
-    error = float(np.mean(np.abs(learnt - true)))
+    gap = learnt - true
+    error = float(np.mean(np.abs(gap - gap.mean())))
     assert len(layouts) > 15
-    assert error < 0.055
-    assert error < 0.6 * float(np.mean(np.abs(true)))
+    assert error < 0.048
+    assert error < 0.6 * float(np.mean(np.abs(true - true.mean())))

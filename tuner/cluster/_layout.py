@@ -5,7 +5,9 @@ algorithms, rank placement, expert imbalance: every model sees it) times a small
 layout (no transfer can know it before the model runs). One number per layout, a log step-time factor s (the rate is
 divided by exp(s), the latency multiplied): a ridge trend over layout_features, which carries to layouts no model
 ran, plus the layout's own mean deviation from the trend shrunk by m / (m + LAYOUT_TAU) for the m models that ran
-it, so one model's share is not taken for the cluster's. tuner.cluster._fit fits it jointly with the calibration.
+it, so one model's share is not taken for the cluster's. Both are relative to each model's mean over its layouts:
+what carries to the next model is how layouts differ; a level common to every layout is the calibration's.
+tuner.cluster._fit fits it jointly with the calibration.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ class LayoutObservation:
 
 
 def fit_layout_factors(observations: Sequence[LayoutObservation]) -> LayoutFactors:
-    """Runs of one model on one layout are one observation (they share that model's factor); per role a ridge trend
-    over the (model, layout) means, then each layout's mean residual over its models, shrunk."""
+    """Runs of one model on one layout are one observation (they share that model's factor), centred on the
+    model's mean over its layouts; per role a ridge trend over them, then each layout's mean residual over its
+    models, shrunk."""
     per: dict[LayoutKey, dict[str, list[float]]] = {}
     topo_of: dict[LayoutKey, Topology] = {}
     runs: dict[LayoutKey, int] = {}
@@ -87,6 +90,13 @@ def fit_layout_factors(observations: Sequence[LayoutObservation]) -> LayoutFacto
         topo_of.setdefault(o.key, o.topology)
         runs[o.key] = runs.get(o.key, 0) + 1
     means = {k: {name: float(np.mean(v)) for name, v in by.items()} for k, by in per.items()}
+    # relative to each model's own mean over its layouts: a constant one model sees on every layout is that model's
+    # (or what the calibration left for it), not the cluster's; the calibration fitted around it explains it
+    centre: dict[tuple[str, str], list[float]] = {}
+    for k, by in means.items():
+        for name, y in by.items():
+            centre.setdefault((k[0], name), []).append(y)
+    means = {k: {name: y - float(np.mean(centre[(k[0], name)])) for name, y in by.items()} for k, by in means.items()}
     trend: dict[str, np.ndarray] = {}
     for role in {k[0] for k in per}:
         rows = [(layout_features(topo_of[k]), y) for k, by in means.items() if k[0] == role for y in by.values()]
