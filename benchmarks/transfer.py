@@ -17,8 +17,15 @@ The model order is rotated over truths and seeds, so position k is not always th
     printed);
   trials per front config: launched trials / true-front configs found when the run first reaches 95% (or at its cap);
   oracle front error (for reference): the same error of a prior given the truth's own calibration and its
-    cluster-wide per-layout factors (expert imbalance included): the floor a transfer could approach, since the
-    per-model layout factor, the KV capacity and the factors a role's trials do not exercise stay unknown.
+    cluster-wide per-layout factors (expert imbalance included): what is left is the per-(model, layout) factor,
+    the KV capacity and the factors a role's trials do not exercise;
+  ideal front error (the floor of any transfer): the same prior, but each layout's cluster factor only as well as
+    the earlier models' trials can tell it: the truth's calibration and expert imbalance exactly, and per layout
+    the Bayes posterior mean of its cluster factor given the exact (noiseless) factor each earlier model had on it
+    (cluster x that model's own), 0 on layouts no earlier model launched. A transfer learns from the same
+    launches with noise and an unknown calibration, so this is what those trials can tell at best; a reference,
+    not a strict bound: the true front's configs are selected for lucky factors, and a prior biased towards
+    optimism can come closer to them (docs/benchmarks/transfer.md).
 Targets (issue 36; mean over truths and seeds, default sampler): position 4's pre-trial front error <= half of
 position 1's; its trials to 95% >= 30% below position 1's; no position worse than starting fresh.
 
@@ -48,7 +55,7 @@ from sample_efficiency import Ground, TimedBackend, _near_front, score, unconstr
 
 from tuner.backends import TrialRequest
 from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
-from tuner.cluster import ClusterStore
+from tuner.cluster import ClusterKey, ClusterStore, StoredRun
 from tuner.deployment import Deployment
 from tuner.executors import LocalExecutor
 from tuner.frontier import hypervolume_2d
@@ -89,6 +96,32 @@ def oracle_front_error(space: SearchSpace, case: Case, gpu: GpuSpec, truth: Hidd
     return pretrial_front_error(prior, space, case)
 
 
+def ideal_front_error(space: SearchSpace, case: Case, gpu: GpuSpec, truth: HiddenTruth,
+                      earlier: list[StoredRun]) -> float:
+    """The front error of the best estimate the earlier models' launches allow (see the module docstring)."""
+    cluster_only = dataclasses.replace(truth, model_layout_sigma=0.0)
+    layout_only = dataclasses.replace(cluster_only, expert_imbalance=0.0)
+    seen: dict[tuple, dict[str, float]] = {}
+    for r in earlier:
+        if r.role.value != PHASE:
+            continue
+        key = (r.topology.tp, r.topology.dp, r.topology.ep, r.topology.mtp)
+        seen.setdefault(key, {})[r.model_name] = math.log(truth.step_factor(r.topology, r.model_name)
+                                                          / cluster_only.step_factor(r.topology)
+                                                          * layout_only.step_factor(r.topology))
+    var_l, var_ml = truth.layout_sigma ** 2, truth.model_layout_sigma ** 2
+
+    def offset(topo: Topology) -> tuple[float, float]:
+        z = list(seen.get((topo.tp, topo.dp, topo.ep, topo.mtp), {}).values())
+        m = len(z)
+        posterior = float(np.mean(z)) * m * var_l / (m * var_l + var_ml) if m else 0.0
+        f = posterior + math.log(cluster_only.step_factor(topo) / layout_only.step_factor(topo))
+        return (-f, -f)
+
+    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration, offset=offset)
+    return pretrial_front_error(prior, space, case)
+
+
 @dataclass
 class Result:
     pretrial_front_error: float
@@ -96,6 +129,7 @@ class Result:
     trials_per_front_point: float
     launched: int
     oracle_front_error: float = math.nan
+    ideal_front_error: float = math.nan
 
 
 def truth_of(seed: int) -> HiddenTruth:
@@ -189,15 +223,18 @@ def main() -> None:
             store = ClusterStore(f"sqlite:///{workdir}/truth{truth_id}-seed{seed}.db")
             for position, name in enumerate(order):
                 case = cases[name]
+                earlier = store.read_runs(ClusterKey.of(gpu, None, f"truth-{truth_id}"))
+                ideal = ideal_front_error(space, case, gpu, truth, earlier)
                 transfer = StudyTransfer.open(store, gpu, case.model, case.path, cluster=f"truth-{truth_id}")
                 r = tune(space, case, gpu, backend, seed, args.max_trials, transfer, name)
                 f = tune(space, case, gpu, backend, seed, args.max_trials, None, name)
-                r.oracle_front_error = oracles[name]
+                r.oracle_front_error, r.ideal_front_error = oracles[name], ideal
                 with_t[position].append(r)
                 fresh[position].append(f)
                 print(f"truth {truth_id} seed {seed} #{position + 1} {name}: front error {r.pretrial_front_error:.3f}"
                       f" (fresh {f.pretrial_front_error:.3f}), trials to 95% {r.trials_to_95pct} (fresh "
-                      f"{f.trials_to_95pct}), {time.perf_counter() - t0:.0f} s", file=log, flush=True)
+                      f"{f.trials_to_95pct}), ideal {ideal:.3f}, {time.perf_counter() - t0:.0f} s", file=log,
+                      flush=True)
     out = summarise(with_t, fresh, args)
     print_table(out, log)
     if args.json:
@@ -212,6 +249,7 @@ def _figures(results: list[Result], cap: int) -> dict[str, object]:
     per_front = [r.trials_per_front_point for r in results if math.isfinite(r.trials_per_front_point)]
     return {"pretrial_front_error": statistics.mean(r.pretrial_front_error for r in results),
             "oracle_front_error": statistics.mean(r.oracle_front_error for r in results),
+            "ideal_front_error": statistics.mean(r.ideal_front_error for r in results),
             "trials_to_95pct": _mean_trials(results, cap),
             "runs_not_reaching_95pct": sum(r.trials_to_95pct is None for r in results),
             "trials_per_front_point": statistics.mean(per_front) if per_front else None, "runs": len(results)}
@@ -240,6 +278,7 @@ def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argpa
             "pretrial_front_error": {"per_position": [p["with_transfer"]["pretrial_front_error"] for p in positions],  # type: ignore[index]
                                      "total": statistics.mean(r.pretrial_front_error for r in every_w),
                                      "oracle_total": statistics.mean(r.oracle_front_error for r in every_w),
+                                     "ideal_total": statistics.mean(r.ideal_front_error for r in every_w),
                                      "fresh_total": statistics.mean(r.pretrial_front_error for r in every_f)},
             "trials_to_95pct": {"per_position": [p["with_transfer"]["trials_to_95pct"] for p in positions],  # type: ignore[index]
                                 "total": sum(_mean_trials(w, cap) for w in with_t),
@@ -248,13 +287,15 @@ def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argpa
                 "per_position": [p["with_transfer"]["trials_per_front_point"] for p in positions],  # type: ignore[index]
                 "total": _figures(every_w, cap)["trials_per_front_point"],
                 "fresh_total": _figures(every_f, cap)["trials_per_front_point"]},
-            "targets_met": targets}
+            "targets_met": targets,
+            # whether the front-error target is reachable at all: the ideal estimator's last position against it
+            "ideal_meets_front_error_target": last["ideal_front_error"] <= 0.5 * first["pretrial_front_error"]}
 
 
 def print_table(out: dict, file) -> None:  # type: ignore[no-untyped-def]
     print(f"\n## {out['phase']} of {out['space']}: {out['truths']} truths x {out['seeds']} seeds, models rotated "
           f"({', '.join(out['models'])}), {out['max_trials']} trials per study", file=file)
-    print("| position | pre-trial front error (fresh; oracle) | trials to 95% (fresh) "
+    print("| position | pre-trial front error (fresh; oracle; ideal) | trials to 95% (fresh) "
           "| trials / front config (fresh) |",
           file=file)
     print("|---|---|---|---|", file=file)
@@ -265,17 +306,19 @@ def print_table(out: dict, file) -> None:  # type: ignore[no-untyped-def]
     for p in out["positions"]:
         w, f = p["with_transfer"], p["fresh"]
         print(f"| {p['position']} | {cell(w['pretrial_front_error'])} ({cell(f['pretrial_front_error'])}; "
-              f"{cell(w['oracle_front_error'])}) | "
+              f"{cell(w['oracle_front_error'])}; {cell(w['ideal_front_error'])}) | "
               f"{cell(w['trials_to_95pct'])} ({cell(f['trials_to_95pct'])}) | {cell(w['trials_per_front_point'])} "
               f"({cell(f['trials_per_front_point'])}) |", file=file)
     t = out
     print(f"| total | {cell(t['pretrial_front_error']['total'])} ({cell(t['pretrial_front_error']['fresh_total'])}; "
-          f"{cell(t['pretrial_front_error']['oracle_total'])}) | "
+          f"{cell(t['pretrial_front_error']['oracle_total'])}; {cell(t['pretrial_front_error']['ideal_total'])}) | "
           f"{cell(t['trials_to_95pct']['total'])} ({cell(t['trials_to_95pct']['fresh_total'])}) | "
           f"{cell(t['trials_per_front_point']['total'])} ({cell(t['trials_per_front_point']['fresh_total'])}) |",
           file=file)
     print("targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in out["targets_met"].items()),
-          file=file, flush=True)
+          file=file)
+    print("the ideal estimator (floor) would meet the front-error target: "
+          f"{'yes' if out['ideal_meets_front_error_target'] else 'no'}", file=file, flush=True)
 
 
 if __name__ == "__main__":

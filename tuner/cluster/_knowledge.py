@@ -2,9 +2,9 @@
 
 `learn` turns the stored runs (tuner.cluster._store) into a ClusterKnowledge: the simulator's bounded factors
 refitted on every model's trials (tuner.cluster._fit), scored held out (leave one model out: each model's runs
-predicted by a fit on the others, so the figure says what a new model can expect), the residual left per parallel
-layout after the refit (the step-time effects no model predicts: collective algorithms, rank placement), and the
-layout+flag combinations that crashed at launch. A new study's simulator prior and guided sampler start from it.
+predicted by a fit on the others, so the figure says what a new model can expect), jointly with a step-time factor
+per parallel layout (the effects no model predicts: collective algorithms, rank placement; tuner.cluster._layout),
+and the layout+flag combinations that crashed at launch. A new study's simulator prior and guided sampler start from it.
 """
 
 from __future__ import annotations
@@ -16,26 +16,20 @@ from typing import Any
 
 import numpy as np
 
-from tuner.cluster._fit import FitSample, exercises, fit_shared, prediction_error, spread
+from tuner.cluster._fit import FitSample, exercises, fit_shared, joint_error, prediction_error, spread
 from tuner.cluster._key import UNKNOWN, ClusterKey
+from tuner.cluster._layout import LayoutFactors, LayoutKey, LayoutTrend, layout_key
 from tuner.cluster._store import ClusterStore, StoredFailure, StoredRun
 from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec
-from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
-from tuner.perf import Calibration, RooflineModel, default_calibration, predict_traffic
+from tuner.perf import Calibration, default_calibration
 from tuner.topology import Role, Topology
 
 MAX_OFFSET = 0.5  # |log| cap of a transferred per-layout offset (x1.65): a prior, never a verdict
-SHRINK_MODELS = 0.5  # an offset seen on m models is shrunk by m / (m + 0.5): one model's noise is not the cluster's
 #: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model).
 RISK_FIELDS = ("tp", "dp", "ep", "mtp", "dbo", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
                "kv_cache_dtype", "num_redundant_experts", "all2all_backend")
-LayoutKey = tuple[str, int, int, bool, int]  # role, tp, dp, ep, mtp
-
-
-def layout_key(role: Role, topo: Topology) -> LayoutKey:
-    return (role.value, topo.tp, topo.dp, topo.ep, topo.mtp)
 
 
 def risk_key(topo: Topology) -> tuple:
@@ -44,7 +38,8 @@ def risk_key(topo: Topology) -> tuple:
 
 @dataclass(frozen=True)
 class LayoutOffset:
-    """log(measured / predicted) of the two objectives on one parallel layout, after the calibration refit."""
+    """log(measured / predicted) of the two objectives on one parallel layout beyond its role's trend: minus its own
+    part of the step-time factor (the same for both: a slower step lowers throughput and user speed alike)."""
 
     log_throughput: float
     log_user_speed: float
@@ -68,7 +63,7 @@ class KnownRisk:
 @dataclass(frozen=True)
 class FactorEvidence:
     """What moved one factor: the runs of the fit that exercise it (tuner.cluster._fit.exercises), of how many
-    models. A factor moved by one model's runs is shrunk towards its default (MODEL_SHRINK)."""
+    models."""
 
     runs: int
     models: int
@@ -116,7 +111,7 @@ class ClusterKnowledge:
 
     def offset(self, role: Role, topo: Topology) -> tuple[float, float]:
         """The prior log-factor of each objective on this layout: the role's trend over layout features plus
-        the layout's own measured residual (0 where no model ran it), capped at MAX_OFFSET."""
+        the layout's own fitted part (0 where no model ran it), capped at MAX_OFFSET."""
         trend = self.trends.get(role.value)
         total = trend.at(topo) if trend is not None else np.zeros(2)
         found = self.layout_offsets.get(layout_key(role, topo))
@@ -190,7 +185,7 @@ def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Se
     if not samples:
         return ClusterKnowledge(key, default, default, (), 0, models, math.nan, math.nan, {}, risks, len(failures))
     fit = fit_shared(samples, gpu, default)
-    offsets, trends = layout_offsets(samples, gpu, fit.calibration)
+    offsets, trends = _offsets(fit.layouts)
     scored = _held_out(samples, gpu, default) if held_out and len(models) > 1 else None
     return ClusterKnowledge(key, default, fit.calibration, fit.factors, len(samples), models, fit.error_before,
                             fit.error_after, offsets, risks, len(failures), scored, trends,
@@ -208,89 +203,26 @@ def factor_evidence(samples: Sequence[FitSample], factors: Sequence[str]) -> dic
 
 
 def _held_out(samples: Sequence[FitSample], gpu: GpuSpec, default: Calibration) -> HeldOut:
-    """Leave one model out: fit on the other models' runs, score on the left-out model's (then average)."""
+    """Leave one model out: fit on the other models' runs, score on the left-out model's (then average); the
+    fitted side is what its study's prior would predict, the learnt layout factors included."""
     errors_default, errors_fitted = [], []
     names = list(dict.fromkeys(s.model.name for s in samples))
     for name in names:
         train = [s for s in samples if s.model.name != name]
         test = [s for s in samples if s.model.name == name]
-        fitted = fit_shared(train, gpu, default).calibration
+        fit = fit_shared(train, gpu, default)
         errors_default.append(prediction_error(test, gpu, default))
-        errors_fitted.append(prediction_error(test, gpu, fitted))
+        errors_fitted.append(joint_error(test, gpu, fit.calibration, fit.layouts))
     return HeldOut("leave-one-model-out", float(np.nanmean(errors_default)), float(np.nanmean(errors_fitted)),
                    len(names))
 
 
-def _axes(role: Role, m: ServingMetrics) -> tuple[float, float]:
-    """The phase's two objectives without an SLA: total tokens/s per GPU and the user's speed."""
-    user = m.isl * 1000.0 / m.ttft_ms_p50 if role is Role.PREFILL and m.ttft_ms_p50 > 0 else m.tok_s_per_user
-    return m.total_tok_s_per_gpu, user
-
-
-def layout_features(topo: Topology) -> np.ndarray:
-    """What a cluster's deviation follows smoothly across layouts: 1, log2 of the EP group (expert imbalance and
-    all-to-all grow with it), log2 TP, log2 DP, MTP on."""
-    ep_size = topo.tp * topo.dp if topo.ep else 1
-    return np.array([1.0, math.log2(ep_size), math.log2(topo.tp), math.log2(topo.dp), float(topo.mtp > 0)])
-
-
-@dataclass(frozen=True)
-class LayoutTrend:
-    """A ridge-regressed log-factor per objective over layout_features: carries to layouts no model measured."""
-
-    coef: np.ndarray  # (features, 2)
-
-    def at(self, topo: Topology) -> np.ndarray:
-        return layout_features(topo) @ self.coef
-
-
-TREND_RIDGE = 20.0  # per feature, in (model, layout) means: a trend needs several layouts to speak
-
-
-def layout_offsets(samples: Sequence[FitSample], gpu: GpuSpec, calibration: Calibration
-                   ) -> tuple[dict[LayoutKey, LayoutOffset], dict[str, LayoutTrend]]:
-    """Per role, a smooth trend over the layout features, then per layout: the mean over models of each model's
-    mean log(measured / predicted) left after the trend, shrunk by the number of models."""
-    per: dict[LayoutKey, dict[str, list[np.ndarray]]] = {}
-    topo_of: dict[LayoutKey, Topology] = {}
-    for s in samples:
-        perf = RooflineModel(s.model, gpu, calibration)
-        try:
-            predicted = predict_traffic(perf, s.topology, s.role, s.workload).points
-        except TopotuneError:
-            continue
-        logs = []
-        for p, m in zip(predicted, s.points, strict=False):
-            (px, py), (mx, my) = _axes(s.role, p), _axes(s.role, m)
-            if min(px, py, mx, my) > 0:
-                logs.append((math.log(mx / px), math.log(my / py)))
-        if logs:
-            key = layout_key(s.role, s.topology)
-            topo_of.setdefault(key, s.topology)
-            per.setdefault(key, {}).setdefault(s.model.name, []).append(np.mean(logs, axis=0))
-    # relative to each model's own mean over its layouts: a constant factor on one model is that model's (or what
-    # the refit left), not the cluster's, and must not carry to the next model; what carries is how layouts differ
-    centre: dict[tuple[str, str], np.ndarray] = {}
-    for (role, *_), by in per.items():
-        for name, v in by.items():
-            centre.setdefault((role, name), []).append(np.mean(v, axis=0))  # type: ignore[attr-defined]
-    centre = {k: np.mean(v, axis=0) for k, v in centre.items()}
-    trends: dict[str, LayoutTrend] = {}
-    for role in {k[0] for k in per}:
-        rows = [(layout_features(topo_of[k]), np.mean(v, axis=0) - centre[(role, name)])
-                for k, by in per.items() if k[0] == role for name, v in by.items()]
-        x = np.array([r[0] for r in rows])
-        x[:, 0] = 0.0  # no intercept: see above
-        y = np.array([r[1] for r in rows])
-        trends[role] = LayoutTrend(np.linalg.solve(x.T @ x + TREND_RIDGE * np.eye(x.shape[1]), x.T @ y))
-    out = {}
-    for key, by_model in per.items():
-        trend = trends[key[0]].at(topo_of[key])
-        means = np.array([np.mean(v, axis=0) - centre[(key[0], name)] for name, v in by_model.items()]) - trend
-        m = len(means)
-        shrunk = means.mean(axis=0) * m / (m + SHRINK_MODELS)
-        out[key] = LayoutOffset(float(shrunk[0]), float(shrunk[1]), m, sum(len(v) for v in by_model.values()))
-    return out, trends
+def _offsets(layouts: LayoutFactors) -> tuple[dict[LayoutKey, LayoutOffset], dict[str, LayoutTrend]]:
+    """The fitted log step-time factors as the prior's log-factors of the two objectives (a step exp(s) slower
+    divides both by exp(s))."""
+    trends = {role: LayoutTrend(-np.column_stack([beta, beta])) for role, beta in layouts.trend.items()}
+    offsets = {k: LayoutOffset(-v, -v, layouts.models[k], layouts.runs[k]) for k, v in layouts.own.items()}
+    return offsets, trends
 
 
 def _risks(failures: Sequence[StoredFailure]) -> dict[tuple, KnownRisk]:
