@@ -104,10 +104,8 @@ def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl:
     for topo in topologies:
         if on_topology is not None:
             on_topology(topo)
-        roles = ([Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
-                 + ([Role.BOTH] if topo.mtp in aggregated_mtp_depths else []))
-        for role in roles:
-            target = {Role.DECODE: curves.decode, Role.PREFILL: curves.prefill, Role.BOTH: curves.aggregated}[role]
+        for role in _roles(topo, prefill_mtp_depths, aggregated_mtp_depths):
+            target = _bucket(curves, role)
             ladder = prefill_ladder if role is Role.PREFILL else decode_ladder
             try:
                 cap = perf.capacity(topo, role, isl=isl, osl=osl)
@@ -166,10 +164,8 @@ def sweep_rate_curves(perf: RooflineModel, topologies: Sequence[Topology], workl
     for topo in topologies:
         if on_topology is not None:
             on_topology(topo)
-        roles = ([Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
-                 + ([Role.BOTH] if topo.mtp in aggregated_mtp_depths else []))
-        for role in roles:
-            target = {Role.DECODE: curves.decode, Role.PREFILL: curves.prefill, Role.BOTH: curves.aggregated}[role]
+        for role in _roles(topo, prefill_mtp_depths, aggregated_mtp_depths):
+            target = _bucket(curves, role)
             placed = topo.model_copy(update={"role": role})
             # a PD side leaves at least one GPU to the other side
             most = (max_gpus - (0 if role is Role.BOTH else 1)) // topo.num_gpus
@@ -189,3 +185,13 @@ def sweep_rate_curves(perf: RooflineModel, topologies: Sequence[Topology], workl
                 target.extend((placed, n, m) for m in traffic.points)
     return curves
 
+
+def _roles(topo: Topology, prefill_mtp_depths: Sequence[int], aggregated_mtp_depths: Sequence[int]) -> list[Role]:
+    """The roles a topology is swept in: decode always; prefill and aggregated at their MTP depths."""
+    return ([Role.DECODE] + ([Role.PREFILL] if topo.mtp in prefill_mtp_depths else [])
+            + ([Role.BOTH] if topo.mtp in aggregated_mtp_depths else []))
+
+
+def _bucket(curves: Curves | RateCurves, role: Role) -> list:
+    """The list a role's points go to (both curve kinds name them alike)."""
+    return {Role.DECODE: curves.decode, Role.PREFILL: curves.prefill, Role.BOTH: curves.aggregated}[role]
