@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner._lazy import lazy_names
 
 if TYPE_CHECKING:  # loaded on first use (PEP 562): the vLLM backend's planner is read without the trial schema
     from tuner.backends._base import (
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # loaded on first use (PEP 562): the vLLM backend's planner i
         TrialStatus,
     )
 
-_BASE = {"AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus"}
+_BASE = ("AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus")
 
 __all__ = ["AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus",
            "backend_class", "make_backend"]
@@ -57,9 +58,4 @@ def make_backend(name: str, **options: object) -> Backend:
     raise ConfigError(f"unknown backend {name!r}", field="--backend", fix="use simulated or vllm")
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _BASE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("tuner.backends._base"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, dict.fromkeys(_BASE, "_base"))

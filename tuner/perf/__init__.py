@@ -4,9 +4,9 @@ The fitting names load on first use (a frontier or a simulation never fits)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tuner._lazy import lazy_names
 from tuner.perf._aggregated import AggregatedPoint, BurstRun
 from tuner.perf._base import PerformanceModel
 from tuner.perf._calibration import (
@@ -70,12 +70,7 @@ __all__ = [
 if TYPE_CHECKING:
     from tuner.perf._fit import DEFAULT_FIT_FACTORS, FitResult, MeasuredPoint, fit_calibration, mean_relative_error
 
-_LAZY = {"DEFAULT_FIT_FACTORS", "FitResult", "MeasuredPoint", "fit_calibration", "mean_relative_error"}
+_LAZY = ("DEFAULT_FIT_FACTORS", "FitResult", "MeasuredPoint", "fit_calibration", "mean_relative_error")
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("tuner.perf._fit"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, dict.fromkeys(_LAZY, "_fit"))
