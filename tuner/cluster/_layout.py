@@ -59,7 +59,6 @@ class LayoutFactors:
     own: dict[LayoutKey, float]
     models: dict[LayoutKey, int]
     runs: dict[LayoutKey, int]
-    topology: dict[LayoutKey, Topology]
 
     def log_step(self, role: Role, topo: Topology) -> float:
         """The layout's log step-time factor: the role's trend, plus its own part where a model ran it."""
@@ -109,4 +108,4 @@ def fit_layout_factors(observations: Sequence[LayoutObservation]) -> LayoutFacto
         smooth = float(layout_features(topo_of[k]) @ trend[k[0]])
         m = len(by)
         own[k] = float(np.mean([y - smooth for y in by.values()])) * m / (m + LAYOUT_TAU)
-    return LayoutFactors(trend, own, {k: len(by) for k, by in per.items()}, runs, topo_of)
+    return LayoutFactors(trend, own, {k: len(by) for k, by in per.items()}, runs)

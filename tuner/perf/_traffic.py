@@ -204,9 +204,9 @@ class _Mix:
     osl: int
     fixed: bool
     z: np.ndarray  # standard-normal draws per output length (the chunk-share spread)
+    output_steps: np.ndarray  # each output length's decode steps after the first token, before MTP (outputs - 1)
     _new: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
     _ends: dict[float, np.ndarray] = field(default_factory=dict, compare=False)
-    _decode_outputs: list[np.ndarray] = field(default_factory=list, compare=False)
 
     def new_tokens(self, hit: float) -> np.ndarray:
         """Each prompt's tokens left to compute after `hit` of them came from the prefix cache (ascending)."""
@@ -225,13 +225,6 @@ class _Mix:
             found = self._ends[hit] = np.stack([new[lo], new[hi]])
         return found
 
-    @property
-    def output_steps(self) -> np.ndarray:
-        """Each output length's decode steps after the first token, before MTP (outputs - 1)."""
-        if not self._decode_outputs:
-            self._decode_outputs.append(self.outputs - 1.0)
-        return self._decode_outputs[0]
-
     @classmethod
     def of(cls, workload: Workload) -> _Mix:
         def reduced(points: np.ndarray) -> np.ndarray:
@@ -240,7 +233,7 @@ class _Mix:
 
         outputs = reduced(workload.output_tokens.points)
         return cls(reduced(workload.input_tokens.points), outputs, workload.isl, workload.osl, workload.is_fixed,
-                   _normal_quantiles(len(outputs)))
+                   _normal_quantiles(len(outputs)), outputs - 1.0)
 
 
 def _spread(mean: ServingMetrics, parts: LatencyParts, mix: _Mix, role: Role, hit: float, *,
