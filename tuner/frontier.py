@@ -260,7 +260,7 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
             continue
         total_per_req = d.isl + d.osl
         user = 1000.0 / d_itl if d_itl > 0 else 0.0
-        d_family = f" -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")
+        d_family = " -> " + _family(d_topo)
         for row in rows.tolist():
             j = int(best[row])
             i = int(cols[j])
@@ -355,8 +355,7 @@ class AggregatedPoint:
 
     @property
     def name(self) -> str:
-        mtp = f" MTP{self.topology.mtp}" if self.topology.mtp else ""
-        return f"{self.num_instances}x({self.topology.name}{mtp})"
+        return f"{self.num_instances}x({_family(self.topology)})"
 
     @property
     def output_tok_s_per_gpu(self) -> float:
@@ -367,6 +366,18 @@ class AggregatedPoint:
         return self.instance.concurrency
 
 
+def _family(topo: Topology) -> str:
+    """A topology as the fronts group it: its layout and MTP depth ("TP4DP2 MTP3")."""
+    return topo.name + (f" MTP{topo.mtp}" if topo.mtp else "")
+
+
+def _aggregated_within(c: Constraints, ttft_ms: float, itl_ms: float, tok_s_per_user: float) -> bool:
+    """An aggregated instance's point meets the TTFT, ITL and per-user limits (an instance does both phases)."""
+    return not ((c.max_ttft_ms is not None and ttft_ms > c.max_ttft_ms)
+                or (c.max_itl_ms is not None and itl_ms > c.max_itl_ms)
+                or (c.min_tok_s_per_user is not None and tok_s_per_user < c.min_tok_s_per_user))
+
+
 def compose_aggregated(curve: Sequence[CurvePoint], constraints: Constraints) -> list[AggregatedPoint]:
     """Every aggregated deployment that meets the limits: each curve point replicated over the GPU budget."""
     c = constraints
@@ -375,16 +386,14 @@ def compose_aggregated(curve: Sequence[CurvePoint], constraints: Constraints) ->
         if topo.num_gpus > c.max_gpus or m.request_throughput_rps <= 0:
             continue
         ttft, itl = _ttft(m, c.percentile), _itl(m, c.percentile)
-        if (c.max_ttft_ms is not None and ttft > c.max_ttft_ms) or (c.max_itl_ms is not None and itl > c.max_itl_ms):
-            continue
-        if c.min_tok_s_per_user is not None and m.tok_s_per_user < c.min_tok_s_per_user:
+        if not _aggregated_within(c, ttft, itl, m.tok_s_per_user):
             continue
         count = c.max_gpus // topo.num_gpus
         placed = topo.model_copy(update={"role": Role.BOTH}) if topo.role is not Role.BOTH else topo
         out.append(AggregatedPoint(
             topology=placed, num_instances=count, instance=m, num_gpus=count * topo.num_gpus,
             total_tok_s_per_gpu=m.total_tok_s_per_gpu, tok_s_per_user=m.tok_s_per_user, ttft_ms=ttft, itl_ms=itl,
-            family=topo.name + (f" MTP{topo.mtp}" if topo.mtp else "")))
+            family=_family(topo)))
     return out
 
 
@@ -464,7 +473,7 @@ def compose_rate_disaggregated(prefill: Sequence[RatePoint], decode: Sequence[Ra
             prefill_topology=p_topo, num_prefill=x, decode_topology=d_topo, num_decode=y, prefill=p, decode=d,
             num_gpus=n_gpus, total_tok_s_per_gpu=offered_rps * (d.isl + d.osl) / n_gpus,
             tok_s_per_user=1000.0 / d_itl if d_itl > 0 else 0.0, ttft_ms=float(p_ttft[i]) + d_ttft, itl_ms=d_itl,
-            family=f"{p_topo.name} -> {d_topo.name}" + (f" MTP{d_topo.mtp}" if d_topo.mtp else "")))
+            family=f"{p_topo.name} -> {_family(d_topo)}"))
     return out
 
 
@@ -475,13 +484,11 @@ def compose_rate_aggregated(curve: Sequence[RatePoint], constraints: Constraints
     out: list[AggregatedPoint] = []
     for topo, n, m in curve:
         ttft, itl = _ttft(m, c.percentile), _itl(m, c.percentile)
-        if (topo.num_gpus * n > c.max_gpus or (c.max_ttft_ms is not None and ttft > c.max_ttft_ms)
-                or (c.max_itl_ms is not None and itl > c.max_itl_ms)
-                or (c.min_tok_s_per_user is not None and m.tok_s_per_user < c.min_tok_s_per_user)):
+        if topo.num_gpus * n > c.max_gpus or not _aggregated_within(c, ttft, itl, m.tok_s_per_user):
             continue
         placed = topo.model_copy(update={"role": Role.BOTH}) if topo.role is not Role.BOTH else topo
         out.append(AggregatedPoint(
             topology=placed, num_instances=n, instance=m, num_gpus=n * topo.num_gpus,
             total_tok_s_per_gpu=offered_rps * (m.isl + m.osl) / (n * topo.num_gpus), tok_s_per_user=m.tok_s_per_user,
-            ttft_ms=ttft, itl_ms=itl, family=topo.name + (f" MTP{topo.mtp}" if topo.mtp else "")))
+            ttft_ms=ttft, itl_ms=itl, family=_family(topo)))
     return out
