@@ -35,7 +35,7 @@ from tuner.frontier import (
 )
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
-from tuner.models import load_model
+from tuner.models import ModelSpec, load_model
 from tuner.perf import (
     Calibration,
     Curves,
@@ -446,21 +446,33 @@ def _frontier_traffic(path: Path | None, *, isl: int, osl: int, request_rate: fl
     return traffic
 
 
+def _swept_mtp_depths(spec: ModelSpec, serving: str, depths: tuple[int, ...]
+                      ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prefill, aggregated) MTP depths a sweep predicts: a hybrid model's prefill at every depth, another's once at
+    0 (_at_decode_depths relabels it); none for a mode left out by --mode."""
+    prefill = (depths if spec.is_hybrid else (0,)) if serving != "agg" else ()
+    return prefill, depths if serving != "disagg" else ()
+
+
+def _at_decode_depths(prefill: list[tuple], depths: tuple[int, ...]) -> list[tuple]:
+    """NIXL compares both sides' speculative config, so a prefill instance runs its decode's MTP depth: the
+    point predicted at depth 0, once per depth (the first item of each entry is the topology)."""
+    return [(t.model_copy(update={"mtp": d}), *rest) for t, *rest in prefill for d in depths]
+
+
 def _closed_loop_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,
                         serving: str, depths: tuple[int, ...], advance: Callable[[Topology], None],
                         restart: Callable[[], None]) -> tuple[Curves, _Fronts]:
     """The concurrency ladder of every topology, composed."""
     spec, c = perf.model, constraints
 
+    prefill_depths, aggregated_depths = _swept_mtp_depths(spec, serving, depths)
+
     def sweep(limits: LevelLimits | None) -> Curves:
-        curves = sweep_curves(perf, topologies, isl=traffic.isl, osl=traffic.osl,
-                              prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
-                              aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance,
-                              workload=traffic, limits=limits)
-        if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode depth
-            curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), m) for t, m in curves.prefill
-                                              for d in depths])
-        return curves
+        curves = sweep_curves(perf, topologies, isl=traffic.isl, osl=traffic.osl, prefill_mtp_depths=prefill_depths,
+                              aggregated_mtp_depths=aggregated_depths, on_topology=advance, workload=traffic,
+                              limits=limits)
+        return curves if spec.is_hybrid else replace(curves, prefill=_at_decode_depths(curves.prefill, depths))
 
     # Under an SLA each ladder stops at its first level past a bound (same fronts, a fraction of the points);
     # when nothing meets the SLA the full sweep runs again, so the error names what the full one would.
@@ -483,12 +495,11 @@ def _rate_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workl
     """Open loop: every instance count of every topology that carries the rate, composed; when none does, an
     error that says how many GPUs would, and when none meets the SLA, the best latency that can be had."""
     spec, c = perf.model, constraints
-    curves = sweep_rate_curves(perf, topologies, traffic, max_gpus=c.max_gpus,
-                               prefill_mtp_depths=(depths if spec.is_hybrid else (0,)) if serving != "agg" else (),
-                               aggregated_mtp_depths=depths if serving != "disagg" else (), on_topology=advance)
-    if not spec.is_hybrid:  # NIXL compares both sides' speculative config: prefill runs its decode depth
-        curves = replace(curves, prefill=[(t.model_copy(update={"mtp": d}), n, m) for t, n, m in curves.prefill
-                                          for d in depths])
+    prefill_depths, aggregated_depths = _swept_mtp_depths(spec, serving, depths)
+    curves = sweep_rate_curves(perf, topologies, traffic, max_gpus=c.max_gpus, prefill_mtp_depths=prefill_depths,
+                               aggregated_mtp_depths=aggregated_depths, on_topology=advance)
+    if not spec.is_hybrid:
+        curves = replace(curves, prefill=_at_decode_depths(curves.prefill, depths))
 
     def compose(limits: Constraints) -> tuple[list[ComposedPoint], list[AggregatedPoint]]:
         rate = curves.offered_rps
