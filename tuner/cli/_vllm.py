@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tuner.cli._app import app, console, err_console, print_json
 from tuner.errors import ConfigError
 
+if TYPE_CHECKING:
+    from tuner.deployment import Deployment
+
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-cpu-vllm.sh"
-NOT_DETECTED = "not detected: the newest the version table checks"
 
 
-def plan_warnings(storage: str | None, deployment, gpu: str, vllm_version: str | None,  # type: ignore[no-untyped-def]
+def plan_warnings(storage: str | None, deployment: Deployment, gpu: str, vllm_version: str | None,
                   cluster: str | None) -> list[str]:
     """The planned instances that crashed on this cluster for another model (its store in `storage`): the issue's
-    "a known risk for the next", said before anything launches. A guessed vLLM version matches every version."""
+    "a known risk for the next", said before anything launches. No vLLM version (a guessed one) matches every
+    version."""
     if storage is None:
         return []
     from tuner.cluster import ClusterStore, planned_risks
@@ -134,11 +137,14 @@ def plan(
         dep = dep.with_decode_seqs(max_num_seqs)
     per_host = gpus_per_host or get_gpu(hardware).gpus_per_host
     addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    known_version: str | None  # given or detected; None when the plan can only assume the newest checked
     if vllm_version:
-        version, how = str(VllmVersion.parse(vllm_version, field_name="--vllm-version")), "given"
+        known_version, how = str(VllmVersion.parse(vllm_version, field_name="--vllm-version")), "given"
     else:
         found = detect_version((vllm,))
-        version, how = (str(found), f"detected from {vllm}") if found else (str(NEWEST_CHECKED), NOT_DETECTED)
+        known_version = str(found) if found else None
+        how = f"detected from {vllm}" if found else "not detected: the newest the version table checks"
+    version = known_version or str(NEWEST_CHECKED)
     if max_model_len is None and isl and osl:
         max_model_len = served_context_tokens(isl, osl)
     spec = model_or_none(model)
@@ -150,8 +156,7 @@ def plan(
                             extra_flags=() if prefix_caching else ("--no-enable-prefix-caching",))
     launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
                         resolve=resolve_address if addresses else keep_names, model=spec)
-    warnings = plan_warnings(storage, dep, get_gpu(hardware).name, version if how != NOT_DETECTED else None,
-                             cluster)
+    warnings = plan_warnings(storage, dep, get_gpu(hardware).name, known_version, cluster)
     if json_out:
         for line in warnings:
             err_console.print(line, highlight=False, markup=False, soft_wrap=True)
