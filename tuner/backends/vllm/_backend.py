@@ -37,7 +37,7 @@ from tuner.backends.vllm._aiperf import (
     to_serving_metrics,
     tokenizer_hub_alias,
 )
-from tuner.backends.vllm._plan import (  # noqa: F401  (the host helpers' old home re-exports them)
+from tuner.backends.vllm._plan import (
     Device,
     LaunchPlan,
     PlanSettings,
@@ -45,7 +45,6 @@ from tuner.backends.vllm._plan import (  # noqa: F401  (the host helpers' old ho
     build_plan,
     gpu_architecture,
     has_multi_node_nvlink,
-    model_is_hybrid,
     model_or_none,
 )
 from tuner.backends.vllm._process import (

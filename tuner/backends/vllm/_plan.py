@@ -594,12 +594,6 @@ def model_or_none(model_path: str) -> ModelSpec | None:
         return None
 
 
-def model_is_hybrid(model_path: str) -> bool:
-    """Whether the model has GDN/mamba layers (its PD settings differ); False when its config cannot be read."""
-    model = model_or_none(model_path)
-    return model is not None and model.is_hybrid
-
-
 def gpu_architecture(gpu: str) -> str | None:
     """The catalog's architecture of a GPU name (None: not in the catalog)."""
     try:
