@@ -4,12 +4,12 @@ form's checkbox) launches them again."""
 
 from __future__ import annotations
 
+from _support.known_risks import record_crash
 from api_helpers import AUTH, FAST_STUDY, REFERENCE_MODEL, finished, wait_for
 
-from tuner.cluster import ClusterKey, ClusterStore, StoredFailure
+from tuner.cluster import ClusterKey, ClusterStore
 from tuner.hardware import get_gpu
 from tuner.topology import Topology
-from tuner.trial_status import TrialStatus
 
 SPACE = """
 name: risky-service
@@ -42,9 +42,7 @@ def test_service_studies_skip_known_risks_unless_asked(database_url, make_settin
             for ep in (False, True):
                 topo = Topology(tp=tp, dp=dp, ep=ep, max_num_seqs=64)
                 if topo != SAFE:
-                    store.record_failure(key, StoredFailure(model_name="glm-4.6", topology=topo,
-                                                            status=TrialStatus.CRASHED, reason="NCCL timeout",
-                                                            study="glm/decode"))
+                    record_crash(store, key, topo, "glm-4.6", reason="NCCL timeout")
     body = {**FAST_STUDY, "model_path": REFERENCE_MODEL, "space": SPACE, "trials": 4, "phases": ["decode"],
             "warm_start": False}  # (a warm start would enqueue the one safe config first: nothing to screen)
 

@@ -9,17 +9,15 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _support.known_risks import CRASH, fitting_configs, record_crash
 from _support.paths import MODELS
 
 from tuner.backends.vllm import parse_deployment
 from tuner.cli import main
-from tuner.cluster import ClusterKey, ClusterStore, StoredFailure, risk_key
+from tuner.cluster import ClusterKey, ClusterStore, risk_key
 from tuner.hardware import get_gpu
-from tuner.memory import MemoryInputs, compute_memory
-from tuner.models import load_model
 from tuner.space import parse_space
 from tuner.topology import Topology
-from tuner.trial_status import TrialStatus
 
 MODEL = MODELS / "qwen3-235b-a22b"
 SPACE = """
@@ -34,20 +32,15 @@ phases:
     max_num_seqs: [64]
     concurrency: [8, 64]
 """
-CRASH = "RuntimeError: NCCL error in all_to_all (unhandled cuda error)"
 GPU = get_gpu("gb300")
 
 
 def _crash(store: ClusterStore, key: ClusterKey, topo: Topology, model: str = "minimax-m2") -> None:
-    store.record_failure(key, StoredFailure(model_name=model, topology=topo, status=TrialStatus.CRASHED,
-                                            reason=CRASH, study=f"{model}/decode"))
+    record_crash(store, key, topo, model)
 
 
 def _fitting() -> list[Topology]:
-    space, model = parse_space(SPACE), load_model(MODEL)
-    w = space.phase_workload("decode")
-    return [t for t in space.expand("decode", model)
-            if compute_memory(model, GPU, t, MemoryInputs.for_workload(w)).fits]
+    return fitting_configs(SPACE, MODEL)
 
 
 def _launched(storage: str) -> set[tuple]:

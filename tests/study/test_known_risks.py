@@ -9,15 +9,14 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _support.known_risks import CRASH, fitting_configs, record_crash
 from _support.paths import MODELS
 
 from tuner.backends import Backend, TrialRequest, TrialResult
 from tuner.backends._simulated import SimulatedBackend
-from tuner.cluster import ClusterKey, ClusterStore, StoredFailure, risk_key
+from tuner.cluster import ClusterKey, ClusterStore, risk_key
 from tuner.executors import LocalExecutor
 from tuner.hardware import get_gpu
-from tuner.memory import MemoryInputs, compute_memory
-from tuner.models import load_model
 from tuner.space import parse_space
 from tuner.study import Campaign, TuneOptions
 from tuner.trial_status import TrialStatus
@@ -35,7 +34,6 @@ phases:
     max_num_seqs: [64, 256]
     concurrency: [8, 64]
 """
-CRASH = "RuntimeError: NCCL error in all_to_all (unhandled cuda error)"
 
 
 class RecordingBackend(Backend):
@@ -51,10 +49,7 @@ class RecordingBackend(Backend):
 
 
 def _fitting() -> list:
-    space, model, gpu = parse_space(SPACE), load_model(MODEL), get_gpu("gb300")
-    w = space.phase_workload("decode")
-    return [t for t in space.expand("decode", model)
-            if compute_memory(model, gpu, t, MemoryInputs.for_workload(w)).fits]
+    return fitting_configs(SPACE, MODEL)
 
 
 def _record_risks(storage_url: str) -> set[tuple]:
@@ -63,10 +58,8 @@ def _record_risks(storage_url: str) -> set[tuple]:
     key = ClusterKey.of(get_gpu("gb300"))
     risky = _fitting()[::2]
     for topo in risky:
-        store.record_failure(key, StoredFailure(model_name="other-model", topology=topo, status=TrialStatus.CRASHED,
-                                                reason=CRASH, study="other/decode"))
-    store.record_failure(key, StoredFailure(model_name="other-model", topology=_fitting()[1],
-                                            status=TrialStatus.OOM, reason="CUDA out of memory", study="other/decode"))
+        record_crash(store, key, topo, "other-model")
+    record_crash(store, key, _fitting()[1], "other-model", reason="CUDA out of memory", status=TrialStatus.OOM)
     return {risk_key(t) for t in risky}
 
 
