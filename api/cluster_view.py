@@ -71,34 +71,23 @@ def anchor_of(cluster_name: str) -> str:
     return "cluster-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in cluster_name)
 
 
-def _finite(x: float) -> float | None:
-    return None if math.isnan(x) else x
-
-
 def layout_label(tp: int, dp: int, ep: bool, mtp: int) -> str:
     return f"TP{tp}xDP{dp}{' EP' if ep else ''}{f' MTP{mtp}' if mtp else ''}"
 
 
 def view_of(k: ClusterKnowledge) -> ClusterView:
-    factors = []
-    for name, (before, after) in k.moved().items():
-        ev = k.evidence.get(name)
-        factors.append(FactorRow(name, before, after, 100.0 * (after / before - 1.0) if before else None,
-                                 ev.runs if ev else None, ev.models if ev else None))
-    ranked = sorted(k.layout_offsets.items(),
-                    key=lambda kv: -max(abs(kv[1].log_throughput), abs(kv[1].log_user_speed)))
-    offsets = [OffsetRow(role, layout_label(tp, dp, ep, mtp), math.exp(v.log_throughput),
-                         math.exp(v.log_user_speed), v.models, v.runs)
-               for (role, tp, dp, ep, mtp), v in ranked[:TOP_OFFSETS]]
-    held = k.held_out
+    """The page's rows of what GET /v1/clusters serves (ClusterKnowledge.as_json: one reading of each figure)."""
+    j = k.as_json()
+    factors = [FactorRow(name, f["default"], f["learnt"], f["moved_pct"], f["runs"], f["models"])
+               for name, f in j["factors"].items()]
+    ranked = sorted(j["layout_offsets"], key=lambda o: -max(abs(o["log_throughput"]), abs(o["log_user_speed"])))
+    offsets = [OffsetRow(o["role"], layout_label(o["tp"], o["dp"], o["ep"], o["mtp"]), math.exp(o["log_throughput"]),
+                         math.exp(o["log_user_speed"]), o["models"], o["runs"]) for o in ranked[:TOP_OFFSETS]]
     return ClusterView(
-        key=k.key, runs=k.runs, models=k.models, launch_failures=k.failures, factors=factors,
-        error_before=_finite(k.error_before), error_after=_finite(k.error_after),
-        held_out=None if held is None else {"method": held.method, "models": held.models,
-                                            "error_default": _finite(held.error_default),
-                                            "error_fitted": _finite(held.error_fitted)},
-        offsets=offsets, offsets_total=len(k.layout_offsets),
-        risks=[RiskRow(r.topology.label(), r.status, r.models, r.reason) for r in k.risks.values()])
+        key=k.key, runs=j["runs"], models=k.models, launch_failures=j["launch_failures"], factors=factors,
+        error_before=j["error_in_sample"]["default"], error_after=j["error_in_sample"]["fitted"],
+        held_out=j["held_out"], offsets=offsets, offsets_total=len(j["layout_offsets"]),
+        risks=[RiskRow(r["topology"], r["status"], tuple(r["models"]), r["reason"]) for r in j["known_risks"]])
 
 
 def cluster_views(storage_url: str, *, held_out: bool) -> list[ClusterView]:
