@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = "0001"  # the head of api/migrations/versions; tests check the two agree
+SCHEMA_VERSION = "0002"  # the head of api/migrations/versions; tests check the two agree
 
 
 def utcnow() -> datetime:

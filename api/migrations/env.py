@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from api.models import Base
+from tuner.cluster import cluster_metadata
 
 config = context.config
 engine = config.attributes["engine"]
@@ -17,8 +18,9 @@ def _include(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[n
 
 
 with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=Base.metadata, version_table=version_table,
-                      include_object=_include, render_as_batch=connection.dialect.name == "sqlite")
+    context.configure(connection=connection, target_metadata=[Base.metadata, cluster_metadata()],
+                      version_table=version_table, include_object=_include,
+                      render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
         context.run_migrations()
     connection.commit()

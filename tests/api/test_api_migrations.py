@@ -8,6 +8,7 @@ from sqlalchemy import inspect
 
 from api.db import VERSION_TABLE, current_revision, make_engine, upgrade
 from api.models import SCHEMA_VERSION, Base
+from tuner.cluster import cluster_metadata
 
 
 def test_upgrade_on_empty_database(database_url):
@@ -17,10 +18,11 @@ def test_upgrade_on_empty_database(database_url):
     upgrade(engine)  # idempotent
     tables = set(inspect(engine).get_table_names())
     assert {"topotune_studies", "topotune_models", "topotune_events", VERSION_TABLE} <= tables
+    assert set(cluster_metadata().tables) <= tables  # the cluster tables: created before any study starts
     assert current_revision(engine) == SCHEMA_VERSION
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-        diffs = [d for d in compare_metadata(ctx, Base.metadata)
+        diffs = [d for d in compare_metadata(ctx, [Base.metadata, cluster_metadata()])
                  if not (d[0] == "remove_table" and (d[1].name == VERSION_TABLE
                                                      or not d[1].name.startswith("topotune_")))]
     assert diffs == [], diffs  # the ORM models and the migrations agree

@@ -16,7 +16,14 @@ from tuner.cluster._knowledge import (
     risk_key,
 )
 from tuner.cluster._recorder import ClusterRecorder
-from tuner.cluster._store import DEFAULT_PREFIX, ClusterStore, StoredFailure, StoredRun
+from tuner.cluster._store import (
+    DEFAULT_PREFIX,
+    ClusterStore,
+    StoredFailure,
+    StoredRun,
+    cluster_metadata,
+    create_cluster_tables,
+)
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -35,6 +42,8 @@ __all__ = [
     "SharedFit",
     "StoredFailure",
     "StoredRun",
+    "cluster_metadata",
+    "create_cluster_tables",
     "fit_shared",
     "learn",
     "load_knowledge",

@@ -79,38 +79,109 @@ def _engine(url: str) -> sa.Engine:
         return engine
 
 
+def cluster_metadata(prefix: str = DEFAULT_PREFIX) -> sa.MetaData:
+    """The two cluster tables (runs, failures) under `prefix`: the one definition the store and the service's
+    Alembic migration both create."""
+    meta = sa.MetaData()
+    sa.Table(
+        f"{prefix}runs", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        *[sa.Column(n, sa.String(128), nullable=False) for n in _KEY_FIELDS],
+        sa.Column("model_name", sa.String(256), nullable=False),
+        sa.Column("model_path", sa.String(4096), nullable=False), sa.Column("role", sa.String(16), nullable=False),
+        sa.Column("topology", sa.Text, nullable=False), sa.Column("workload", sa.Text, nullable=False),
+        sa.Column("points", sa.Text, nullable=False), sa.Column("study", sa.String(512), nullable=False),
+        sa.Column("trial", sa.Integer, nullable=False), sa.Column("created_at", sa.Float, nullable=False),
+        sa.UniqueConstraint("study", "trial", name=f"{prefix}runs_study_trial"),
+        sa.Index(f"{prefix}runs_cluster", "cluster"))
+    sa.Table(
+        f"{prefix}failures", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        *[sa.Column(n, sa.String(128), nullable=False) for n in _KEY_FIELDS],
+        sa.Column("model_name", sa.String(256), nullable=False), sa.Column("topology", sa.Text, nullable=False),
+        sa.Column("status", sa.String(32), nullable=False), sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("study", sa.String(512), nullable=False), sa.Column("created_at", sa.Float, nullable=False),
+        sa.Index(f"{prefix}failures_cluster", "cluster"))
+    return meta
+
+
+_CREATE_ATTEMPTS = 8
+_CREATE_LOCKS: dict[str, threading.Lock] = {}
+
+
+def create_cluster_tables(bind: sa.Engine | sa.Connection, meta: sa.MetaData, url: str = "") -> None:
+    """Create every table and index of `meta` that is missing, then verify they all exist.
+
+    Several processes (studies started at once, a CLI beside the service) may create them on a fresh database
+    together: the loser of a race gets "already exists" (or, on PostgreSQL, a duplicate pg_type row) for one
+    object while the others may not exist yet. So a lost race is never taken as done: create again with
+    checkfirst and verify every table and index, a few times, before answering. Threads of one process take
+    turns (one lock per URL) so they do not race each other at all."""
+    with _LOCK:
+        lock = _CREATE_LOCKS.setdefault(url or str(id(bind)), threading.Lock())
+    with lock:
+        last: Exception | None = None
+        for attempt in range(_CREATE_ATTEMPTS):
+            try:
+                if isinstance(bind, sa.Connection):
+                    meta.create_all(bind, checkfirst=True)
+                    for index in _indexes(meta):
+                        index.create(bind, checkfirst=True)
+                else:
+                    with bind.begin() as conn:
+                        meta.create_all(conn, checkfirst=True)
+                    with bind.begin() as conn:
+                        for index in _indexes(meta):
+                            index.create(conn, checkfirst=True)
+            except sa.exc.SQLAlchemyError as exc:
+                if not _lost_creation_race(exc):
+                    first = str(exc).strip().splitlines()[0]
+                    raise ConfigError(f"cannot create the cluster tables in {url!r}: {first}", field="--storage",
+                                      fix="check the URL and that the database server is reachable") from exc
+                last = exc
+            missing = _missing(bind, meta)
+            if not missing:
+                return
+            if isinstance(bind, sa.Connection):  # inside a migration: no retry can see another transaction
+                break
+            time.sleep(0.05 * (attempt + 1))
+        reason = str(last).strip().splitlines()[0] if last is not None else "they were not created"
+        raise ConfigError(f"the cluster tables {', '.join(missing)} are missing in {url!r} after "
+                          f"{_CREATE_ATTEMPTS} attempts ({reason})", field="--storage",
+                          fix="check that the database user may create tables, then run the command again")
+
+
+def _indexes(meta: sa.MetaData) -> list[sa.Index]:
+    return [index for table in meta.sorted_tables for index in table.indexes]
+
+
+def _lost_creation_race(exc: sa.exc.SQLAlchemyError) -> bool:
+    """Another creator got there first: "already exists" (SQLite, PostgreSQL), or PostgreSQL's unique violation
+    on pg_type / pg_class when two transactions create the same table at once."""
+    text = str(exc)
+    return "already exists" in text or isinstance(exc, sa.exc.IntegrityError) or "pg_type" in text \
+        or "pg_class" in text
+
+
+def _missing(bind: sa.Engine | sa.Connection, meta: sa.MetaData) -> list[str]:
+    inspector = sa.inspect(bind)
+    found_tables = set(inspector.get_table_names())
+    missing = [name for name in meta.tables if name not in found_tables]
+    for table in meta.sorted_tables:
+        if table.name in found_tables:
+            found_indexes = {ix["name"] for ix in inspector.get_indexes(table.name)}
+            missing += [ix.name for ix in table.indexes if ix.name not in found_indexes]
+    return missing
+
+
 class ClusterStore:
     """Reads and writes the cluster tables of one database (created on first use; `prefix` isolates tests)."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX) -> None:
         self.url = url
         self.engine = _engine(url)
-        meta = sa.MetaData()
-        key_columns = [sa.Column(n, sa.String(128), nullable=False) for n in _KEY_FIELDS]
-        self.runs = sa.Table(
-            f"{prefix}runs", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-            *key_columns, sa.Column("model_name", sa.String(256), nullable=False),
-            sa.Column("model_path", sa.String(4096), nullable=False), sa.Column("role", sa.String(16), nullable=False),
-            sa.Column("topology", sa.Text, nullable=False), sa.Column("workload", sa.Text, nullable=False),
-            sa.Column("points", sa.Text, nullable=False), sa.Column("study", sa.String(512), nullable=False),
-            sa.Column("trial", sa.Integer, nullable=False), sa.Column("created_at", sa.Float, nullable=False),
-            sa.UniqueConstraint("study", "trial", name=f"{prefix}runs_study_trial"),
-            sa.Index(f"{prefix}runs_cluster", "cluster"))
-        self.failures = sa.Table(
-            f"{prefix}failures", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-            *[sa.Column(n, sa.String(128), nullable=False) for n in _KEY_FIELDS],
-            sa.Column("model_name", sa.String(256), nullable=False), sa.Column("topology", sa.Text, nullable=False),
-            sa.Column("status", sa.String(32), nullable=False), sa.Column("reason", sa.Text, nullable=False),
-            sa.Column("study", sa.String(512), nullable=False), sa.Column("created_at", sa.Float, nullable=False),
-            sa.Index(f"{prefix}failures_cluster", "cluster"))
-        self._meta = meta
-        try:
-            meta.create_all(self.engine, checkfirst=True)
-        except sa.exc.SQLAlchemyError as exc:
-            if "already exists" not in str(exc):  # two processes creating the tables at once: the other won
-                first = str(exc).strip().splitlines()[0]
-                raise ConfigError(f"cannot create the cluster tables in {url!r}: {first}", field="--storage",
-                                  fix="check the URL and that the database server is reachable") from exc
+        self._meta = cluster_metadata(prefix)
+        self.runs = self._meta.tables[f"{prefix}runs"]
+        self.failures = self._meta.tables[f"{prefix}failures"]
+        create_cluster_tables(self.engine, self._meta, url)
 
     def drop(self) -> None:
         """Remove this store's tables (tests with a unique prefix clean up with it)."""
