@@ -10,9 +10,10 @@ import pytest
 import yaml
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
+from tuner._yaml import MAX_YAML_NODES
 from tuner.cli import main
 from tuner.errors import ConfigError
-from tuner.space import MAX_YAML_NODES, load_space, parse_space
+from tuner.space import load_space, parse_space
 
 SPACE_FILE = REFERENCE_SPACE
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from tuner._yaml import bounded_compose
 from tuner.errors import ConfigError, TopologyError
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
@@ -45,9 +46,6 @@ def phase_role(phase: str) -> Role:
 # one and keep a hostile or mistaken one (a YAML alias bomb, a 1e-300 step, 10**6 values per knob) from taking the
 # process down. parse_space enforces them before anything walks the document.
 MAX_SPACE_CHARS = 1_000_000
-MAX_YAML_NODES = 20_000  # after alias expansion: the billion-laughs document expands to ~10**9
-MAX_YAML_ALIASES = 100
-MAX_YAML_DEPTH = 32
 MAX_CHOICES_PER_KNOB = 1_000
 MAX_CONFIGS_PER_PHASE = 1_000_000  # the product of a phase's knob choices (expand() walks all of them)
 MAX_KNOB_VALUE = 10_000_000  # tokens, sequences, GPUs: far above any real value
@@ -375,55 +373,12 @@ class SearchSpace(_Strict):
 
 # -- loading with line numbers ---------------------------------------------------------------------------
 def _bounded_compose(text: str, source: str) -> yaml.Node | None:
-    """yaml.compose, refused before anything walks the document when aliases would blow it up.
-
-    The composed graph shares one node per anchor, so it is small; what explodes is every walk of it (the line
-    index, the constructor, validation). Counting the expanded size with a memo per node is linear in the text.
-    """
+    """yaml.compose, refused before anything walks the document when it is too long or aliases would blow it up
+    (the guard lives in tuner._yaml: workload files go through it too)."""
     if len(text) > MAX_SPACE_CHARS:
         raise ConfigError(f"the space is {len(text):,} characters; at most {MAX_SPACE_CHARS:,}", field=source,
                           fix="a search space is a short file: see search_spaces/gb300-nvl72-8k1k.yaml")
-    aliases = depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):  # events: no recursion, so no deep-nesting trap
-        if isinstance(event, yaml.AliasEvent):
-            aliases += 1
-        elif isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
-                raise ConfigError(f"the space nests deeper than {MAX_YAML_DEPTH} levels", field=source,
-                                  fix="a search space is a flat mapping: see search_spaces/gb300-nvl72-8k1k.yaml")
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
-    if aliases > MAX_YAML_ALIASES:
-        raise ConfigError(f"the space uses {aliases} YAML aliases; at most {MAX_YAML_ALIASES}", field=source,
-                          fix="write the values out instead of repeating anchors")
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
-    if node is None:
-        return None
-    sizes: dict[int, int] = {}
-    limit = ConfigError(f"the space expands to more than {MAX_YAML_NODES:,} YAML nodes or nests deeper than "
-                        f"{MAX_YAML_DEPTH} levels (aliases repeating aliases?)", field=source,
-                        fix="write the values out instead of nesting anchors")
-
-    def expanded(n: yaml.Node, depth: int, path: frozenset[int]) -> int:
-        if depth > MAX_YAML_DEPTH or id(n) in path:  # too deep, or an alias to an ancestor (infinite)
-            raise limit
-        if id(n) in sizes:
-            return sizes[id(n)]
-        inner = path | {id(n)}
-        if isinstance(n, yaml.MappingNode):
-            total = 1 + sum(expanded(k, depth + 1, inner) + expanded(v, depth + 1, inner) for k, v in n.value)
-        elif isinstance(n, yaml.SequenceNode):
-            total = 1 + sum(expanded(v, depth + 1, inner) for v in n.value)
-        else:
-            total = 1
-        if total > MAX_YAML_NODES:
-            raise limit
-        sizes[id(n)] = total
-        return total
-
-    expanded(node, 0, frozenset())
-    return node
+    return bounded_compose(text, source)
 
 
 def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
