@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from tuner._yaml import bounded_compose
 from tuner.errors import ConfigError, TopologyError
+from tuner.files import read_text
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
 from tuner.topology import (
@@ -434,13 +435,15 @@ def parse_space(text: str, source: str = "<space>") -> SearchSpace:
                           f"{source}: {dotted}", fix="see search_spaces/gb300-nvl72-8k1k.yaml for the schema") from exc
 
 
-def load_space(path: str | Path) -> SearchSpace:
+def read_space_file(path: str | Path) -> SearchSpace:
+    """The space a file holds, its trace not read yet (a service confines the trace's path first)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--space",
-                          fix="give the path of a search-space YAML file (see search_spaces/)") from exc
-    space = parse_space(text, str(path)).with_base_dir(path.resolve().parent)
+    text = read_text(path, max_bytes=4 * MAX_SPACE_CHARS, field="--space", what="a search-space YAML file",
+                     fix="a search space is a short file: see search_spaces/gb300-nvl72-8k1k.yaml")
+    return parse_space(text, str(path)).with_base_dir(path.resolve().parent)
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    space = read_space_file(path)
     space.traffic  # noqa: B018 - a bad trace is reported at load, naming its line, not mid-study
     return space

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
+from tuner._yaml import safe_load_bounded
 from tuner.cli._app import app, console, print_json
 from tuner.errors import ConfigError
-from tuner.workload import Workload, workload_error
+from tuner.files import open_regular, read_text
+from tuner.workload import MAX_LINE_CHARS, MAX_TRACE_BYTES, Workload, workload_error
 
 WorkloadOpt = Annotated[Path | None, typer.Option(
     help="The traffic: a mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids), or a YAML "
@@ -22,17 +25,24 @@ RequestRateOpt = Annotated[str | None, typer.Option(
          "--arrival trace). Replaces --concurrency.")]
 ArrivalOpt = Annotated[str, typer.Option(help="Open-loop arrivals: poisson, or trace (its timestamps, rescaled).")]
 
+MAX_WORKLOAD_FILE_BYTES = 1_000_000  # a workload block is a few lines (the search space's own bound)
 # Prefix-cache sizes `topotune workload` reports the hit share at (tokens: one GPU's KV cache is ~1-10 M).
 _CACHE_TOKENS = (100_000, 1_000_000, 10_000_000, 100_000_000)
 
 
 def _is_trace(path: Path) -> bool:
+    """A JSONL trace by its suffix; otherwise by its first line being a JSON object (a YAML flow mapping such as
+    `{isl: 100, osl: 10}` starts with a brace too, but is not JSON). Anything unreadable is left to the YAML
+    reader, which names the problem."""
     if path.suffix in (".jsonl", ".ndjson"):
         return True
+    if path.suffix in (".yaml", ".yml"):
+        return False
     try:
-        with path.open("rb") as handle:
-            return handle.read(1) == b"{"
-    except OSError:
+        with open_regular(path, max_bytes=MAX_TRACE_BYTES, field="--workload", fix="", what="") as handle:
+            first = handle.readline(MAX_LINE_CHARS + 1).strip()
+        return first.startswith(b"{") and isinstance(json.loads(first), dict)
+    except (ConfigError, ValueError, RecursionError):
         return False
 
 
@@ -41,6 +51,9 @@ def _rates(text: str) -> tuple[float, ...]:
         rates = tuple(sorted({float(part) for part in text.split(",") if part.strip()}))
     except ValueError:
         rates = ()
+    if rates and not all(math.isfinite(r) for r in rates):
+        raise ConfigError(f"{text!r} is not a finite request rate", field="--request-rate",
+                          fix="give finite requests/s, e.g. 0.5,1,2,4 (a closed loop: --concurrency instead)")
     if not rates or rates[0] <= 0:
         raise ConfigError(f"cannot read {text!r} as request rates", field="--request-rate",
                           fix="give comma-separated positive requests/s, e.g. 0.5,1,2,4")
@@ -68,13 +81,11 @@ def load_workload(path: Path | None, *, isl: int, osl: int, concurrency: tuple[i
 def _from_yaml(path: Path, load: dict[str, object]) -> Workload:
     from tuner.space import WorkloadSpec  # the same block a search space holds
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--workload",
-                          fix="give a JSONL trace or a YAML workload block") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML ({exc})", field="--workload", fix="fix the file's syntax") from exc
+    text = read_text(path, max_bytes=MAX_WORKLOAD_FILE_BYTES, field="--workload",
+                     fix="a workload file is a short YAML block; a trace is JSONL (.jsonl)",
+                     what="a JSONL trace or a YAML workload block")
+    data = safe_load_bounded(text, str(path), what="the workload file",
+                             example="the workload block of search_spaces/gb300-nvl72-8k1k.yaml")
     if isinstance(data, dict) and "workload" in data:
         data = data["workload"]
     if not isinstance(data, dict):

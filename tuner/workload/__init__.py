@@ -9,7 +9,15 @@ from tuner.workload._lengths import (
     LogNormalLengths,
     NormalLengths,
 )
-from tuner.workload._trace import TraceRequest, TraceSummary, read_trace, summarise_trace
+from tuner.workload._trace import (
+    MAX_LINE_CHARS,
+    MAX_TRACE_BYTES,
+    MAX_TRACE_REQUESTS,
+    TraceRequest,
+    TraceSummary,
+    read_trace,
+    summarise_trace,
+)
 from tuner.workload._workload import (
     Arrival,
     PrefixSharing,
@@ -19,6 +27,9 @@ from tuner.workload._workload import (
 )
 
 __all__ = [
+    "MAX_LINE_CHARS",
+    "MAX_TRACE_BYTES",
+    "MAX_TRACE_REQUESTS",
     "QUANTILE_POINTS",
     "Arrival",
     "EmpiricalLengths",

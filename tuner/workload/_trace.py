@@ -17,18 +17,27 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.errors import ConfigError
+from tuner.files import decode_utf8, open_regular
 
 MAX_TRACE_BYTES = 2 * 2**30  # a trace is requests, not prompts: 2 GiB is ~20 M requests
 MAX_TRACE_REQUESTS = 5_000_000
 MAX_LINE_CHARS = 1_000_000
+MAX_REQUEST_TOKENS = 10_000_000  # beyond any context length
+HASH_ID_SLACK = 1  # a generator that counts the last token's block once more is not refused
+# The shortest line a request can be: {"input_length":1,"output_length":1} (36 bytes, the last line needs no
+# newline). A file smaller than this many bytes per request cannot hold more than MAX_TRACE_REQUESTS valid lines
+# (any other line is refused where it stands), so only larger ones are counted before parsing.
+MIN_REQUEST_LINE_BYTES = 36
 DEFAULT_BLOCK_TOKENS = 512  # the mooncake traces' hash block
 # Capacities (in hash blocks) at which the hit-ratio curve is kept: powers of two up to 2**30 blocks.
 CAPACITY_POINTS = tuple(2**k for k in range(31))
@@ -54,40 +63,88 @@ def _count(path: Path, line: int, record: dict, key: str) -> int:
     value = record.get(key)
     if value is None:
         raise _field_error(path, line, key, "missing", f"give {key} as a positive integer (tokens)")
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not math.isfinite(value)) or value != int(value) or value < 1:
         raise _field_error(path, line, key, f"must be a positive integer of tokens, got {value!r}",
                            f"give {key} as a positive integer (tokens)")
-    if value > 10_000_000:
+    if value > MAX_REQUEST_TOKENS:
         raise _field_error(path, line, key, f"{value:,} tokens is beyond any context length",
                            "check the column: lengths are token counts")
     return int(value)
 
 
-def read_trace(path: Path | str) -> Iterator[TraceRequest]:
+def max_hash_ids(input_tokens: int, block_tokens: int) -> int:
+    """The most block ids a prompt of `input_tokens` can name: one per (partial) block, plus one of slack."""
+    return -(-input_tokens // block_tokens) + HASH_ID_SLACK
+
+
+_TRACE_FIX = "cut the trace to a representative window (e.g. head -n 100000)"
+_TRACE_WHAT = "a mooncake-format JSONL trace"
+_CHUNK_BYTES = 16 * 2**20
+
+
+def _prescan(handle: BinaryIO, path: Path) -> None:
+    """A trace large enough to hold more than MAX_TRACE_REQUESTS lines is counted before any line is parsed (a
+    byte scan, ~1 GB/s, instead of ~5 s per million parsed lines); a run of MAX_LINE_CHARS bytes without a
+    newline across chunks is refused here too (a file of zeros, a prompt pasted whole)."""
+    lines = run = 0  # newlines so far; bytes since the last one
+    while chunk := handle.read(_CHUNK_BYTES):
+        first = chunk.find(b"\n")
+        if first >= 0:
+            if run + first > MAX_LINE_CHARS:
+                break
+            lines += chunk.count(b"\n")
+            run = len(chunk) - chunk.rfind(b"\n") - 1
+        else:
+            run += len(chunk)
+        if run > MAX_LINE_CHARS:
+            break
+        if lines > MAX_TRACE_REQUESTS:
+            raise ConfigError(f"{path.name} has more than {MAX_TRACE_REQUESTS:,} lines (one request per line)",
+                              field="workload.trace", fix=_TRACE_FIX)
+    else:
+        handle.seek(0)
+        return
+    raise _field_error(path, lines + 1, "line", f"more than {MAX_LINE_CHARS:,} bytes on one line",
+                       "one request per line; hash_ids hold block ids, not the prompt")
+
+
+def read_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Iterator[TraceRequest]:
     """The trace's requests, one line at a time (a large file is never held whole); a bad line is a ConfigError
-    naming the file, the line and the field."""
+    naming the file, the line and the field.
+
+    Whatever the path names, reading is bounded: a regular file of at most MAX_TRACE_BYTES (a directory, FIFO,
+    device or socket is refused before it is opened), at most MAX_TRACE_REQUESTS lines (counted before parsing
+    when the file could hold more), lines of at most MAX_LINE_CHARS (checked while reading), UTF-8, JSON nested at
+    most as deep as the parser's recursion limit, finite numbers, and hash_ids no more than the prompt's blocks.
+    """
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="workload.trace",
-                          fix="give the path of a mooncake-format JSONL trace") from exc
-    if size > MAX_TRACE_BYTES:
-        raise ConfigError(f"{path.name} is {size / 2**30:,.1f} GiB; at most {MAX_TRACE_BYTES / 2**30:.0f} GiB is read",
-                          field="workload.trace", fix="cut the trace to a representative window (e.g. head -n 100000)")
     last_ts: float | None = None
     count = 0
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+    with open_regular(path, max_bytes=MAX_TRACE_BYTES, field="workload.trace", fix=_TRACE_FIX,
+                      what=_TRACE_WHAT) as handle:
+        if os.fstat(handle.fileno()).st_size > MIN_REQUEST_LINE_BYTES * MAX_TRACE_REQUESTS:
+            _prescan(handle, path)
+        number = 0
+        while raw := handle.readline(MAX_LINE_CHARS + 1):
+            number += 1
             if len(raw) > MAX_LINE_CHARS:
-                raise _field_error(path, number, "line", f"{len(raw):,} bytes on one line",
+                raise _field_error(path, number, "line", f"more than {MAX_LINE_CHARS:,} bytes on one line",
                                    "one request per line; hash_ids hold block ids, not the prompt")
-            text = raw.strip()
+            text = decode_utf8(raw, path, field="workload.trace", first_line=number).strip()
             if not text:
                 continue
+            count += 1
+            if count > MAX_TRACE_REQUESTS:
+                raise ConfigError(f"{path.name} has more than {MAX_TRACE_REQUESTS:,} requests",
+                                  field="workload.trace", fix=_TRACE_FIX)
             try:
                 record = json.loads(text)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            except RecursionError:
+                raise _field_error(path, number, "line", "JSON nested too deeply",
+                                   'one flat object per line, e.g. {"input_length": 512, "output_length": 64}'
+                                   ) from None
+            except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits
                 raise _field_error(path, number, "line", f"not JSON ({exc})",
                                    'write one JSON object per line, e.g. {"input_length": 512, '
                                    '"output_length": 64}') from None
@@ -104,19 +161,24 @@ def read_trace(path: Path | str) -> Iterator[TraceRequest]:
                                        f"{timestamp} is earlier than the line before ({last_ts})",
                                        "sort the trace by timestamp (sort -n on the field)")
                 last_ts = float(timestamp)
+            input_tokens = _count(path, number, record, "input_length")
+            output_tokens = _count(path, number, record, "output_length")
             hash_ids = record.get("hash_ids", [])
-            if not isinstance(hash_ids, list) or any(isinstance(h, bool) or not isinstance(h, int)
-                                                     for h in hash_ids):
+            if not isinstance(hash_ids, list):
                 raise _field_error(path, number, "hash_ids", "must be a list of integers",
                                    "give the prompt's block ids, or leave hash_ids out")
-            count += 1
-            if count > MAX_TRACE_REQUESTS:
-                raise ConfigError(f"{path.name} has more than {MAX_TRACE_REQUESTS:,} requests",
-                                  field="workload.trace", fix="cut the trace to a representative window")
+            bound = max_hash_ids(input_tokens, block_tokens)
+            if len(hash_ids) > bound:
+                raise _field_error(path, number, "hash_ids",
+                                   f"{len(hash_ids):,} block ids for a {input_tokens:,}-token prompt; its "
+                                   f"{block_tokens}-token blocks number at most {bound - HASH_ID_SLACK:,}",
+                                   f"give one id per {block_tokens}-token block of the prompt: at most "
+                                   f"ceil(input_length / {block_tokens})")
+            if any(isinstance(h, bool) or not isinstance(h, int) for h in hash_ids):
+                raise _field_error(path, number, "hash_ids", "must be a list of integers",
+                                   "give the prompt's block ids, or leave hash_ids out")
             yield TraceRequest(line=number, timestamp_ms=None if timestamp is None else float(timestamp),
-                               input_tokens=_count(path, number, record, "input_length"),
-                               output_tokens=_count(path, number, record, "output_length"),
-                               hash_ids=tuple(hash_ids))
+                               input_tokens=input_tokens, output_tokens=output_tokens, hash_ids=tuple(hash_ids))
     if count == 0:
         raise ConfigError(f"{path.name} holds no request", field="workload.trace",
                           fix="give a JSONL file with one request per line")
@@ -197,7 +259,7 @@ def summarise_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKEN
     hit_distance: list[int] = []  # running max distance of each (request, block), as tokens are weighed below
     hit_tokens: list[int] = []
     total_input = 0
-    for request in read_trace(path):
+    for request in read_trace(path, block_tokens=block_tokens):
         digest.update(f"{request.timestamp_ms}|{request.input_tokens}|{request.output_tokens}|"
                       f"{request.hash_ids}\n".encode())
         inputs.append(request.input_tokens)

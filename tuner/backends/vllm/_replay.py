@@ -123,7 +123,7 @@ def _trace_rows(workload: Workload, requests: int, salt: int, rate_rps: float | 
     sizes: dict[int, tuple[int, int]] = {}  # new id -> (block size, trace line): AIPerf needs one size per id
     rows: list[dict] = []
     times: list[float] = []
-    for request in read_trace(trace.path):
+    for request in read_trace(trace.path, block_tokens=block):
         if len(rows) == requests:
             break
         count = len(request.hash_ids)
