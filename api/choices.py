@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from api.config import ApiSettings
 from api.models import ModelRecord, ModelStatus
 from tuner.errors import TopotuneError
-from tuner.space import load_space
+from tuner.space import read_space_file
 
 MAX_CHOICES = 200
 MAX_SPACE_FILE_BYTES = 1024 * 1024
@@ -80,7 +80,7 @@ def space_choices(settings: ApiSettings) -> list[SpaceChoice]:
         if path.stat().st_size > MAX_SPACE_FILE_BYTES:
             continue
         try:
-            space = load_space(path)
+            space = read_space_file(path)  # the form shows phases and constraints: its trace is not read
         except (TopotuneError, ValueError):
             continue
         out.append(SpaceChoice(path.name, space.name, list(space.phases),

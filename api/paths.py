@@ -19,13 +19,26 @@ def confine(raw: str, roots: list[Path], *, base: Path, loc: tuple[str, ...]) ->
     given = Path(raw)
     if ".." in given.parts:
         raise FieldError(loc, "`..` is not allowed in paths")
-    try:
-        resolved = (given if given.is_absolute() else base / given).resolve(strict=False)
-        allowed = [r.resolve(strict=False) for r in roots]
-        resolved.exists()  # resolve() tolerates a name the filesystem refuses (a part over 255 bytes); stat does not
-    except (OSError, RuntimeError) as exc:  # symlink loops, names too long
-        raise FieldError(loc, f"cannot resolve the path: {exc}") from exc
-    if not any(resolved == r or resolved.is_relative_to(r) for r in allowed):
-        raise FieldError(loc, "the path is outside the allowed roots (TOPOTUNE_ALLOWED_ROOTS): "
+    allowed = [r.resolve(strict=False) for r in roots]
+    outside = FieldError(loc, "the path is outside the allowed roots (TOPOTUNE_ALLOWED_ROOTS): "
                               + ", ".join(str(r) for r in allowed), kind="path_not_allowed")
+    lexical = given if given.is_absolute() else base / given
+    try:
+        resolved = lexical.resolve(strict=False)
+    except (OSError, RuntimeError) as exc:  # a symlink loop: outside the roots is answered the same either way
+        if not _under(lexical, allowed):
+            raise outside from None
+        raise FieldError(loc, f"cannot resolve the path: {exc}") from exc
+    # The answer for a path outside the roots is decided before anything looks at the file itself, so it is the
+    # same whether the file exists, is a FIFO or a device, or cannot be stat-ed.
+    if not _under(resolved, allowed):
+        raise outside
+    try:
+        resolved.exists()  # resolve() tolerates a name the filesystem refuses (a part over 255 bytes); stat does not
+    except OSError as exc:
+        raise FieldError(loc, f"cannot resolve the path: {exc}") from exc
     return resolved
+
+
+def _under(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or path.is_relative_to(r) for r in roots)

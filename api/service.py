@@ -28,7 +28,7 @@ from tuner.errors import ConfigError, TopotuneError, UnsupportedModelError
 from tuner.hardware import get_gpu
 from tuner.memory import MemoryInputs, sweep_topologies
 from tuner.models import ModelSpec, load_model
-from tuner.space import SearchSpace, load_space, parse_space
+from tuner.space import SearchSpace, load_space, parse_space, read_space_file
 from tuner.study import campaign_name
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -105,9 +105,11 @@ def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
         if body.space_path is not None:
             path = confine(body.space_path, settings.allowed_roots, base=settings.default_space.parent,
                            loc=("body", "space_path"))
-            if not path.is_file():
+            if not path.exists():
                 raise FieldError(("body", "space_path"), "no such space file")
-            return _with_trace(load_space(path), path.parent, settings, ("body", "space_path"))
+            # read_space_file refuses what is not a regular file and does not read the space's trace: that
+            # path is confined by _with_trace before anything opens it
+            return _with_trace(read_space_file(path), path.parent, settings, ("body", "space_path"))
         if isinstance(body.space, dict):
             space = parse_space(yaml.safe_dump(body.space), "space")
         elif isinstance(body.space, str):
@@ -128,8 +130,8 @@ def _with_trace(space: SearchSpace, base: Path, settings: ApiSettings, loc: tupl
     trace = space.workload.trace
     if trace is None:
         return space
-    path = confine(trace, settings.allowed_roots, base=base, loc=loc)
-    if not path.is_file():
+    path = confine(trace, settings.allowed_roots, base=base, loc=loc)  # before anything opens or stats it
+    if not path.exists():
         raise FieldError(loc, f"no such trace file: {trace}")
     confined = space.model_copy(update={"workload": space.workload.model_copy(update={"trace": str(path)})})
     confined.with_base_dir(base)
