@@ -37,6 +37,7 @@ from tuner.study import (
     TrialEvent,
     TuneOptions,
     request_cancel,
+    reverify_state,
     reverify_study,
 )
 
@@ -284,8 +285,12 @@ class StudyRunner:
             options["vllm_version"] = body.emulate_vllm
         reverify_options = ReverifyOptions(budget=body.budget, repeats=body.repeats, reopen=body.reopen,
                                            test=NoiseTest(noise_floor=body.noise_floor, alpha=body.alpha))
+        try:  # another process (a CLI, a service before its restart) may hold the study: a dead one's claim is
+            elsewhere = reverify_state(self.settings.database_url, record.campaign).running  # failed here
+        except TopotuneError:
+            elsewhere = False
         with self._lock:
-            if record.id in self._reverifying:
+            if record.id in self._reverifying or elsewhere:
                 raise FieldError(("path", "study_id"), "a re-verification of this study is already running",
                                  status_code=409, kind="conflict")
             self._reverifying.add(record.id)

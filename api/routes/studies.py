@@ -31,7 +31,7 @@ from api.views import exportable, pareto, phase_progress, trial_public
 from tuner.errors import TopotuneError
 from tuner.export import RecipeContext, export_deployment
 from tuner.space import SearchSpace
-from tuner.study import recipe_versions, stored_reports
+from tuner.study import ReverifyState, recipe_versions, reverify_state, stored_reports
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
 
@@ -140,11 +140,18 @@ def reverify_study(record: StudyDep, body: ReverifyCreate, session: SessionDep, 
 
 
 @router.get("/{study_id}/reverify")
-def reverify_reports(record: StudyDep, runner: RunnerDep, settings: SettingsDep) -> ReverifyReports:
-    """Every re-verification of the study, oldest first, and whether one is running."""
+def reverify_reports(record: StudyDep, runner: RunnerDep, settings: SettingsDep, session: SessionDep
+                     ) -> ReverifyReports:
+    """Every re-verification of the study, oldest first, and whether one is running (in this service or any
+    other process). One whose process died (kill -9, a crash) is found here, stored as failed with why, and
+    told as the study's event; the study can then be re-verified."""
     try:
+        state = reverify_state(settings.database_url, record.campaign)
         reports = [r.as_json() for r in stored_reports(settings.database_url, record.campaign)]
     except TopotuneError:  # the study has no trials yet (its Optuna studies do not exist)
-        reports = []
-    return ReverifyReports(id=record.id, running=runner.reverifying(record.id),
-                           error=runner.reverify_errors.get(record.id), reports=reports)
+        state, reports = ReverifyState(running=False, error=None), []
+    if state.recovered is not None:
+        session.add(EventRecord(study_id=record.id, kind="reverify_failed", message=state.recovered.error or ""))
+        session.commit()
+    return ReverifyReports(id=record.id, running=runner.reverifying(record.id) or state.running,
+                           error=runner.reverify_errors.get(record.id) or state.error, reports=reports)

@@ -20,6 +20,9 @@ Order of a re-verification:
 from __future__ import annotations
 
 import json
+import os
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -31,14 +34,16 @@ import optuna
 
 from tuner.backends import TrialRequest, TrialResult, TrialStatus
 from tuner.deployment import Deployment
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.executors import Executor, TrialHandle
 from tuner.hardware import get_gpu
+from tuner.launch import process_alive
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
 from tuner.space import SearchSpace
 from tuner.study._campaign import CampaignResult, load_campaign, open_campaign_studies
+from tuner.study._liveness import DRIVER_ID
 from tuner.study._noise_test import Comparison, NoiseTest, Verdict
 from tuner.study._objectives import phase_values
 from tuner.study._records import (
@@ -120,6 +125,8 @@ class ReverifyReport:
     rows: list[ReverifyRow] = field(default_factory=list)
     enqueued: list[dict[str, Any]] = field(default_factory=list)  # {phase, params, reopened_from}
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    status: str = "complete"  # or "failed": it stopped (an error, or its process died) before it finished
+    error: str | None = None  # why a failed one stopped; its rows are the configs stored before that
 
     def counts(self) -> dict[str, int]:
         out = {str(v): 0 for v in Verdict}
@@ -145,6 +152,104 @@ def stored_reports(storage_url: str, name: str) -> list[ReverifyReport]:
     """Every re-verification of a study, oldest first (none for a study never re-verified)."""
     study = next(iter(open_campaign_studies(storage_url, name).values()))
     return [ReverifyReport.from_json(r) for r in study.user_attrs.get(REPORTS_KEY, [])]
+
+
+# -- a re-verification in flight: its claim on the study, its heartbeat, and a dead one found -----------------
+RUNNING_KEY = "topotune_reverify_running"  # study attribute of the first phase study while one runs
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 120.0  # a claim from another host with no heartbeat for this long is a dead process's
+
+
+@dataclass(frozen=True)
+class ReverifyState:
+    """Whether a re-verification of a study runs now (in any process), and why the newest one failed if it did."""
+
+    running: bool
+    error: str | None
+    recovered: ReverifyReport | None = None  # an interrupted one this read found and stored as failed
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of `pid` (a pid reused by a later process, e.g. a restarted container's, differs)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_bytes().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _claim_alive(claim: dict[str, Any], now: float) -> bool:
+    host, _, pid = str(claim.get("driver", "")).rpartition(":")
+    if host == socket.gethostname() and pid.isdigit():
+        return process_alive(int(pid)) and _process_start(int(pid)) == claim.get("process_start")
+    return now - float(claim.get("heartbeat_at", 0.0)) <= STALE_AFTER_S
+
+
+def _first_study(studies: dict[str, optuna.Study]) -> optuna.Study:
+    return studies[next(iter(studies))]
+
+
+def _recover(first: optuna.Study) -> tuple[dict[str, Any] | None, ReverifyReport | None]:
+    """(the live claim or None, the interrupted re-verification this found and stored as failed or None)."""
+    claim = first.user_attrs.get(RUNNING_KEY)
+    if not claim:
+        return None, None
+    now = time.time()
+    if _claim_alive(claim, now):
+        return claim, None
+    reports = first.user_attrs.get(REPORTS_KEY, [])
+    report = None
+    if not any(r.get("id") == claim.get("id") for r in reports):  # its own end wrote the report: only clear
+        beat = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(claim.get("heartbeat_at", now))))
+        report = ReverifyReport.from_json({**claim.get("report", {}), "id": claim.get("id"), "finished_at": now,
+                                           "status": "failed", "error": (
+            f"interrupted: the re-verifying process {claim.get('driver')} ended without finishing (killed or "
+            f"crashed; last heartbeat {beat}); the configs it finished are stored, the one in progress is not "
+            "(its earlier measurement stands): re-verify again")})
+        first.set_user_attr(REPORTS_KEY, [*reports, report.as_json()])
+    first.set_user_attr(RUNNING_KEY, None)
+    return None, report
+
+
+def reverify_state(storage_url: str, name: str) -> ReverifyState:
+    """Is a re-verification of `name` running, and did the newest fail? A claim left by a dead process (kill -9,
+    a crash, a lost host) is stored as a failed report here, so it is reported and the study can be re-verified."""
+    first = _first_study(open_campaign_studies(storage_url, name))
+    claim, recovered = _recover(first)
+    reports = first.user_attrs.get(REPORTS_KEY, [])
+    newest = reports[-1] if reports else {}
+    return ReverifyState(running=claim is not None,
+                         error=newest.get("error") if newest.get("status") == "failed" else None,
+                         recovered=recovered)
+
+
+class _Heartbeat:
+    """The running claim on the first phase study, refreshed every HEARTBEAT_S from a thread while the
+    re-verification runs (its verdicts so far ride along, so a dead one's report keeps them)."""
+
+    def __init__(self, study: optuna.Study, report: ReverifyReport) -> None:
+        self.study, self.report = study, report
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="topotune-reverify-heartbeat", daemon=True)
+
+    def claim(self) -> dict[str, Any]:
+        return {"id": self.report.id, "driver": DRIVER_ID, "process_start": _process_start(os.getpid()),
+                "started_at": self.report.started_at, "heartbeat_at": time.time(), "report": self.report.as_json()}
+
+    def __enter__(self) -> _Heartbeat:
+        self.study.set_user_attr(RUNNING_KEY, self.claim())
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.study.set_user_attr(RUNNING_KEY, self.claim())
+            except Exception:  # a busy database misses one beat; the next one (or the end) writes again
+                continue
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # -- choosing what to re-measure ------------------------------------------------------------------------------
@@ -256,6 +361,9 @@ class Reverifier:
         self.gpu = get_gpu(self.meta.gpu)
 
     def run(self) -> ReverifyReport:
+        """Claim the study, measure, store; the report is stored whatever happens (failed, with the error, if
+        anything raises). A process that dies here leaves its claim, which the next reverify_state or run finds
+        dead and stores as a failed report."""
         opts = self.options
         report = ReverifyReport(campaign=self.result.name, to_version="", vllm_version=UNKNOWN_VERSION,
                                 model_revision=UNKNOWN_VERSION, budget=opts.budget, repeats=opts.repeats,
@@ -265,15 +373,28 @@ class Reverifier:
         if not targets:
             raise ConfigError(f"{self.name} has no front to re-verify", field="STUDY",
                               fix="run the study first (`topotune tune`), then re-verify its front")
-        report.rows += self._measure(targets, report)
-        if opts.reopen:
-            again, enqueue = self._neighbours([r for r in report.rows if r.verdict != Verdict.UNCHANGED],
-                                              {(t.phase, config_key(t.point.params)) for t in targets})
-            report.rows += self._measure(again[:opts.budget - len(targets)], report)
-            report.enqueued = self._enqueue(enqueue)
-        report.finished_at = time.time()
-        first = self.studies[next(iter(self.studies))]
-        first.set_user_attr(REPORTS_KEY, [*first.user_attrs.get(REPORTS_KEY, []), report.as_json()])
+        first = _first_study(self.studies)
+        claim, _ = _recover(first)
+        if claim is not None:
+            raise ConfigError(f"a re-verification of {self.name} is already running ({claim.get('driver')})",
+                              field="STUDY", fix="wait for it to finish (its report lands on the study)")
+        with _Heartbeat(first, report):
+            try:
+                report.rows += self._measure(targets, report)
+                if opts.reopen:
+                    again, enqueue = self._neighbours([r for r in report.rows if r.verdict != Verdict.UNCHANGED],
+                                                      {(t.phase, config_key(t.point.params)) for t in targets})
+                    report.rows += self._measure(again[:opts.budget - len(targets)], report)
+                    report.enqueued = self._enqueue(enqueue)
+            except BaseException as exc:
+                report.status = "failed"
+                report.error = (exc.user_message() if isinstance(exc, TopotuneError)
+                                else f"{type(exc).__name__}: {exc}")[:2000]
+                raise
+            finally:
+                report.finished_at = time.time()
+                first.set_user_attr(REPORTS_KEY, [*first.user_attrs.get(REPORTS_KEY, []), report.as_json()])
+                first.set_user_attr(RUNNING_KEY, None)
         return report
 
     # -- one wave of measurements -------------------------------------------------------------------------
@@ -351,7 +472,10 @@ class Reverifier:
 
     def _store_runs(self, study: optuna.Study, target: _Target, result: TrialResult, row: ReverifyRow,
                     samples: list[float]) -> ReverifyRow:
-        """The median run: its compared level as the "reverify" trial, its other levels as extras of it."""
+        """The median run: its compared level as the "reverify" trial, its other levels as extras of it.
+
+        The trial says how many levels it has (reverify.levels); read_trials counts it only once every extra is
+        stored, so a process killed between the writes leaves the config's earlier measurement current."""
         c = self.space.constraints
         gate = result.accuracy_gate
         accuracy = gate.ci_high if gate is not None else result.accuracy
@@ -365,7 +489,7 @@ class Reverifier:
         row = _replace(row, meets_sla_after=all(v <= 0 for v in cons.values()))
         attrs = point_attrs(m, result, deployment, kind=TrialKind.REVERIFY, constraint_detail=cons,
                             topology=row.config, levels=[p.concurrency for p, _ in points],
-                            reverify={**_row_json(row), "samples_tok_s": samples})
+                            reverify={**_row_json(row), "samples_tok_s": samples, "levels": len(points)})
         number = self._add(study, target.point.params, dists, list(phase_values(target.phase, m)), attrs,
                            sampler_constraints(cons), marker)
         for i, (extra, extra_cons) in enumerate(points):

@@ -10,6 +10,7 @@ keys and values are unchanged from before this module existed: old studies read 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -187,7 +188,24 @@ class TrialRecord:
 
 
 def read_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = None) -> list[TrialRecord]:
-    return [TrialRecord.read(t) for t in study.get_trials(deepcopy=False, states=states)]
+    return drop_partial_reverifications([TrialRecord.read(t) for t in study.get_trials(deepcopy=False,
+                                                                                        states=states)])
+
+
+def drop_partial_reverifications(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Without a re-verification trial whose extra levels are not all stored (its process died between the
+    writes) and those of its extras that are: it never happened, and the config's earlier measurement stands.
+    A re-verification trial says how many levels it has (reverify.levels); one stored before that is whole."""
+    expected = {r.number: int(r.attrs.reverify["levels"]) - 1 for r in records
+                if r.kind is TrialKind.REVERIFY and r.attrs.reverify and "levels" in r.attrs.reverify}
+    if not expected:
+        return records
+    stored = Counter(r.attrs.parent_trial for r in records
+                     if r.kind is TrialKind.EXTRA and r.attrs.parent_trial in expected)
+    partial = {number for number, extras in expected.items() if stored[number] < extras}
+    if not partial:
+        return records
+    return [r for r in records if r.number not in partial and r.attrs.parent_trial not in partial]
 
 
 @dataclass(frozen=True)
