@@ -1,8 +1,8 @@
-"""A one-line banner on the embedded Optuna dashboard's page saying whether its buttons can write, and why not.
+"""A one-line banner on the embedded Optuna dashboard's page saying that it is read-only, and why.
 
-The dashboard's bundle cannot send a token: signed out, its create/rename/note/delete calls get a 401 and it only
-says "Failed to ...". The banner (inserted after <body> in its HTML page, nothing else touched) links to the
-sign-in; signed in (session cookie), its mutations pass AuthMiddleware's Origin check.
+Its create/rename/note/delete buttons are refused inside topotune (api/dashboard_guard.py: 405 for every write),
+and the dashboard itself only says "Failed to ...". The banner (inserted after <body> in its HTML page, nothing
+else touched) says why and links to topotune's own pages.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from api.security import AuthState
 
 _STYLE = ("position:fixed;bottom:0;left:0;right:0;z-index:9999;padding:6px 12px;font:14px system-ui,sans-serif;"
           "background:#fff3c4;border-top:1px solid #d9c27a;color:#333")
-SIGNED_OUT = (f'<div id="topotune-banner" style="{_STYLE}">Read-only: creating, renaming, deleting studies and '
-              'editing notes here need the service\'s token. <a href="/ui/login?next=/dashboard">Sign in</a> '
-              '(then these buttons work), or use the API with <code>Authorization: Bearer</code>. '
-              '<a href="/ui">topotune pages</a></div>')
+READ_ONLY_BANNER = (f'<div id="topotune-banner" style="{_STYLE}">Read-only inside topotune: these studies are '
+                    "topotune's phase studies, so creating, renaming, deleting and editing notes here are refused. "
+                    'Start, cancel and re-verify studies on <a href="/ui">topotune\'s pages</a> or with its API '
+                    '(<code>/v1/studies</code>).</div>')
 
 
 class DashboardBanner:
@@ -26,7 +26,7 @@ class DashboardBanner:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         auth: AuthState | None = scope.get("state", {}).get("auth")
         wanted = (scope["type"] == "http" and scope["method"] == "GET" and auth is not None
-                  and auth.via == "none" and scope["path"].startswith("/dashboard"))
+                  and scope["path"].startswith("/dashboard"))
         if not wanted:
             await self.app(scope, receive, send)
             return
@@ -53,6 +53,6 @@ class DashboardBanner:
         headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
         is_html = any(k.lower() == b"content-type" and v.startswith(b"text/html") for k, v in headers)
         if is_html and start["status"] == 200 and b"<body>" in body:
-            body = body.replace(b"<body>", b"<body>" + SIGNED_OUT.encode(), 1)
+            body = body.replace(b"<body>", b"<body>" + READ_ONLY_BANNER.encode(), 1)
         await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.config import ApiSettings
 from api.dashboard_banner import DashboardBanner
+from api.dashboard_guard import DashboardGuard
 from api.db import make_engine, make_session_factory, upgrade
 from api.errors import FieldError, field_error_handler, validation_error_handler
 from api.limits import BodySizeLimitMiddleware
@@ -42,6 +44,7 @@ class LazyDashboard:
 
     def __init__(self) -> None:
         self.app: ASGIApp | None = None
+        self.storage: Any = None  # optuna's RDBStorage once built
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.app is None:
@@ -57,7 +60,17 @@ class LazyDashboard:
 
         from tuner.study import open_storage
 
-        self.app = WSGIMiddleware(wsgi(open_storage(storage_url)), workers=4)  # type: ignore[arg-type]
+        self.storage = open_storage(storage_url)
+        self.app = WSGIMiddleware(wsgi(self.storage), workers=4)  # type: ignore[arg-type]
+
+    def study_exists(self, study_id: int) -> bool:
+        if self.storage is None:
+            return True  # not started: __call__ answers 503
+        try:
+            self.storage.get_study_name_from_id(study_id)
+        except KeyError:
+            return False
+        return True
 
 
 def _warm_cache(sessions: sessionmaker[Session], cache: ResultCache, recent: int = 16) -> None:
@@ -134,5 +147,6 @@ def create_app(settings: ApiSettings) -> FastAPI:
     def root() -> RedirectResponse:
         return RedirectResponse("/ui")
 
-    app.mount("/", DashboardBanner(dashboard))  # last: everything not matched above is the Optuna dashboard
+    # last: everything not matched above is the Optuna dashboard, read-only (api/dashboard_guard.py)
+    app.mount("/", DashboardBanner(DashboardGuard(dashboard, dashboard.study_exists)))
     return app

@@ -93,8 +93,9 @@ def test_bearer_clients_need_neither_csrf_nor_origin(app_client):
     assert app_client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).status_code == 201
 
 
-def test_the_dashboards_mutations_work_signed_in(app_client):
-    """The dashboard's bundle cannot send X-CSRF-Token: its /api mutations rest on the cookie and the Origin."""
+def test_the_dashboards_mutations_are_refused_even_signed_in(app_client):
+    """Signed out, the auth check refuses a dashboard write first (401); signed in, a cross-site Origin is still
+    refused (403); a same-site one reaches the dashboard, which is read-only inside topotune (405, nothing made)."""
     body = {"study_name": "from-the-dashboard", "directions": ["minimize"]}
     r = app_client.post("/api/studies", json=body, headers=ORIGIN)
     assert r.status_code == 401 and "/ui/login" in r.json()["detail"][0]["msg"]
@@ -102,9 +103,9 @@ def test_the_dashboards_mutations_work_signed_in(app_client):
     assert app_client.post("/api/studies", json=body, headers={"Origin": "http://evil.example"}).status_code == 403
     assert app_client.post("/api/studies", json=body).status_code == 403  # no Origin, no Referer
     r = app_client.post("/api/studies", json=body, headers=ORIGIN)
-    assert r.status_code == 201, r.text
-    study_id = r.json()["study_summary"]["study_id"]
-    assert app_client.delete(f"/api/studies/{study_id}", headers=ORIGIN).status_code == 204
+    assert r.status_code == 405 and "read-only inside topotune" in r.json()["reason"], r.text
+    names = [s["study_name"] for s in app_client.get("/api/studies").json()["study_summaries"]]
+    assert "from-the-dashboard" not in names
 
 
 def test_sign_out_ends_the_session(app_client):
@@ -212,11 +213,11 @@ def test_compare_page_defaults_to_the_two_newest(app_client):
 
 def test_the_dashboard_page_says_why_it_is_read_only(app_client):
     page = app_client.get("/dashboard")
-    assert page.status_code == 200 and 'id="topotune-banner"' in page.text and "/ui/login?next=/dashboard" in page.text
+    assert page.status_code == 200 and 'id="topotune-banner"' in page.text and "Read-only inside topotune" in page.text
     assert int(page.headers["content-length"]) == len(page.content)
     assert "topotune-banner" not in app_client.get("/api/studies").text  # the JSON API is untouched
     sign_in(app_client)
-    assert "topotune-banner" not in app_client.get("/dashboard").text
+    assert "Read-only inside topotune" in app_client.get("/dashboard").text  # signed in too: it stays read-only
 
 
 def test_live_log_tails_are_bounded_and_stay_in_the_artifacts_folder(tmp_path):
