@@ -1,15 +1,21 @@
-"""~45 malformed and hostile requests against a real `topotune serve` app (uvicorn on 127.0.0.1, SQLite), after
+"""~80 malformed and hostile requests against a real `topotune serve` app (uvicorn on 127.0.0.1, SQLite), after
 one finished study: alias bombs, recursive and deep YAML, non-finite numbers, oversized bodies, unbounded
-requests, paths out of the roots, bad ids and queries, missing or wrong tokens.
+requests, paths out of the roots, bad ids and queries, missing or wrong tokens; and issue 47's service cases:
+hostile traces named by a space (non-finite lengths, a directory, deep nesting, non-UTF-8, a line with no end,
+hash_ids beyond the prompt's blocks, a FIFO, /dev/zero, a secret and a missing file outside the roots), the
+new-study form beside such a space, a cluster row whose GPU left the catalog, and writes through the embedded
+Optuna dashboard.
 
-Prints each request's status and time, then the figures issue 14 asks for: responses 5xx (goal 0), slowest
-answer (goal < 2 s), the service healthy after, the stored trials unchanged.
+Prints each request's status and time, then the figures issues 14 and 47 ask for: inputs sent, responses 5xx
+(goal 0), tracebacks the server logged (goal 0), stored rows lost (trials, studies, phase-study names, cluster
+rows; goal 0), slowest answer (goal < 2 s), the service healthy after.
 Usage: .venv/bin/python benchmarks/hostile_requests.py
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -118,51 +124,212 @@ def requests(models: Path, sid: int) -> list[tuple[str, str, str, dict]]:
     ]
 
 
+def _trace_space(trace: str) -> dict:
+    """The reference space measuring prefill only, its traffic the trace at `trace`."""
+    space = _space()
+    space["workload"] = {"trace": trace}
+    space["phases"] = {"prefill": {k: v for k, v in space["phases"]["prefill"].items() if k != "workload"}}
+    return space
+
+
+OUTSIDE = ("shadow outside", "missing outside", "fifo outside", "/dev/zero")
+
+
+def issue47_files(tmp: Path, models: Path, spaces: Path) -> dict[str, str]:
+    """Hostile traces inside the roots, and a secret, a missing file, a FIFO and /dev/zero outside them."""
+    inside = {
+        "inf": '{"input_length": Infinity, "output_length": 1}\n',
+        "nan": '{"input_length": NaN, "output_length": 1}\n',
+        "1e400": '{"input_length": 1e400, "output_length": 1}\n',
+        "deep": "[" * 100_000 + "]" * 100_000 + "\n",
+        "hash_ids": json.dumps({"input_length": 1, "output_length": 1, "hash_ids": list(range(110_000))}) + "\n",
+    }
+    paths = {}
+    for name, text in inside.items():
+        (models / f"{name}.jsonl").write_text(text)
+        paths[name] = str(models / f"{name}.jsonl")
+    (models / "latin1.jsonl").write_bytes(b'{"input_length": 5, "output_length": 1, "x": "\xe9"}\n')
+    paths["latin1"] = str(models / "latin1.jsonl")
+    (models / "dir.jsonl").mkdir()
+    paths["dir"] = str(models / "dir.jsonl")
+    with (models / "noend.jsonl").open("wb") as handle:  # 1.5 GB without a newline, sparse
+        handle.truncate(1500 * 2**20)
+    paths["noend"] = str(models / "noend.jsonl")
+    os.mkfifo(models / "fifo.jsonl")
+    paths["fifo inside"] = str(models / "fifo.jsonl")
+    outside = tmp / "outside"
+    outside.mkdir()
+    (outside / "shadow").write_text("root:$6$secret$:19000:0:99999:7:::\n")
+    os.mkfifo(outside / "fifo")
+    paths |= {"shadow outside": str(outside / "shadow"), "missing outside": str(outside / "nope"),
+              "fifo outside": str(outside / "fifo"), "/dev/zero": "/dev/zero"}
+    for name in ("shadow outside", "missing outside", "fifo outside", "/dev/zero", "inf"):
+        (models / f"space-{name.replace('/', '').replace(' ', '-')}.yaml").write_text(
+            yaml.safe_dump(_trace_space(paths[name])))
+    # a space in the service's own folder of spaces naming a trace with an infinite length: /ui/new lists it
+    (spaces / "inf.jsonl").write_text(inside["inf"])
+    (spaces / "hostile.yaml").write_text(yaml.safe_dump({**_trace_space("inf.jsonl"), "name": "hostile"}))
+    return paths
+
+
+def issue47_requests(models: Path, paths: dict[str, str], phase_study_id: int) -> list[tuple[str, str, str, dict]]:
+    out = []
+    for name, path in paths.items():
+        out.append((f"trace {name} (inline space)", "POST", "/v1/studies",
+                    {"json": {**STUDY, "space": _trace_space(path), "phases": ["prefill"]}, "headers": AUTH}))
+    for name in ("shadow outside", "missing outside", "fifo outside", "/dev/zero", "inf"):
+        space_file = models / f"space-{name.replace('/', '').replace(' ', '-')}.yaml"
+        out.append((f"space_path naming {name}", "POST", "/v1/studies",
+                    {"json": {**STUDY, "space_path": str(space_file), "phases": ["prefill"]}, "headers": AUTH}))
+    for name in ("shadow outside", "missing outside", "fifo outside", "/dev/zero"):
+        out.append((f"space_path {name}", "POST", "/v1/studies",
+                    {"json": {**STUDY, "space_path": paths[name]}, "headers": AUTH}))
+        out.append((f"model_path {name}", "POST", "/v1/studies",
+                    {"json": {**STUDY, "model_path": paths[name]}, "headers": AUTH}))
+    dash = {"headers": AUTH}
+    out += [
+        ("new-study form, hostile space", "GET", "/ui/new", {"headers": AUTH}),
+        ("clusters, GPU not in catalog", "GET", "/v1/clusters", {}),
+        ("clusters held out, GPU gone", "GET", "/v1/clusters?held_out=true", {}),
+        ("dashboard: create a study", "POST", "/api/studies",
+         {"json": {"study_name": "made-here", "directions": ["maximize"]}, **dash}),
+        ("dashboard: rename a phase study", "POST", f"/api/studies/{phase_study_id}/rename",
+         {"json": {"study_name": "renamed"}, **dash}),
+        ("dashboard: delete a phase study", "DELETE", f"/api/studies/{phase_study_id}",
+         {"json": {"remove_associated_artifacts": False}, **dash}),
+        ("dashboard: note", "PUT", f"/api/studies/{phase_study_id}/note", {"json": {"version": 0, "body": "x"},
+                                                                           **dash}),
+        ("dashboard: tell unknown trial", "POST", "/api/trials/999999/tell", {"json": {"state": "Fail"}, **dash}),
+        ("dashboard: rename unknown", "POST", "/api/studies/999999/rename", {"json": {"study_name": "y"}, **dash}),
+        ("dashboard: plot unknown study", "GET", "/api/studies/999999/plot/contour", {}),
+        ("dashboard: importances unknown", "GET", "/api/studies/999999/param_importances", {}),
+        ("dashboard: csv unknown", "GET", "/csv/999999", {}),
+    ]
+    return out
+
+
+class _Tracebacks(logging.Handler):
+    """Counts the log records that carry a traceback (uvicorn's "Exception in ASGI application", log.exception)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.count += 1
+            if len(self.first) < 3:
+                self.first.append(self.format(record).splitlines()[-1])
+
+
+def _stored(http: httpx.Client, sid: int, url: str) -> dict[str, object]:
+    """What must never be lost or changed: the finished study's trials, the study list, the Optuna study names
+    (the phase studies' too) and the cluster store's rows."""
+    import optuna
+    import sqlalchemy as sa
+
+    from tuner.cluster import cluster_metadata
+    from tuner.study import open_storage
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = {t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one()
+                    for t in cluster_metadata().sorted_tables}
+    finally:
+        engine.dispose()
+    return {"trials": http.get(f"/v1/studies/{sid}/trials", params={"limit": 1000}).json()["items"],
+            "studies": http.get("/v1/studies").json()["total"],
+            "optuna studies": sorted((s.study_name, s.n_trials)
+                                     for s in optuna.get_all_study_summaries(open_storage(url))),
+            "cluster rows": rows}
+
+
+def _lost(before: dict[str, object], after: dict[str, object]) -> int:
+    """Rows of `before` missing or changed in `after` (new rows are not losses)."""
+    lost = 0
+    trials_after = {json.dumps(t, sort_keys=True) for t in after["trials"]}  # type: ignore[union-attr]
+    lost += sum(json.dumps(t, sort_keys=True) not in trials_after for t in before["trials"])  # type: ignore[union-attr]
+    lost += max(0, before["studies"] - after["studies"])  # type: ignore[operator]
+    lost += len(set(before["optuna studies"]) - set(after["optuna studies"]))  # type: ignore[arg-type]
+    lost += sum(max(0, n - after["cluster rows"].get(t, 0))  # type: ignore[union-attr]
+                for t, n in before["cluster rows"].items())  # type: ignore[union-attr]
+    return lost
+
+
 def main() -> None:
+    from tuner.cluster import ClusterKey, ClusterStore, StoredFailure
+    from tuner.topology import Topology
+    from tuner.trial_status import TrialStatus
+
     tmp = Path(tempfile.mkdtemp(prefix="topotune-hostile-"))
     models = tmp / "models"
     models.mkdir()
     shutil.copytree(REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4", models / "ref")
     (models / "bomb.yaml").write_text(BOMB)
     os.symlink("/etc", models / "escape")
+    spaces = tmp / "spaces"
+    spaces.mkdir()
+    shutil.copy(REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml", spaces / "gb300-nvl72-8k1k.yaml")
+    paths = issue47_files(tmp, models, spaces)
     settings = ApiSettings(data_dir=tmp, api_token=TOKEN, executor="local", models_dir=models, watch_models=False,
-                           allowed_roots=[models, REPO / "search_spaces"], max_parallel_studies=1)
+                           default_space=spaces / "gb300-nvl72-8k1k.yaml",
+                           allowed_roots=[models, REPO / "search_spaces", spaces], max_parallel_studies=1)
+    tracebacks = _Tracebacks()
+    logging.getLogger().addHandler(tracebacks)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=_port(),
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)
+    for name in ("uvicorn.error", "uvicorn.access", "uvicorn"):  # uvicorn's loggers do not propagate
+        logging.getLogger(name).addHandler(tracebacks)
     base = f"http://127.0.0.1:{server.config.port}"
     try:
         with httpx.Client(base_url=base, timeout=60) as http:
             sid = http.post("/v1/studies", json=STUDY, headers=AUTH).json()["id"]
             while http.get(f"/v1/studies/{sid}").json()["status"] not in ("succeeded", "failed"):
                 time.sleep(0.3)
-            before = http.get(f"/v1/studies/{sid}/trials", params={"limit": 1000}).json()
-            studies_before = http.get("/v1/studies").json()["total"]
+            gone = ClusterKey("old", "no-such-gpu", "nvlink8+infiniband", "unknown", "hopper")
+            ClusterStore(settings.database_url).record_failure(gone, StoredFailure(
+                model_name="m", topology=Topology(tp=2), status=TrialStatus.CRASHED, reason="x", study="s/decode"))
+            phase_study_id = http.get("/api/studies").json()["study_summaries"][0]["study_id"]
+            before = _stored(http, sid, settings.database_url)
             results = []
-            for label, method, path, kwargs in requests(models, sid):
+            outside_answers: dict[str, set[str]] = {}
+            for label, method, path, kwargs in [*requests(models, sid),
+                                                *issue47_requests(models, paths, phase_study_id)]:
                 t0 = time.perf_counter()
                 try:
-                    status = http.request(method, path, **kwargs).status_code
+                    response = http.request(method, path, **kwargs)
+                    status: int | str = response.status_code
+                    for name in OUTSIDE:  # one answer per request kind, whichever outside file it names
+                        if name in label:
+                            outside_answers.setdefault(label.replace(name, "*"), set()).add(response.text)
                 except httpx.HTTPError as exc:  # the server closed the connection: a refusal, not a 5xx
                     status = f"closed ({type(exc).__name__})"
                 took = time.perf_counter() - t0
                 results.append((label, status, took))
-                print(f"  {label:<34} {status!s:>5}  {took * 1000:7.0f} ms", flush=True)
+                print(f"  {label:<36} {status!s:>5}  {took * 1000:7.0f} ms", flush=True)
             health = http.get("/healthz").json()
-            after = http.get(f"/v1/studies/{sid}/trials", params={"limit": 1000}).json()
-            studies_after = http.get("/v1/studies").json()["total"]
+            after = _stored(http, sid, settings.database_url)
         server_errors = [r for r in results if isinstance(r[1], int) and r[1] >= 500]
         slowest = max(results, key=lambda r: r[2])
-        print(f"{len(results)} hostile requests: {len(server_errors)} responses 5xx (goal 0), slowest "
-              f"{slowest[2]:.2f} s ({slowest[0]}; goal < 2 s), health after: {health['status']}, stored trials "
-              f"{'unchanged' if after == before else 'CHANGED'} ({before['total']}), studies "
-              f"{studies_before} -> {studies_after}")
+        disclosing = sorted(k for k, answers in outside_answers.items() if len(answers) > 1)
+        print(f"{len(results)} hostile inputs: {len(server_errors)} responses 5xx (goal 0), {tracebacks.count} "
+              f"tracebacks logged (goal 0), {_lost(before, after)} stored rows lost (goal 0), slowest "
+              f"{slowest[2]:.2f} s ({slowest[0]}; goal < 2 s), health after: {health['status']}, outside-the-roots "
+              f"answers that differ by file: {len(disclosing)} {disclosing or ''}(goal 0), studies "
+              f"{before['studies']} -> {after['studies']}")
+        if tracebacks.first:
+            print("first tracebacks:", *tracebacks.first, sep="\n  ")
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+        for fifo in (models / "fifo.jsonl", tmp / "outside" / "fifo"):
+            fifo.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
