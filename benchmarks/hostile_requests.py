@@ -292,6 +292,11 @@ def main() -> None:
             sid = http.post("/v1/studies", json=STUDY, headers=AUTH).json()["id"]
             while http.get(f"/v1/studies/{sid}").json()["status"] not in ("succeeded", "failed"):
                 time.sleep(0.3)
+            control = {}
+            for query in ("", "?held_out=true"):  # the cost of the fit itself, before the row whose GPU is gone
+                t0 = time.perf_counter()
+                http.get(f"/v1/clusters{query}").raise_for_status()
+                control[query] = time.perf_counter() - t0
             gone = ClusterKey("old", "no-such-gpu", "nvlink8+infiniband", "unknown", "hopper")
             ClusterStore(settings.database_url).record_failure(gone, StoredFailure(
                 model_name="m", topology=Topology(tp=2), status=TrialStatus.CRASHED, reason="x", study="s/decode"))
@@ -323,6 +328,8 @@ def main() -> None:
               f"{slowest[2]:.2f} s ({slowest[0]}; goal < 2 s), health after: {health['status']}, outside-the-roots "
               f"answers that differ by file: {len(disclosing)} {disclosing or ''}(goal 0), studies "
               f"{before['studies']} -> {after['studies']}")
+        print(f"control (not a hostile input): GET /v1/clusters before the row whose GPU left the catalog took "
+              f"{control['']:.2f} s, with held_out=true {control['?held_out=true']:.2f} s")
         if tracebacks.first:
             print("first tracebacks:", *tracebacks.first, sep="\n  ")
     finally:
