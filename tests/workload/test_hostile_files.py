@@ -194,3 +194,22 @@ def test_request_rate_must_be_finite(rate: str, capsys: pytest.CaptureFixture[st
     with pytest.raises(ConfigError) as err:
         load_workload(None, isl=100, osl=10, concurrency=(1,), request_rate=rate)
     assert err.value.field == "--request-rate" and "finite" in err.value.user_message()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "deep"])
+def test_a_model_path_that_is_not_a_config_is_refused(tmp_path: Path, kind: str) -> None:
+    """The model's config.json goes through the same reader: a FIFO or a device is refused before it is opened."""
+    if kind == "fifo":
+        path = tmp_path / "config.json"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    else:
+        path = tmp_path / "config.json"
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    try:
+        done, _ = _child("memory", str(path))
+        _refused(done, "MODEL", "fix:")
+    finally:
+        if kind == "fifo":
+            path.unlink()

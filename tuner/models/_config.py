@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, UnsupportedModelError
+from tuner.files import read_text
+
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB; the service refuses larger ones too
 
 
 class RawConfig:
@@ -55,19 +58,20 @@ def read_config(path: str | Path) -> tuple[RawConfig, Path | None]:
                           fix="give a config.json file or a model folder that contains one") from exc
     if folder is not None:
         path = folder / "config.json"
-    try:
-        text = path.read_text()
-    except FileNotFoundError as exc:
+    if not path.exists():
         raise ConfigError(f"no such file {path}", field="MODEL",
-                          fix="give a config.json file or a model folder that contains one") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="MODEL",
-                          fix="check the path and its permissions") from exc
+                          fix="give a config.json file or a model folder that contains one")
+    # a regular file under its bound (a FIFO or /dev/zero named as the model would block or never end)
+    text = read_text(path, max_bytes=MAX_CONFIG_BYTES, field="MODEL", what="a config.json file or a model folder",
+                     fix="a model config is a few KiB: give the model's config.json")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})", field="MODEL",
                           fix="wait until the file is completely written, or repair it") from exc
+    except (ValueError, RecursionError) as exc:  # an integer of more than 4,300 digits, absurd nesting
+        raise ConfigError(f"{path} is not a usable JSON config ({str(exc)[:200] or type(exc).__name__})",
+                          field="MODEL", fix="use the model's original config.json") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object", field="MODEL", fix="use a Hugging Face config.json")
     source = str(path)
@@ -96,8 +100,9 @@ def _merge_modelopt_quant_config(data: dict[str, Any], folder: Path) -> None:
     if not extra.is_file():
         return
     try:
-        quant = json.loads(extra.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        quant = json.loads(read_text(extra, max_bytes=MAX_CONFIG_BYTES, field=str(extra), what="a JSON file",
+                                     fix="restore the checkpoint's hf_quant_config.json"))
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{extra} is not readable JSON ({exc})", field=str(extra),
                           fix="restore the checkpoint's hf_quant_config.json") from exc
     section = quant.get("quantization") if isinstance(quant, dict) else None
