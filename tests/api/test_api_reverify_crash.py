@@ -128,6 +128,8 @@ def test_kill_9_mid_reverify_loses_nothing_and_the_study_reverifies_again(sqlite
     events = client.get(f"/v1/studies/{sid}").json()["recent_events"]
     assert any(e["kind"] == "reverify_failed" and "interrupted" in e["message"] for e in events)
     assert client.get(f"/v1/studies/{sid}/reverify").json()["reports"] == body["reports"]  # found once
+    page = client.get(f"/ui/studies/{sid}").text
+    assert "Re-verification failed" in page and 'id="reverify-error"' in page and "interrupted" in page
 
     # and it re-verifies to completion: the config is measured on the new version
     r = client.post(f"/v1/studies/{sid}/reverify", json={"budget": 30, "repeats": 1, "emulate_vllm": VERSION,
