@@ -16,7 +16,7 @@ from tuner.advise._request import AdviseRequest
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
 from tuner.export import RecipeContext, export_deployment
-from tuner.frontier import Constraints
+from tuner.frontier import Constraints, binding_bound
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
 from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
@@ -70,15 +70,44 @@ class Advice:
                 + f": combined PD Pareto front ({self.num_topologies} topologies, {self.num_instance_points} "
                   f"instance points, {len(self.fronts.points)} deployments)")
 
+    @property
+    def model_path(self) -> str:
+        """The model's path as asked (its name when the request carried a model already read)."""
+        model = self.request.model
+        return model.name if isinstance(model, ModelSpec) else str(model)
+
+    @property
+    def reason(self) -> str:
+        """Why the winner, in one line: what it is best at, under which limits, by how much, and what binds."""
+        pick, sla, rate = self.recommendation, self.request.sla, self.offered_rps
+        winner = pick.winner
+        limits = f"{sla.describe()} at {sla.percentile}"
+        if winner is None:
+            return f"no deployment meets {limits}"
+        other = "aggregated" if winner.mode == "disaggregated" else "disaggregated"
+        if rate is not None:
+            why = (f"{winner.mode} {winner.name} carries {rate:.4g} req/s under {limits} on the fewest GPUs "
+                   f"({winner.num_gpus} of up to {self.request.gpus})")
+            margin = f"; the best {other} deployment needs x{pick.margin:.2f} its GPUs" if pick.margin else ""
+        else:
+            why = (f"{winner.mode} {winner.name} gives the most tok/s/GPU ({winner.total_tok_s_per_gpu:,.0f}) of "
+                   f"every deployment of up to {self.request.gpus} GPUs under {limits}")
+            margin = f", x{pick.margin:.2f} the best {other} one" if pick.margin else ""
+        if pick.margin is None:
+            margin = f"; no {other} deployment meets the limits" if self.request.serve.mode == "both" else ""
+        binds = binding_bound(winner.ttft_ms, winner.itl_ms, max_ttft_ms=sla.max_ttft_ms,
+                              max_itl_ms=self.constraints.max_itl_for_users_ms)
+        return why + margin + (f"; {binds}" if binds else "")
+
     @cached_property
     def recipe_context(self) -> RecipeContext:
         weights = self.request.weights
         return RecipeContext(
-            model_path=weights or str(self.request.model), model_name=self.model.name, gpu=self.gpu.name,
+            model_path=weights or self.model_path, model_name=self.model.name, gpu=self.gpu.name,
             gpus_per_host=self.gpu.gpus_per_host, isl=self.traffic.input_tokens.longest,
             osl=self.traffic.output_tokens.longest,
             prefix_caching=self.traffic.trace is not None or self.traffic.prefix is not None,
-            model=self.model if weights is None else None)
+            model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None)
 
     @cached_property
     def commands(self) -> str | None:
@@ -114,7 +143,7 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
     started = time.perf_counter()
     progress = progress or NoProgress()
     traffic = offered_traffic(request)
-    spec = load_model(request.model)
+    spec = request.model if isinstance(request.model, ModelSpec) else load_model(request.model)
     gpu = get_gpu(request.hardware, request.hardware_file)
     perf = RooflineModel(spec, gpu, calibrated(gpu.name, request.calibration))
     from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate

@@ -11,6 +11,7 @@ from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.frontier import PERCENTILES, Percentile
+from tuner.models import ModelSpec
 from tuner.topology import (
     DEFAULT_ALL2ALL_BACKEND,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -93,7 +94,7 @@ class AdviseRequest:
     `workload` is the traffic's shape (lengths, prefixes, a trace's summary); its load levels are ignored unless it
     is open loop at one rate of its own. `arrival` "trace" alone runs at the trace's own rate."""
 
-    model: str | Path
+    model: str | Path | ModelSpec  # a config.json / model folder, or a model already read (the service caches them)
     workload: Workload
     hardware: str = "gb300"
     hardware_file: str | Path | None = None
