@@ -66,7 +66,7 @@ def answer(body: AdviceCreate, settings: ApiSettings) -> tuple[Advice, AdvicePub
         raise _field_error(exc) from None
     deployment = advice.operating_deployment
     return advice, AdvicePublic.model_validate({
-        **advice.as_json(), "reason": advice.reason, "commands": commands,
+        **advice.as_json(), "reason": advice.reason, "setting": advice.setting, "commands": commands,
         "operating_deployment": deployment.name if deployment is not None else None})
 
 

@@ -338,6 +338,7 @@ class AdvicePublic(BaseModel):
     constraints: dict[str, Any]
     recommendation: dict[str, Any]
     reason: str
+    setting: str = Field(description="what was asked, in one line (model, budget, traffic, offered rate)")
     operating_deployment: str | None
     commands: str | None
     front: list[dict[str, Any]]

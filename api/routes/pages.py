@@ -20,17 +20,17 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
-from api.choices import model_choices, space_choices
+from api.choices import model_choices, space_choices, trace_choices
 from api.cluster_view import anchor_of, cluster_views
 from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
-from api.schemas import ReverifyCreate, StudyCreate
+from api.schemas import AdviceCreate, ReverifyCreate, StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
 from tuner.frontier import binding_bound
-from tuner.hardware import get_gpu
+from tuner.hardware import default_catalog, get_gpu
 from tuner.space import WorkloadSpec
 from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
 
@@ -122,6 +122,16 @@ def new_study_page(request: Request, session: SessionDep, settings: SettingsDep)
         "defaults": {name: f.default for name, f in fields.items()},
         "samplers": get_args(fields["sampler"].annotation), "backends": get_args(fields["backend"].annotation),
         "max_trials": next(m.le for m in fields["trials"].metadata if hasattr(m, "le"))})
+
+
+@router.get("/advice", response_class=HTMLResponse)
+def advice_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    """"What should I deploy?": the form posts AdviceCreate's JSON to /v1/advice and draws the answer."""
+    fields = AdviceCreate.model_fields
+    return TEMPLATES.TemplateResponse(request, "advice.html", {
+        "models": model_choices(session, settings), "traces": trace_choices(settings),
+        "hardware": default_catalog().names(), "defaults": {name: f.default for name, f in fields.items()},
+        "modes": get_args(fields["mode"].annotation)})
 
 
 @router.get("/compare", response_class=HTMLResponse)
