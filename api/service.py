@@ -104,7 +104,7 @@ def check_space(space: SearchSpace, model_path: Path, phases: tuple[str, ...]) -
 def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
     try:
         if body.space_path is not None:
-            path = confine(body.space_path, settings.allowed_roots, base=settings.default_space.parent,
+            path = confine(body.space_path, settings.space_roots, base=settings.default_space.parent,
                            loc=("body", "space_path"))
             if not path.is_file():
                 raise FieldError(("body", "space_path"), "no such space file")

@@ -11,6 +11,7 @@ from _support.paths import REPO
 
 from api.config import ApiSettings
 from api.db import make_engine, make_session_factory, upgrade
+from api.errors import FieldError
 from api.models import StudyRecord, StudyStatus
 from api.schemas import StudyCreate
 from api.service import create_study
@@ -95,3 +96,20 @@ def test_the_sla_override_stores_what_was_given_and_lifts_with_none() -> None:
     lifted = again.constrained_space.constraints
     assert lifted.max_ttft_ms is None and lifted.percentile == "p99"
     assert lifted.max_itl_ms == space.constraints.max_itl_ms  # not given: the space's, kept
+
+
+def test_allowed_roots_keep_the_services_own_spaces(sessions, make_settings, sqlite_url: str, model_store: Path,  # type: ignore[no-untyped-def]
+                                                   tiny: str, tmp_path: Path) -> None:
+    """TOPOTUNE_ALLOWED_ROOTS set to the model store alone used to refuse the spaces the new-study form offers."""
+    settings: ApiSettings = make_settings(sqlite_url, allowed_roots=[model_store])
+    assert settings.default_space.parent in settings.space_roots
+    assert settings.default_space.parent not in settings.allowed_roots  # models and traces stay confined
+    with sessions() as session:
+        record = create_study(session, settings, StudyCreate(model_path=tiny, space_path="cpu-tiny.yaml",
+                                                             trials=1))
+        assert record.space_name == "cpu-tiny"
+        outside = tmp_path / "elsewhere.yaml"
+        outside.write_text((REPO / "search_spaces" / "cpu-tiny.yaml").read_text())
+        with pytest.raises(FieldError) as refused:
+            create_study(session, settings, StudyCreate(model_path=tiny, space_path=str(outside), trials=1))
+        assert refused.value.kind == "path_not_allowed"
