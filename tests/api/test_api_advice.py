@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from api_helpers import AUTH, REFERENCE_MODEL, TOKEN
+from api_helpers import AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, finished, wait_for
 
 from tuner.cli import main
 
@@ -85,3 +85,34 @@ def test_advice_is_a_write_route(client) -> None:  # type: ignore[no-untyped-def
     refused = client.post("/v1/advice", json=body, headers=origin)
     assert refused.status_code == 403 and refused.json()["detail"][0]["loc"] == ["header", "x-csrf-token"]
     assert client.post("/v1/advice", json=body, headers={**origin, "X-CSRF-Token": csrf}).status_code == 200
+
+
+def test_the_study_page_recommends_and_numbers_its_front(client) -> None:  # type: ignore[no-untyped-def]
+    """A finished study: the page marks the measured recommendation (the library's pick over the composed front),
+    its chart labels each front point with the table's `point`, and the advice for the study's traffic and SLA
+    is POST /v1/advice's answer for the same inputs."""
+    sid = client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
+    assert wait_for(client, sid, finished)["status"] == "succeeded"
+    front = client.get(f"/v1/studies/{sid}/pareto").json()["composed_front"]
+    assert front
+    page = client.get(f"/ui/studies/{sid}").text
+    best = max(range(len(front)), key=lambda i: front[i]["total_tok_s_per_gpu"])
+    row = re.search(r'<tr class="ok" id="recommended-row"[^>]*><td>(\d+) &#9733;</td>', page)
+    assert row and int(row.group(1)) == best, row
+    assert f"Measured: point #{best}," in page
+    (composed, *_) = client.get(f"/ui/studies/{sid}/figures").json()["figures"]
+    labels = next(t["text"] for t in composed["data"] if t["name"] == "combined Pareto front")
+    assert labels == [f"#{i}" for i in range(len(front))]
+
+    answer = client.get(f"/ui/studies/{sid}/advice").json()
+    assert answer["error"] is None, answer
+    space = yaml.safe_load((REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml").read_text())
+    c = space["constraints"]
+    asked = {"model_path": REFERENCE_MODEL, "hardware": space["cluster"]["gpu"], "gpus": space["cluster"]["num_gpus"],
+             "workload": {"isl": space["workload"]["isl"], "osl": space["workload"]["osl"]},
+             "sla": {"max_ttft_ms": c.get("max_ttft_ms"), "max_itl_ms": c.get("max_itl_ms"),
+                     "percentile": c.get("percentile", "p90")},
+             "mode": "disagg", "max_mtp": max(space["phases"]["decode"]["mtp"])}
+    direct = client.post("/v1/advice", json=asked, headers=AUTH).json()
+    assert answer["advice"]["recommendation"] == direct["recommendation"]
+    assert answer["advice"]["reason"] == direct["reason"] and direct["recommendation"]["winner"]

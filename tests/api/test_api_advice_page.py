@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, REFERENCE_MODEL, REPO, TOKEN
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN
 from test_api_browser import _free_port, _wait, chromium, driver  # noqa: F401 - the browser fixtures
 
 from api.main import create_app
@@ -116,3 +116,25 @@ def test_a_browser_asks_what_to_deploy(driver, advice_server) -> None:  # type: 
     _wait(driver, lambda d: "req/s" in d.find_element(By.ID, "reason").text)
     assert "carries 1.199 req/s" in driver.find_element(By.ID, "reason").text  # the trace's own rate
     assert "req/s per instance" in driver.find_element(By.CSS_SELECTOR, "#advice-table tbody tr").text
+
+
+def test_the_study_page_shows_its_advice_and_numbered_points(driver, advice_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    base, _ = advice_server
+    with httpx.Client(base_url=base, timeout=60) as http:
+        sid = http.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
+        deadline = time.monotonic() + 120
+        while http.get(f"/v1/studies/{sid}").json()["status"] != "succeeded":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        n_front = len(http.get(f"/v1/studies/{sid}/pareto").json()["composed_front"])
+    driver.get(f"{base}/ui/studies/{sid}")
+    reason = _wait(driver, lambda d: d.find_element(By.ID, "study-advice-reason"))
+    assert "under" in reason.text and driver.find_element(By.ID, "study-advice-winner").text.startswith("Predicted")
+    labels = _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#front-chart .scatterlayer .textpoint text"))
+    assert sorted(t.text for t in labels) == sorted(f"#{i}" for i in range(n_front))
+    marked = driver.find_element(By.ID, "recommended-row").find_elements(By.TAG_NAME, "td")[0].text
+    assert marked.endswith("\u2605") and f"Measured: point #{marked.split()[0]}," in \
+        driver.find_element(By.ID, "measured-recommendation").text
+    driver.save_screenshot(str(ARTIFACTS / "ui-study-advice.png"))

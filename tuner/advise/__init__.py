@@ -9,10 +9,10 @@ answer; errors name the request's fields (`gpus`, `sla.max_ttft_ms`), which each
 from tuner.advise._advise import Advice, advise, calibrated, offered_traffic
 from tuner.advise._fronts import Fronts, SweepProgress, at_decode_depths
 from tuner.advise._recommend import Recommendation, aggregated_json, operating_deployment, point_json, recommend
-from tuner.advise._request import SERVING_MODES, AdviseRequest, ServeOptions, ServingMode, Sla
+from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, ServeOptions, ServingMode, Sla
 
 __all__ = [
-    "SERVING_MODES", "Advice", "AdviseRequest", "Fronts", "Recommendation", "ServeOptions", "ServingMode", "Sla",
-    "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated", "offered_traffic",
-    "operating_deployment", "point_json", "recommend",
+    "MAX_MTP_DEPTH", "SERVING_MODES", "Advice", "AdviseRequest", "Fronts", "Recommendation", "ServeOptions",
+    "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated",
+    "offered_traffic", "operating_deployment", "point_json", "recommend",
 ]
