@@ -86,3 +86,28 @@ def space_choices(settings: ApiSettings) -> list[SpaceChoice]:
         out.append(SpaceChoice(path.name, space.name, list(space.phases),
                                space.constraints.model_dump(), path.resolve() == settings.default_space.resolve()))
     return sorted(out, key=lambda c: not c.is_default)
+
+
+MAX_TRACE_DEPTH = 3  # folders below an allowed root searched for traces
+
+
+def trace_choices(settings: ApiSettings) -> list[str]:
+    """Mooncake traces (*.jsonl) under the allowed roots, a few folders deep, for the advice page's picker (only an
+    offer: POST /v1/advice confines and reads the path itself)."""
+    out: list[str] = []
+    for root in settings.allowed_roots:
+        pending = [(root, 0)]
+        while pending and len(out) < MAX_CHOICES:
+            folder, depth = pending.pop()
+            try:
+                entries = sorted(folder.iterdir())
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.is_symlink():
+                    continue
+                if entry.suffix == ".jsonl" and entry.is_file():
+                    out.append(str(entry.resolve()))
+                elif depth < MAX_TRACE_DEPTH and entry.is_dir() and not entry.name.startswith("."):
+                    pending.append((entry, depth + 1))
+    return sorted(set(out))[:MAX_CHOICES]

@@ -282,3 +282,70 @@ class ReverifyReports(BaseModel):
     running: bool
     error: str | None = None
     reports: list[dict[str, Any]] = Field(description="every re-verification, oldest first (ReverifyReport JSON)")
+
+
+class SlaIn(_In):
+    """The service level a deployment must hold (null: no bound); latencies are read at `percentile`."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_ttft_ms: float | None = Field(None, gt=0, description="TTFT bound (prefill + decode-side wait)")
+    max_itl_ms: float | None = Field(None, gt=0, description="inter-token latency bound")
+    min_tok_s_user: float | None = Field(None, gt=0, description="per-user speed floor (tokens/s each user sees)")
+    percentile: Literal["p50", "p90", "p99"] = "p90"
+
+
+class AdviceCreate(_In):
+    """POST /v1/advice: what to deploy for this traffic and SLA, from the performance model (no trial runs)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model_path: str = Field(min_length=1, max_length=4096, description="model folder or config.json, under an "
+                            "allowed root; relative paths are taken from the models directory")
+    hardware: str = Field("gb300", min_length=1, max_length=64, description="GPU from the catalog")
+    gpus: int = Field(72, ge=1, le=4096, description="GPU budget of the whole deployment (prefill + decode)")
+    request_rate: float | None = Field(None, gt=0, le=1e6, description="open loop: the requests/s the deployment "
+                                       "must carry (the answer is the fewest GPUs that do, up to `gpus`)")
+    arrival: Literal["poisson", "trace"] | None = Field(None, description="open-loop arrivals; `trace` alone runs "
+                                                        "at the workload trace's own rate")
+    workload: dict[str, Any] | None = Field(None, description="a search space's workload block: isl/osl, "
+                                            "input_tokens/output_tokens distributions, prefix, or a trace under an "
+                                            "allowed root (default: isl 8192, osl 1024)")
+    sla: SlaIn = Field(default_factory=SlaIn)
+    mode: Literal["both", "disagg", "agg"] = Field("both", description="which serving modes compete")
+    max_mtp: int = Field(3, ge=0, le=8, description="decode MTP depths 0..N are swept (models with MTP layers)")
+
+    @field_validator("model_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _no_nul(value) or value
+
+
+class AdvicePublic(BaseModel):
+    """The advice: `recommendation` is the object `topotune frontier --json` prints (same keys), `front` and
+    `aggregated_front` both fronts (throughput end first), `commands` the winner's `vllm serve` lines."""
+
+    model: str
+    gpu: str
+    gpus: int
+    isl: int
+    osl: int
+    mode: str
+    workload: str
+    offered_rps: float | None = None
+    arrival: str | None = None
+    offered_tok_s: float | None = None
+    constraints: dict[str, Any]
+    recommendation: dict[str, Any]
+    reason: str
+    setting: str = Field(description="what was asked, in one line (model, budget, traffic, offered rate)")
+    operating_deployment: str | None
+    commands: str | None
+    front: list[dict[str, Any]]
+    aggregated_front: list[dict[str, Any]]
+    winners: list[dict[str, Any]]
+    num_topologies: int
+    num_instance_points: int
+    num_deployments: int
+    elapsed_s: float
+    calibration: dict[str, Any]

@@ -7,27 +7,25 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
+from api.cluster_view import learnt
 from api.deps import SettingsDep
-from tuner.cluster import ClusterKey, ClusterStore, load_knowledge
+from tuner.cluster import ClusterKey, ClusterStore
 from tuner.errors import TopotuneError
-from tuner.hardware import get_gpu
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
 
 
 def _knowledge(storage_url: str, held_out: bool) -> dict[str, Any]:
-    store = ClusterStore(storage_url)
-    return {"clusters": [_cluster(store, key, held_out) for key in store.clusters()]}
+    out = []
+    for key, knowledge in learnt(storage_url, held_out=held_out):  # refitted only when the store changed
+        out.append({**knowledge.as_json(), "error": None} if not isinstance(knowledge, TopotuneError)
+                   else _unlearnt(ClusterStore(storage_url), key, knowledge.user_message()))
+    return {"clusters": out}
 
 
-def _cluster(store: ClusterStore, key: ClusterKey, held_out: bool) -> dict[str, Any]:
-    """One cluster as ClusterKnowledge.as_json and `error: null`; one that cannot be learnt (its GPU left the
-    catalog, a row that no longer reads) is listed with what the store holds and the error, as /ui/clusters
-    shows it, instead of failing the whole answer."""
-    try:
-        return {**load_knowledge(store, key, get_gpu(key.gpu_class), held_out=held_out).as_json(), "error": None}
-    except (TopotuneError, ValueError) as exc:
-        reason = exc.user_message() if isinstance(exc, TopotuneError) else str(exc).splitlines()[0]
+def _unlearnt(store: ClusterStore, key: ClusterKey, reason: str) -> dict[str, Any]:
+    """A cluster that cannot be learnt (its GPU left the catalog, a row that no longer reads) is listed with what
+    the store holds and the error, as /ui/clusters shows it, instead of failing the whole answer."""
     try:
         runs, failures = store.read_runs(key), store.read_failures(key)
         models = sorted({r.model_name for r in runs} | {f.model_name for f in failures})

@@ -20,17 +20,19 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
-from api.choices import model_choices, space_choices
+from api.advice import study_advice
+from api.choices import model_choices, space_choices, trace_choices
 from api.cluster_view import anchor_of, cluster_views
 from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
-from api.schemas import ReverifyCreate, StudyCreate
+from api.schemas import AdviceCreate, ReverifyCreate, StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
+from tuner.advise import Fronts, recommend
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
 from tuner.frontier import binding_bound
-from tuner.hardware import get_gpu
+from tuner.hardware import default_catalog, get_gpu
 from tuner.space import WorkloadSpec
 from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
 
@@ -124,6 +126,16 @@ def new_study_page(request: Request, session: SessionDep, settings: SettingsDep)
         "max_trials": next(m.le for m in fields["trials"].metadata if hasattr(m, "le"))})
 
 
+@router.get("/advice", response_class=HTMLResponse)
+def advice_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    """"What should I deploy?": the form posts AdviceCreate's JSON to /v1/advice and draws the answer."""
+    fields = AdviceCreate.model_fields
+    return TEMPLATES.TemplateResponse(request, "advice.html", {
+        "models": model_choices(session, settings), "traces": trace_choices(settings),
+        "hardware": default_catalog().names(), "defaults": {name: f.default for name, f in fields.items()},
+        "modes": get_args(fields["mode"].annotation)})
+
+
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request, session: SessionDep, a: int | None = None, b: int | None = None) -> HTMLResponse:
     """Two studies' fronts on one chart; the page reads each /v1/studies/{id}/pareto (the cached fronts)."""
@@ -169,13 +181,16 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
     result = snap.result
     front = result.front_table() if result else []
     limits = record.space.get("constraints", {})
-    top = max(front, key=lambda r: r.total_tok_s_per_gpu, default=None)
+    # the measured recommendation: the library's pick over the composed front (every point of it meets the SLA)
+    best = recommend(Fronts(result.composed, result.composed_front, [], [])).disaggregated if result else None
+    recommended = result.composed_front.index(best) if result and best is not None else None
+    top = front[recommended] if recommended is not None else None
     binding = binding_bound(top.ttft_ms, top.itl_ms, max_ttft_ms=limits.get("max_ttft_ms"),
                             max_itl_ms=limits.get("max_itl_ms")) if top else None
     return TEMPLATES.TemplateResponse(request, "study.html", {
         "study": record, "snap": snap, "result": result, "phases": phase_progress(record, snap),
         "constraints": record.space.get("constraints", {}), "violations": constraint_summary(snap),
-        "front": front, "binding": binding, "traffic": _traffic(record.space),
+        "front": front, "recommended": recommended, "binding": binding, "traffic": _traffic(record.space),
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,
@@ -210,6 +225,16 @@ def _traffic(space: dict) -> str:
         return WorkloadSpec.model_validate(space.get("workload", {})).describe()
     except (ValueError, TopotuneError) as exc:
         return f"unreadable workload block ({exc})"
+
+
+@router.get("/studies/{study_id}/advice")
+def study_advice_json(record: StudyDep, settings: SettingsDep) -> JSONResponse:
+    """The advice for the study's traffic and SLA (POST /v1/advice's answer for what the study asks), or why there
+    is none; the study page loads it after it renders (the first one takes about a second)."""
+    answer = study_advice(record, settings)
+    if isinstance(answer, str):
+        return JSONResponse({"advice": None, "error": answer})
+    return JSONResponse({"advice": answer.model_dump(), "error": None})
 
 
 @router.get("/studies/{study_id}/live")
