@@ -24,12 +24,14 @@ from tuner.errors import TopotuneError
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec, load_model
 from tuner.perf import Calibration, default_calibration
-from tuner.topology import Role, Topology
+from tuner.topology import KNOBS, Role, Topology
 
 MAX_OFFSET = 0.5  # |log| cap of a transferred per-layout offset (x1.65): a prior, never a verdict
-#: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model).
-RISK_FIELDS = ("tp", "dp", "ep", "mtp", "dbo", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-               "kv_cache_dtype", "num_redundant_experts", "all2all_backend")
+#: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model): the
+#: knobs marked a risk in Topology. Every knob is one but stream_interval (the API server's output buffering: it
+#: allocates nothing and starts nothing); max_cudagraph_capture_size is one (the graphs captured at start-up and
+#: their memory).
+RISK_FIELDS = tuple(name for name, knob in KNOBS.items() if knob.risk)
 
 
 def risk_key(topo: Topology) -> tuple:

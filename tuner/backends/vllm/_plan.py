@@ -36,7 +36,7 @@ from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
 from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_host_split
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import DEFAULT_ALL2ALL_BACKEND, Role, Topology
+from tuner.topology import KNOBS, Role, Topology, knob_default
 
 Device = Literal["cuda", "cpu"]
 ProcessRole = Literal["prefill", "decode", "both", "router"]
@@ -393,27 +393,10 @@ class _PlanContext:
 
 
 def topology_flags(topo: Topology) -> list[str]:
-    """A topology's engine flags: the one place that turns TP/DP/EP and the knobs into `vllm serve` arguments
-    (`_engine_flags` adds the version-, role- and deployment-dependent ones)."""
-    flags = ["--tensor-parallel-size", str(topo.tp)]
-    if topo.dp > 1:
-        flags += ["--data-parallel-size", str(topo.dp)]
-    if topo.ep:
-        flags.append("--enable-expert-parallel")
-    if topo.dbo:
-        flags.append("--enable-dbo")
-    if topo.all2all_backend != DEFAULT_ALL2ALL_BACKEND:
-        flags += ["--all2all-backend", topo.all2all_backend]
-    if topo.num_redundant_experts:
-        flags += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": topo.num_redundant_experts})]
-    if topo.kv_cache_dtype != "auto":
-        flags += ["--kv-cache-dtype", topo.kv_cache_dtype]
-    if topo.stream_interval != 1:
-        flags += ["--stream-interval", str(topo.stream_interval)]
-    if topo.mtp:
-        flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": topo.mtp})]
-    return [*flags, "--gpu-memory-utilization", f"{topo.gpu_memory_utilization:g}",
-            "--max-num-seqs", str(topo.max_num_seqs), "--max-num-batched-tokens", str(topo.max_num_batched_tokens)]
+    """A topology's engine flags: each knob as its Knob prints it, in Topology's field order (`_engine_flags` adds
+    the version-, role- and deployment-dependent ones, the CUDA-graph capture size among them)."""
+    return [flag for name, knob in KNOBS.items() if not knob.by_plan
+            for flag in knob.vllm_flags(getattr(topo, name), knob_default(name))]
 
 
 def _engine_flags(ctx: _PlanContext, topo: Topology, kv: str | None) -> list[str]:
