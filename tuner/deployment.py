@@ -15,6 +15,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tuner.errors import TopologyError
 from tuner.topology import Role, Topology
 
+
+def at_decode_mtp(prefill: Topology, decode_mtp: int) -> Topology:
+    """A PD prefill instance at its decode side's MTP depth: NIXL's handshake compares both sides' speculative
+    config (vLLM PR #49230), so a prefill always runs the decode's depth, whoever builds the pair (a plan, a
+    composition, an export); its prompt speed barely changes, so a point predicted or measured at one depth stands
+    for every depth."""
+    return prefill if prefill.mtp == decode_mtp else prefill.model_copy(update={"mtp": decode_mtp})
+
+
+def at_decode_depths(prefill: Sequence[tuple], depths: Sequence[int]) -> list[tuple]:
+    """Prefill points `(topology, *rest)` once per decode MTP depth (at_decode_mtp), to pair with every decode."""
+    return [(at_decode_mtp(t, d), *rest) for t, *rest in prefill for d in depths]
+
+
 # Instances launch prefill first, then aggregated, then decode: the order a trial's hosts are listed in, so an
 # executor that lists each instance's hosts one after the other hands the launch plan exactly its placement.
 LAUNCH_ORDER = {Role.PREFILL: 0, Role.BOTH: 1, Role.DECODE: 2}
@@ -91,10 +105,7 @@ class Deployment(BaseModel):
             raise ValueError("two groups must be one prefill and one decode")
         prefill, decode = self.group(Role.PREFILL), self.group(Role.DECODE)
         if prefill and decode and prefill.topology.mtp != decode.topology.mtp:
-            # NIXL's handshake compares the speculative config of both sides (vLLM PR #49230): a PD prefill always
-            # runs its decode side's MTP depth, whoever built the deployment (plan, composition, export).
-            same = prefill.model_copy(update={"topology": prefill.topology.model_copy(
-                update={"mtp": decode.topology.mtp})})
+            same = prefill.model_copy(update={"topology": at_decode_mtp(prefill.topology, decode.topology.mtp)})
             object.__setattr__(self, "groups", tuple(same if g.role is Role.PREFILL else g for g in self.groups))
         return self
 

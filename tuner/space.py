@@ -28,7 +28,7 @@ from pydantic import (
 from tuner.errors import ConfigError, TopologyError
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec
-from tuner.topology import KNOBS, Role, Topology, cudagraph_grid_floor, knob_default
+from tuner.topology import KNOBS, Role, Topology, cudagraph_grid_floor, ep_on_one_gpu, knob_default
 from tuner.workload import Arrival, Lengths, PrefixSharing, Workload, workload_error
 
 Phase = Literal["prefill", "decode", "aggregated"]
@@ -357,8 +357,8 @@ class SearchSpace(_Strict):
         out, seen, rejected = [], set(), Counter()
         for combo in itertools.product(*choices.values()):
             params = dict(zip(choices, combo, strict=True))
-            if params["ep"] and params["tp"] * params["dp"] == 1:
-                continue  # EP on one GPU is the same layout as EP off
+            if ep_on_one_gpu(params):
+                continue  # the same config as EP off, which the product also holds
             topo = self.topology(phase, params)
             try:
                 topo.check(model, cluster_gpus=self.cluster.num_gpus)

@@ -61,8 +61,14 @@ def _eplb_flags(redundant: int) -> list[str]:
 
 
 def _on_gpus(fields: Mapping[str, object]) -> bool:
-    """EP on one GPU is the same layout as EP off."""
     return _num(fields, "tp") * _num(fields, "dp") > 1
+
+
+def ep_on_one_gpu(fields: Mapping[str, object]) -> bool:
+    """Fields (a Topology's, a trial's params) that ask for EP on one GPU: the same layout as EP off (there is no
+    group to split the experts over), which is what a Topology built from them is."""
+    ep = fields.get("ep")
+    return isinstance(ep, int) and bool(ep) and not _on_gpus(fields)
 
 
 def _with_ep(fields: Mapping[str, object]) -> bool:
@@ -143,7 +149,7 @@ class Topology(BaseModel):
         1, ge=1, le=512, description="Tensor-parallel size: GPUs one DP rank's layers are split over.")
     dp: Annotated[int, Knob("--data-parallel-size", layout=True, param="always")] = Field(
         1, ge=1, le=1024, description="Data-parallel size: engine ranks of the instance.")
-    ep: Annotated[bool, Knob("--enable-expert-parallel", layout=True, param="always", on_layout=_on_gpus)] = Field(
+    ep: Annotated[bool, Knob("--enable-expert-parallel", layout=True, param="always")] = Field(
         False, description="Expert parallelism: MoE layers split over TP x DP GPUs (one GPU: no EP).")
     pp: Literal[1] = Field(1, description="Pipeline-parallel size; only 1 for now.")
     mtp: Annotated[int, Knob("--speculative-config", cli="--mtp", render=_speculative_flags, param="always")] = (
@@ -182,14 +188,15 @@ class Topology(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _backend_in_use(cls, data: object) -> object:
-        """The all-to-all backend only exists with EP over DP ranks (else it is the default, so equal layouts
-        compare equal); DBO without a named backend runs DeepEP's low-latency kernels (vLLM asserts a DeepEP
-        backend for microbatching)."""
+    def _in_use(cls, data: object) -> object:
+        """EP on one GPU is EP off, and the all-to-all backend only exists with EP over DP ranks (else it is the
+        default), so equal layouts compare equal; DBO without a named backend runs DeepEP's low-latency kernels
+        (vLLM asserts a DeepEP backend for microbatching)."""
         if not isinstance(data, dict):
             return data
-        dp = data.get("dp", 1)
-        uses = data.get("ep") is True and isinstance(dp, int) and dp > 1
+        if ep_on_one_gpu(data):
+            data = {**data, "ep": False}
+        uses = data.get("ep") is True and _with_ep_over_dp(data)
         backend = data.get("all2all_backend", DEFAULT_ALL2ALL_BACKEND)
         if not uses and backend in get_args(All2AllBackend) and backend != DEFAULT_ALL2ALL_BACKEND:
             # (an unknown value is left for field validation to refuse, wherever it is given)
@@ -296,9 +303,6 @@ class Topology(BaseModel):
     # -- validation against a model and a cluster --------------------------------------------------
     def check(self, model: ModelSpec, *, cluster_gpus: int | None = None) -> None:
         """Raise TopologyError when vLLM would refuse this layout for this model or cluster."""
-        if self.ep and self.tp * self.dp == 1:
-            raise TopologyError("expert parallelism needs TP x DP > 1", field="topology",
-                                fix="drop +EP or use more than one GPU (e.g. TEP4)")
         if cluster_gpus is not None and self.num_gpus > cluster_gpus:
             raise TopologyError(f"{self.name} needs {self.num_gpus} GPUs but the cluster has {cluster_gpus}",
                                 field="topology", fix=f"use at most {cluster_gpus} GPUs (TP x DP)")

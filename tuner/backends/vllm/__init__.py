@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         TrialTimings,
         VllmBackend,
         VllmBackendSettings,
+        VllmTrial,
         default_envs_dir,
     )
     from tuner.backends.vllm._pairing import (
@@ -76,6 +77,7 @@ _HOMES: dict[str, str] = {
     "TrialTimings": "_backend",
     "VllmBackend": "_backend",
     "VllmBackendSettings": "_backend",
+    "VllmTrial": "_backend",
     "VllmVersion": "_versions",
     "build_plan": "_plan",
     "check_host_split": "_plan",
@@ -117,6 +119,7 @@ __all__ = [
     "TrialTimings",
     "VllmBackend",
     "VllmBackendSettings",
+    "VllmTrial",
     "VllmVersion",
     "build_plan",
     "check_host_split",
