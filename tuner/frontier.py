@@ -11,19 +11,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError, InfeasibleError
-from tuner.metrics import ServingMetrics
+from tuner.metrics import PERCENTILES, Percentile, ServingMetrics
 from tuner.topology import Role, Topology
 
 T = TypeVar("T")
 Metric = str | Callable[[Any], float]
-Percentile = Literal["p50", "p90", "p99"]
-PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
 CurvePoint = tuple[Topology, ServingMetrics]
 
 

@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from tuner.errors import ConfigError, TopologyError
-from tuner.metrics import ServingMetrics
+from tuner.metrics import Percentile, ServingMetrics
 from tuner.models import ModelSpec
 from tuner.topology import KNOBS, Role, Topology, cudagraph_grid_floor, ep_on_one_gpu, knob_default
 from tuner.workload import Arrival, Lengths, PrefixSharing, Workload, workload_error
@@ -271,10 +271,7 @@ class WorkloadSpec(_Strict):
             raise workload_error(exc) from None
 
 
-Percentile = Literal["p50", "p90", "p99"]
-
-
-class Constraints(_Strict):
+class StudyConstraints(_Strict):
     """The SLA a deployment must meet (latencies at `percentile`), a per-user floor and the accuracy bar."""
 
     max_ttft_ms: float | None = Field(None, gt=0)
@@ -295,7 +292,7 @@ class SearchSpace(_Strict):
     description: str = ""
     cluster: ClusterSpec
     workload: WorkloadSpec
-    constraints: Constraints = Constraints()
+    constraints: StudyConstraints = StudyConstraints()
     phases: dict[Phase, PhaseSpace] = Field(min_length=1)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)  # where a relative trace path starts
     _traffic: Workload | None = PrivateAttr(default=None)
@@ -452,7 +449,7 @@ def _describe(err: dict, allowed: dict[tuple, list[str]]) -> str:
 
 
 _ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.model_fields),
-            ("workload",): list(WorkloadSpec.model_fields), ("constraints",): list(Constraints.model_fields),
+            ("workload",): list(WorkloadSpec.model_fields), ("constraints",): list(StudyConstraints.model_fields),
             ("prefill",): list(PhaseSpace.model_fields), ("decode",): list(PhaseSpace.model_fields),
             ("aggregated",): list(PhaseSpace.model_fields)}
 

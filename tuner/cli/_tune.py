@@ -208,7 +208,7 @@ def with_sla(space, *, max_ttft_ms: float | None, max_itl_ms: float | None,  # t
     """The space with the SLA flags applied over its constraints (0 lifts a bound)."""
     from pydantic import ValidationError
 
-    from tuner.space import Constraints
+    from tuner.space import StudyConstraints
 
     update: dict[str, object] = {}
     for name, value in (("max_ttft_ms", max_ttft_ms), ("max_itl_ms", max_itl_ms)):
@@ -222,7 +222,7 @@ def with_sla(space, *, max_ttft_ms: float | None, max_itl_ms: float | None,  # t
     if not update:
         return space
     try:
-        constraints = Constraints.model_validate({**space.constraints.model_dump(), **update})
+        constraints = StudyConstraints.model_validate({**space.constraints.model_dump(), **update})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(err["msg"], field=f"--{str(err['loc'][0]).replace('_', '-')}",

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from tuner.backends import TrialResult
 from tuner.deployment import Deployment
 from tuner.metrics import ServingMetrics
-from tuner.space import Constraints
+from tuner.space import StudyConstraints
 from tuner.study._objectives import phase_values
 from tuner.study._trial_record import UNKNOWN_VERSION, TrialAttrs, TrialKind, TrialRecord, read_trials
 
@@ -26,7 +26,7 @@ SAMPLER_CONSTRAINT = "feasibility"
 FAILED_VALUES: tuple[float, float] = (0.0, 0.0)
 
 
-def point_constraints(m: ServingMetrics, c: Constraints, accuracy: float | None) -> dict[str, float]:
+def point_constraints(m: ServingMetrics, c: StudyConstraints, accuracy: float | None) -> dict[str, float]:
     ttft = m.ttft_ms_at(c.percentile)
     itl = m.itl_ms_at(c.percentile)
     return {
@@ -64,7 +64,7 @@ def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, 
                       vllm_version=result.vllm_version, model_revision=result.model_revision, **extra)
 
 
-def judged_points(result: TrialResult, c: Constraints) -> list[tuple[ServingMetrics, dict[str, float]]]:
+def judged_points(result: TrialResult, c: StudyConstraints) -> list[tuple[ServingMetrics, dict[str, float]]]:
     """A measured run's levels with their share within the SLA and their constraint detail. The accuracy gate's
     verdict: feasible unless the interval's upper bound is below the bar (sampling noise)."""
     gate = result.accuracy_gate

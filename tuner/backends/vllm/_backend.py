@@ -38,16 +38,7 @@ from tuner.backends.vllm._aiperf import (
     to_serving_metrics,
     tokenizer_hub_alias,
 )
-from tuner.backends.vllm._plan import (
-    Device,
-    LaunchPlan,
-    PlanSettings,
-    ProcessSpec,
-    build_plan,
-    gpu_architecture,
-    has_multi_node_nvlink,
-    model_or_none,
-)
+from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan, model_or_none
 from tuner.backends.vllm._process import (
     VLLM_PROCESSES,
     Failure,
@@ -65,6 +56,7 @@ from tuner.backends.vllm._replay import ReplayFile, aiperf_synthesizes, write_re
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
+from tuner.hardware import gpu_architecture, has_multi_node_nvlink
 from tuner.metrics import ServingMetrics
 from tuner.models import model_revision
 from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
