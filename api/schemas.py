@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from api.models import ModelStatus, StudyStatus
-from tuner.space import Constraints
+from tuner.space import StudyConstraints
 
 PhaseName = Literal["prefill", "decode", "aggregated"]
 SamplerName = Literal["auto", "guided", "gp", "tpe", "nsga2", "random"]  # auto = guided (tuner.study)
@@ -28,8 +28,8 @@ def _no_nul(value: str | None) -> str | None:
     return value
 
 
-class ConstraintsIn(Constraints):
-    """The space's Constraints, finite numbers only (JSON's 1e400 arrives as inf and would read as unbounded)."""
+class ConstraintsIn(StudyConstraints):
+    """The space's StudyConstraints, finite numbers only (JSON's 1e400 arrives as inf and would read as unbounded)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

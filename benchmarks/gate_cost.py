@@ -50,9 +50,8 @@ def measure_cpu(questions: int, max_tokens: int, concurrency: int) -> dict:
                            workload=Workload(isl=128, osl=8, concurrency=(1,), requests_per_level=4),
                            artifacts_dir=str(work / "trial"), timeout_s=1800, min_accuracy=0.0)
     backend = VllmBackend(settings)
-    result = backend.run(request)
-    t = backend.last_timings
-    assert t is not None
+    trial = backend.run_trial(request)
+    result, t = trial.result, trial.timings
     gate = result.accuracy_gate
     return {"status": result.status.value, "reason": result.reason, "questions": questions,
             "max_tokens": max_tokens, "concurrency": concurrency, "gate_s": round(t.accuracy_s, 2),

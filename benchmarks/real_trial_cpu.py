@@ -61,9 +61,8 @@ def main() -> int:
     request = TrialRequest(trial_id="bench", model_path=str(model), gpu="cpu", deployment=Deployment.single(topo),
                            workload=workload, artifacts_dir=str(work / "trial"), timeout_s=1800)
     backend = VllmBackend(settings)
-    result = backend.run(request)
-    t = backend.last_timings
-    assert t is not None
+    trial = backend.run_trial(request)
+    result, t = trial.result, trial.timings
     report = {"status": result.status.value, "reason": result.reason, "topology": topo.name,
               "model_s": round(model_s, 1), "startup_s": round(t.startup_s, 1), "measure_s": round(t.measure_s, 1),
               "teardown_s": round(t.teardown_s, 1), "total_s": round(t.total_s, 1),

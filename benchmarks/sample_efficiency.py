@@ -67,7 +67,7 @@ from tuner.frontier import hypervolume_2d
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec, load_model
-from tuner.space import Constraints, SearchSpace, load_space
+from tuner.space import SearchSpace, StudyConstraints, load_space
 from tuner.study import PhaseRun, TuneOptions, predicted_front_params
 from tuner.study._objectives import phase_values
 from tuner.study._trial_record import read_trials
@@ -118,7 +118,7 @@ class Ground:
 def unconstrained(space: SearchSpace) -> SearchSpace:
     """The reference space without its SLA: the benchmark scores the search on the whole front, as every figure
     in docs/benchmarks/sample-efficiency.md was measured (the SLA came later and would move the truths' fronts)."""
-    return space.model_copy(update={"constraints": Constraints(min_accuracy=space.constraints.min_accuracy)})
+    return space.model_copy(update={"constraints": StudyConstraints(min_accuracy=space.constraints.min_accuracy)})
 
 
 def ground_truth(space: SearchSpace, phase: str, model: ModelSpec, gpu: GpuSpec, backend: Backend,

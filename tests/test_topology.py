@@ -47,8 +47,9 @@ def test_validation_against_model(reference_model_path: Path, models_dir: Path) 
     ref = load_model(reference_model_path)
     with pytest.raises(TopologyError, match="attention heads"):
         Topology(tp=3).check(ref)
-    with pytest.raises(TopologyError, match="TP x DP > 1"):
-        Topology(tp=1, ep=True).check(ref)
+    assert Topology(tp=1, ep=True) == Topology(tp=1)  # EP on one GPU is no EP: the same layout, and valid
+    assert Topology.parse("TEP1").name == "TP1" and not Topology.parse("DEP1", dbo=False).ep
+    Topology(tp=1, ep=True).check(ref)
     with pytest.raises(TopologyError, match="cluster has 8"):
         Topology(tp=4, dp=4).check(ref, cluster_gpus=8)
     # vLLM splits 512 experts over EP3 unevenly (171/171/170, determine_expert_map); EPLB needs E + R % EP == 0

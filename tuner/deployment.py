@@ -1,5 +1,6 @@
-"""A deployment: one or more vLLM instances per role (aggregated, or prefill/decode disaggregated), and the
-placement rules every layer shares: the order instances launch in, where a trial's devices are
+"""A deployment: one or more vLLM instances per role (aggregated, or prefill/decode disaggregated), how it is
+written (`parse_deployment`: '3P:TP4DP2+EP,1D:TEP8', or as `frontier` prints it), and the placement rules every
+layer shares: the order instances launch in, where a trial's devices are
 (`HostAssignment`), and how one instance may be split over hosts (`check_host_split`).
 
 These live here, below the executors and the backends, so an executor places instances by the same rules the
@@ -8,12 +9,27 @@ launch plan checks without importing a backend.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tuner.errors import TopologyError
+from tuner.errors import ConfigError, TopologyError
 from tuner.topology import Role, Topology
+
+
+def at_decode_mtp(prefill: Topology, decode_mtp: int) -> Topology:
+    """A PD prefill instance at its decode side's MTP depth: NIXL's handshake compares both sides' speculative
+    config (vLLM PR #49230), so a prefill always runs the decode's depth, whoever builds the pair (a plan, a
+    composition, an export); its prompt speed barely changes, so a point predicted or measured at one depth stands
+    for every depth."""
+    return prefill if prefill.mtp == decode_mtp else prefill.model_copy(update={"mtp": decode_mtp})
+
+
+def at_decode_depths(prefill: Sequence[tuple], depths: Sequence[int]) -> list[tuple]:
+    """Prefill points `(topology, *rest)` once per decode MTP depth (at_decode_mtp), to pair with every decode."""
+    return [(at_decode_mtp(t, d), *rest) for t, *rest in prefill for d in depths]
+
 
 # Instances launch prefill first, then aggregated, then decode: the order a trial's hosts are listed in, so an
 # executor that lists each instance's hosts one after the other hands the launch plan exactly its placement.
@@ -91,10 +107,7 @@ class Deployment(BaseModel):
             raise ValueError("two groups must be one prefill and one decode")
         prefill, decode = self.group(Role.PREFILL), self.group(Role.DECODE)
         if prefill and decode and prefill.topology.mtp != decode.topology.mtp:
-            # NIXL's handshake compares the speculative config of both sides (vLLM PR #49230): a PD prefill always
-            # runs its decode side's MTP depth, whoever built the deployment (plan, composition, export).
-            same = prefill.model_copy(update={"topology": prefill.topology.model_copy(
-                update={"mtp": decode.topology.mtp})})
+            same = prefill.model_copy(update={"topology": at_decode_mtp(prefill.topology, decode.topology.mtp)})
             object.__setattr__(self, "groups", tuple(same if g.role is Role.PREFILL else g for g in self.groups))
         return self
 
@@ -145,3 +158,60 @@ class Deployment(BaseModel):
             mtp = f" MTP{g.topology.mtp}" if g.topology.mtp else ""
             parts.append(f"{g.count}{tag}({g.topology.name}{mtp})")
         return " ".join(parts)
+
+
+# -- deployment strings -----------------------------------------------------------------------------------
+
+_GROUP = re.compile(r"^(\d+)\s*([PD])\s*:\s*(.+)$", re.IGNORECASE)
+
+
+_PRINTED_GROUP = re.compile(r"(\d+)\s*([PDx])\s*\(\s*([^()\s]+)(?:\s+MTP(\d+))?\s*\)", re.IGNORECASE)
+
+
+def _from_printed(text: str) -> tuple[str, int | None]:
+    """A deployment as `frontier` and `tune` print it ('4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)', '4x(TP4DP4 MTP3)')
+    in the colon form, with the MTP depth it names (None: it names none)."""
+    groups = _PRINTED_GROUP.findall(text)
+    if not groups or _PRINTED_GROUP.sub("", text).strip(" ,"):
+        return text, None
+    depths = {int(d) for *_, d in groups if d}
+    if len(depths) > 1:
+        raise ConfigError(f"{text!r} names two MTP depths", field="deployment",
+                          fix="prefill and decode run one speculative config: give one depth")
+    parts = [f"{count}{'x' if kind.lower() == 'x' else kind.upper()}:{name}" for count, kind, name, _ in groups]
+    return ",".join(parts), depths.pop() if depths else None
+
+
+def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment:
+    """'3P:TP4DP2+EP,1D:TEP8' (PD), '2x:TP4' or 'TP4' (aggregated), or the form `frontier` and `tune` print
+    ('4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)', whose MTP depth wins over `mtp`). MTP is the decode/aggregated depth;
+    a PD prefill runs the same speculative config (Deployment enforces it: NIXL's handshake compares them)."""
+    text, printed_mtp = _from_printed(text)
+    if printed_mtp is not None:
+        if mtp and mtp != printed_mtp:
+            raise ConfigError(f"--mtp {mtp} differs from the deployment's MTP{printed_mtp}", field="--mtp",
+                              fix="drop --mtp: the printed deployment names its depth")
+        mtp = printed_mtp
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ConfigError("empty deployment", field="deployment", fix="write e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8")
+    if len(parts) == 1 and not _GROUP.match(parts[0]):
+        count_match = re.match(r"^(\d+)\s*x\s*:\s*(.+)$", parts[0], re.IGNORECASE)
+        count, name = (int(count_match[1]), count_match[2]) if count_match else (1, parts[0])
+        return Deployment.single(Topology.parse(name, mtp=mtp, **engine), count=count)
+    groups: dict[str, tuple[int, Topology]] = {}
+    for part in parts:
+        match = _GROUP.match(part)
+        if not match:
+            raise ConfigError(f"cannot parse {part!r}", field="deployment",
+                              fix="write each group as <count>P:<topology> or <count>D:<topology>")
+        kind = match[2].upper()
+        if kind in groups:
+            raise ConfigError(f"two {kind} groups", field="deployment", fix="give one P and one D group")
+        topo = Topology.parse(match[3], mtp=mtp if kind == "D" else 0, **engine)
+        groups[kind] = (int(match[1]), topo)
+    if set(groups) != {"P", "D"}:
+        raise ConfigError("a disaggregated deployment needs one P and one D group", field="deployment",
+                          fix="write e.g. 1P:TP4,1D:TP4")
+    (np, ptopo), (nd, dtopo) = groups["P"], groups["D"]
+    return Deployment.disaggregated(ptopo, np, dtopo, nd)

@@ -11,19 +11,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError, InfeasibleError
-from tuner.metrics import ServingMetrics
+from tuner.metrics import PERCENTILES, Percentile, ServingMetrics
 from tuner.topology import Role, Topology
 
 T = TypeVar("T")
 Metric = str | Callable[[Any], float]
-Percentile = Literal["p50", "p90", "p99"]
-PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
 CurvePoint = tuple[Topology, ServingMetrics]
 
 
@@ -182,103 +180,130 @@ def compose_disaggregated(prefill: Sequence[CurvePoint], decode: Sequence[CurveP
     cover the decode rate with the fewest GPUs (ties: lower TTFT). Raises InfeasibleError naming the constraint
     that removed everything.
 
-    Kept as one loop nest because it is the hot path of the frontier (well under 2 s for the reference model): the
-    per-pair counters that name the removing constraint are updated inline rather than through calls."""
+    The hot path of the frontier (well under 2 s for the reference model): the prefill side is laid out as arrays
+    once (_PrefillColumns), each decode point is then a few vector operations."""
     c = constraints
     _check_curves(prefill, decode, c)
-    pct = c.percentile
-    p_gpus = np.array([t.num_gpus for t, _ in prefill], dtype=float)
-    p_rps = np.array([m.request_throughput_rps for _, m in prefill], dtype=float)
-    p_ttft = np.array([_ttft(m, pct) for _, m in prefill], dtype=float)
-    p_index = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in prefill))}  # distinct prefill topologies
-    p_topos = list(p_index)
-    p_topo_index = np.array([p_index[t] for t, _ in prefill])
-    pair_cache: dict[Topology, np.ndarray] = {}
-    refusals: dict[str, int] = {}
-    p_ok = (p_rps > 0) & (p_gpus < c.max_gpus)
-    if c.max_ttft_ms is not None:
-        p_ok &= p_ttft <= c.max_ttft_ms
-    all_ok = np.flatnonzero(p_ok)
-    tie = p_ttft / (p_ttft.max() + 1.0)  # < 1: breaks GPU-count ties by TTFT only
-    # the columns of each candidate set, sliced once (decode points of one topology share their set)
-    sliced: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-    ys: dict[int, np.ndarray] = {}  # decode counts 1..n
-    families: dict[tuple[int, int], str] = {}
-    out: list[ComposedPoint] = []
-    itl_bound = c.max_itl_for_users_ms
+    columns = _PrefillColumns.of(prefill, c)
     reasons = {"itl": 0, "pairing": 0, "gpus": 0, "ttft": 0}
+    itl_bound = c.max_itl_for_users_ms
+    out: list[ComposedPoint] = []
     for d_topo, d in decode:
-        d_itl = _itl(d, pct)
-        if itl_bound is not None and d_itl > itl_bound:
+        if itl_bound is not None and _itl(d, c.percentile) > itl_bound:
             reasons["itl"] += 1
             continue
-        # the prefill points this decode point may pair with, as indices (ascending: argmin keeps its first-min)
-        if c.pairing is not None:
-            if d_topo not in pair_cache:
-                why = [c.pairing(t, d_topo) for t in p_topos]
-                for w in why:
-                    if w:
-                        rule = w.split(":", 1)[0]
-                        refusals[rule] = refusals.get(rule, 0) + 1
-                pair_cache[d_topo] = np.flatnonzero(p_ok & np.array([w is None for w in why])[p_topo_index])
-            base = pair_cache[d_topo]
-        else:
-            base = all_ok
+        removed_by = columns.compose(d_topo, d, out)
+        if removed_by:
+            reasons[removed_by] += 1
+    if not out:
+        raise _explain(reasons, len(decode), c, columns.refusals)
+    return out
+
+
+@dataclass
+class _PrefillColumns:
+    """The prefill points as arrays, with what composing one decode point after another may reuse: the pairable
+    prefill points per decode topology, their sliced columns, the decode counts, the deployment families."""
+
+    points: Sequence[CurvePoint]
+    c: Constraints
+    gpus: np.ndarray
+    rps: np.ndarray
+    ttft: np.ndarray
+    topo_index: np.ndarray  # each point's distinct prefill topology
+    topos: list[Topology]
+    ok: np.ndarray  # within the GPU budget and the TTFT limit on their own
+    tie: np.ndarray  # < 1: breaks GPU-count ties by TTFT only
+    all_ok: np.ndarray  # indices of the points in `ok` (every decode topology's, without a pairing rule)
+    refusals: dict[str, int] = field(default_factory=dict)  # pairs the pairing rule refused, by rule
+    pair_cache: dict[Topology, np.ndarray] = field(default_factory=dict)
+    sliced: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    ys: dict[int, np.ndarray] = field(default_factory=dict)  # decode counts 1..n
+    families: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, prefill: Sequence[CurvePoint], c: Constraints) -> _PrefillColumns:
+        gpus = np.array([t.num_gpus for t, _ in prefill], dtype=float)
+        rps = np.array([m.request_throughput_rps for _, m in prefill], dtype=float)
+        ttft = np.array([_ttft(m, c.percentile) for _, m in prefill], dtype=float)
+        index = {t: i for i, t in enumerate(dict.fromkeys(t for t, _ in prefill))}  # distinct prefill topologies
+        ok = (rps > 0) & (gpus < c.max_gpus)
+        if c.max_ttft_ms is not None:
+            ok &= ttft <= c.max_ttft_ms
+        return cls(prefill, c, gpus, rps, ttft, np.array([index[t] for t, _ in prefill]), list(index), ok,
+                   ttft / (ttft.max() + 1.0), np.flatnonzero(ok))
+
+    def pairable(self, d_topo: Topology) -> np.ndarray:
+        """The prefill points this decode topology may pair with, as indices (ascending: argmin keeps its
+        first minimum)."""
+        if self.c.pairing is None:
+            return self.all_ok
+        if d_topo not in self.pair_cache:
+            why = [self.c.pairing(t, d_topo) for t in self.topos]
+            for w in why:
+                if w:
+                    rule = w.split(":", 1)[0]
+                    self.refusals[rule] = self.refusals.get(rule, 0) + 1
+            self.pair_cache[d_topo] = np.flatnonzero(self.ok & np.array([w is None for w in why])[self.topo_index])
+        return self.pair_cache[d_topo]
+
+    def compose(self, d_topo: Topology, d: ServingMetrics, out: list[ComposedPoint]) -> str | None:
+        """Append the decode point's deployments (per decode count, the cheapest prefill side); or the reason
+        there are none (pairing, ttft, gpus)."""
+        c = self.c
+        base = self.pairable(d_topo)
         if base.size == 0:
-            reasons["pairing"] += 1
-            continue
-        if id(base) not in sliced:
-            sliced[id(base)] = (p_gpus[base], p_rps[base], tie[base], p_ttft[base])
+            return "pairing"
+        if id(base) not in self.sliced:  # the columns of each candidate set, sliced once
+            self.sliced[id(base)] = (self.gpus[base], self.rps[base], self.tie[base], self.ttft[base])
         cols = base
-        c_gpus, c_rps, c_tie, c_ttft = sliced[id(base)]
-        d_ttft = _ttft(d, pct)
+        c_gpus, c_rps, c_tie, c_ttft = self.sliced[id(base)]
+        d_ttft = _ttft(d, c.percentile)
         if c.max_ttft_ms is not None:
             keep = c_ttft + d_ttft <= c.max_ttft_ms
             if not keep.all():
                 cols = base[keep]
                 if cols.size == 0:
-                    reasons["ttft"] += 1
-                    continue
+                    return "ttft"
                 c_gpus, c_rps, c_tie, c_ttft = c_gpus[keep], c_rps[keep], c_tie[keep], c_ttft[keep]
         gd = d_topo.num_gpus
         n_y = (c.max_gpus - int(c_gpus.min())) // gd
         if n_y <= 0 or d.request_throughput_rps <= 0:
-            reasons["gpus"] += 1
-            continue
-        if n_y not in ys:
-            ys[n_y] = np.arange(1, n_y + 1, dtype=float)
-        y = ys[n_y]
+            return "gpus"
+        if n_y not in self.ys:
+            self.ys[n_y] = np.arange(1, n_y + 1, dtype=float)
+        y = self.ys[n_y]
         need = y[:, None] * d.request_throughput_rps  # (Y, 1) decode rate to cover
-        x = np.ceil(need / c_rps[None, :] - 1e-9)
-        x = np.maximum(x, 1.0)
+        x = np.maximum(np.ceil(need / c_rps[None, :] - 1e-9), 1.0)
         gpus = x * c_gpus[None, :] + y[:, None] * gd
         key = np.where(gpus <= c.max_gpus, gpus + c_tie[None, :], np.inf)
-        best = key.argmin(axis=1)
         rows = np.nonzero(np.isfinite(key.min(axis=1)))[0]
         if rows.size == 0:
-            reasons["gpus"] += 1
-            continue
+            return "gpus"
+        self._emit(d_topo, d, d_ttft, rows, key.argmin(axis=1), cols, x, gpus, out)
+        return None
+
+    def _emit(self, d_topo: Topology, d: ServingMetrics, d_ttft: float, rows: np.ndarray, best: np.ndarray,
+              cols: np.ndarray, x: np.ndarray, gpus: np.ndarray, out: list[ComposedPoint]) -> None:
+        d_itl = _itl(d, self.c.percentile)
         total_per_req = d.isl + d.osl
         user = 1000.0 / d_itl if d_itl > 0 else 0.0
         d_family = " -> " + _family(d_topo)
         for row in rows.tolist():
             j = int(best[row])
             i = int(cols[j])
-            p_topo, p = prefill[i]
+            p_topo, p = self.points[i]
             n_gpus = int(gpus[row, j])
             n_dec = row + 1
-            family_key = (int(p_topo_index[i]), id(d_topo))
-            family = families.get(family_key)
+            family_key = (int(self.topo_index[i]), id(d_topo))
+            family = self.families.get(family_key)
             if family is None:
-                family = families[family_key] = p_topo.name + d_family
+                family = self.families[family_key] = p_topo.name + d_family
             out.append(ComposedPoint(
                 prefill_topology=p_topo, num_prefill=int(x[row, j]), decode_topology=d_topo, num_decode=n_dec,
                 prefill=p, decode=d, num_gpus=n_gpus,
                 total_tok_s_per_gpu=n_dec * d.request_throughput_rps * total_per_req / n_gpus,
-                tok_s_per_user=user, ttft_ms=float(p_ttft[i]) + d_ttft, itl_ms=d_itl, family=family))
-    if not out:
-        raise _explain(reasons, len(decode), c, refusals)
-    return out
+                tok_s_per_user=user, ttft_ms=float(self.ttft[i]) + d_ttft, itl_ms=d_itl, family=family))
 
 
 def binding_bound(ttft_ms: float, itl_ms: float, *, max_ttft_ms: float | None,

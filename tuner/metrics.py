@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+
+#: The latency percentiles a sketch answers and an SLA may bound.
+Percentile = Literal["p50", "p90", "p99"]
+PERCENTILES: tuple[str, ...] = get_args(Percentile)
 
 # Probabilities of the latency sketches a point carries (what an SLA's attainment is read from).
 SKETCH_PROBABILITIES: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65,

@@ -10,24 +10,27 @@ import itertools
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from tuner._yaml import bounded_compose
 from tuner.errors import ConfigError, TopologyError
 from tuner.files import read_text
-from tuner.metrics import ServingMetrics
+from tuner.metrics import Percentile, ServingMetrics
 from tuner.models import ModelSpec
-from tuner.topology import (
-    DEFAULT_ALL2ALL_BACKEND,
-    All2AllBackend,
-    KVCacheDtype,
-    Role,
-    Topology,
-    cudagraph_grid_floor,
-)
+from tuner.topology import KNOBS, Role, Topology, cudagraph_grid_floor, ep_on_one_gpu, knob_default
 from tuner.workload import Arrival, Lengths, PrefixSharing, Workload, workload_error
 
 Phase = Literal["prefill", "decode", "aggregated"]
@@ -81,64 +84,42 @@ class PhaseWorkload(_Strict):
     osl: int | None = Field(None, ge=1, le=MAX_KNOB_VALUE)
 
 
-class PhaseSpace(_Strict):
-    tp: list[int] = Field([1], min_length=1)
-    dp: list[int] = Field([1], min_length=1)
-    ep: list[bool] = Field([False], min_length=1)
-    mtp: list[int] = Field([0], min_length=1)
-    gpu_memory_utilization: list[float] | FloatRange = [0.92]
-    max_num_seqs: list[int] = Field([256], min_length=1)
-    max_num_batched_tokens: list[int] = Field([8192], min_length=1)
-    concurrency: list[int] = Field(min_length=1, max_length=64)
-    kv_cache_dtype: list[KVCacheDtype] = Field(["auto"], min_length=1)
-    num_redundant_experts: list[int] = Field([0], min_length=1)
-    # Largest CUDA-graph capture size in tokens; "auto" covers the decode batch x (1 + MTP). Smaller values
-    # trade speed (bigger steps run eager) for the graphs' memory: a knob only when given more than "auto".
-    max_cudagraph_capture_size: list[int | Literal["auto"]] = Field(["auto"], min_length=1, max_length=64)
-    # Tokens vLLM streams per message (--stream-interval): fewer host messages per step, coarser streaming.
-    stream_interval: list[int] = Field([1], min_length=1)
-    # vLLM's --all2all-backend for layouts with EP over DP ranks (the others have none): one value is a setting
-    # of every such layout, more are a knob.
-    all2all_backend: list[All2AllBackend] = Field([DEFAULT_ALL2ALL_BACKEND], min_length=1)
-    # Dual-batch overlap (--enable-dbo) for layouts with EP over DP ranks (the others have none): two micro-batches
-    # hide the all-to-all behind compute, on a DeepEP backend.
-    dbo: list[bool] = Field([False], min_length=1)
-    workload: PhaseWorkload = PhaseWorkload()
+# The searched knobs, their bounds (a space is typed by people: at most MAX_KNOB_VALUE) and the two whose choices
+# are written otherwise than their values.
+SEARCHED = tuple(name for name, knob in KNOBS.items() if knob.searched)
+_CHOICE_TYPES: dict[str, Any] = {"gpu_memory_utilization": list[float] | FloatRange}
 
-    @field_validator("tp", "dp", "ep", "mtp", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                     "kv_cache_dtype", "num_redundant_experts", "max_cudagraph_capture_size", "stream_interval",
-                     "all2all_backend", mode="before")
+
+def _bounds(name: str) -> tuple[int, int]:
+    meta = Topology.model_fields[name].metadata
+    low = next((m.ge for m in meta if getattr(m, "ge", None) is not None), 0)
+    high = next((m.le for m in meta if getattr(m, "le", None) is not None), MAX_KNOB_VALUE)
+    return low, min(high, MAX_KNOB_VALUE)
+
+
+_INT_KNOBS = tuple(n for n in SEARCHED if Topology.model_fields[n].annotation is int)
+_BOUNDS = {name: _bounds(name) for name in _INT_KNOBS}
+
+
+class _PhaseKnobs(_Strict):
+    """A phase's choices of every searched knob; the fields come from Topology's knobs (PhaseSpace below)."""
+
+    @field_validator(*SEARCHED, mode="before", check_fields=False)
     @classmethod
     def _bounded(cls, values: object) -> object:
         if isinstance(values, list) and len(values) > MAX_CHOICES_PER_KNOB:
             raise ValueError(f"at most {MAX_CHOICES_PER_KNOB} choices per knob")
         return values
 
-    @model_validator(mode="after")
-    def _expandable(self) -> PhaseSpace:
-        sizes = (self.tp, self.dp, self.ep, self.mtp, self.utilizations(), self.max_num_seqs,
-                 self.max_num_batched_tokens, self.kv_cache_dtype, self.num_redundant_experts,
-                 self.max_cudagraph_capture_size, self.stream_interval, self.all2all_backend, self.dbo)
-        if math.prod(len(v) for v in sizes) > MAX_CONFIGS_PER_PHASE:
-            raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
-                             "narrow some lists")
-        return self
-
-    @field_validator("tp", "dp", "max_num_seqs", "max_num_batched_tokens", "concurrency", "stream_interval")
+    @field_validator(*_INT_KNOBS, check_fields=False)
     @classmethod
-    def _positive(cls, values: list[int]) -> list[int]:
-        if any(not 1 <= v <= MAX_KNOB_VALUE for v in values):
-            raise ValueError(f"every value must be in 1..{MAX_KNOB_VALUE:,}")
+    def _in_bounds(cls, values: list[int], info: ValidationInfo) -> list[int]:
+        low, high = _BOUNDS[info.field_name or ""]
+        if any(not low <= v <= high for v in values):
+            raise ValueError(f"{info.field_name} values must be in {low}..{high:,}")
         return sorted(set(values))
 
-    @field_validator("num_redundant_experts")
-    @classmethod
-    def _redundant(cls, values: list[int]) -> list[int]:
-        if any(not 0 <= v <= MAX_KNOB_VALUE for v in values):
-            raise ValueError(f"num_redundant_experts values must be in 0..{MAX_KNOB_VALUE:,} (0 = EPLB off)")
-        return sorted(set(values))
-
-    @field_validator("max_cudagraph_capture_size")
+    @field_validator("max_cudagraph_capture_size", check_fields=False)
     @classmethod
     def _capture(cls, values: list[int | str]) -> list[int | str]:
         if any(v != "auto" and int(v) < 1 for v in values):
@@ -148,14 +129,7 @@ class PhaseSpace(_Strict):
         values = ["auto" if v == "auto" else cudagraph_grid_floor(int(v)) for v in values]
         return sorted(set(values), key=lambda v: (v != "auto", v if v != "auto" else 0))
 
-    @field_validator("mtp")
-    @classmethod
-    def _mtp(cls, values: list[int]) -> list[int]:
-        if any(v < 0 or v > 8 for v in values):
-            raise ValueError("MTP depth must be 0..8")
-        return sorted(set(values))
-
-    @field_validator("gpu_memory_utilization")
+    @field_validator("gpu_memory_utilization", check_fields=False)
     @classmethod
     def _fraction(cls, value: list[float] | FloatRange) -> list[float] | FloatRange:
         values = value.values() if isinstance(value, FloatRange) else value
@@ -163,9 +137,59 @@ class PhaseSpace(_Strict):
             raise ValueError("gpu_memory_utilization values must be in (0, 1]")
         return value
 
+    @field_validator("concurrency", check_fields=False)
+    @classmethod
+    def _levels(cls, values: list[int]) -> list[int]:
+        if any(not 1 <= v <= MAX_KNOB_VALUE for v in values):
+            raise ValueError(f"every value must be in 1..{MAX_KNOB_VALUE:,}")
+        return sorted(set(values))
+
+    @model_validator(mode="after")
+    def _expandable(self) -> _PhaseKnobs:
+        if math.prod(len(self.choices(name)) for name in SEARCHED) > MAX_CONFIGS_PER_PHASE:
+            raise ValueError(f"the knobs' choices multiply to more than {MAX_CONFIGS_PER_PHASE:,} configurations; "
+                             "narrow some lists")
+        return self
+
+    def choices(self, name: str) -> list:
+        """A knob's distinct choices, in the order given (numbers sorted); "auto" stands for an unset value."""
+        if name == "gpu_memory_utilization":
+            return self.utilizations()
+        return list(dict.fromkeys(getattr(self, name)))
+
     def utilizations(self) -> list[float]:
-        g = self.gpu_memory_utilization
+        g = self.gpu_memory_utilization  # type: ignore[attr-defined]
         return g.values() if isinstance(g, FloatRange) else sorted(set(g))
+
+
+def _space_default(name: str) -> object:
+    """A phase's one choice when it does not list the knob: the Knob's space default, else Topology's (unset is
+    written "auto")."""
+    knob = KNOBS[name]
+    default = knob.space_default if knob.space_default is not None else knob_default(name)
+    return "auto" if default is None else default
+
+
+def _choice_type(name: str) -> Any:
+    """What a space may list for a knob: its values (a float knob also a range; an optional one also "auto")."""
+    if name in _CHOICE_TYPES:
+        return _CHOICE_TYPES[name]
+    annotation = Topology.model_fields[name].annotation
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if len(args) < len(get_args(annotation)):  # optional: "auto" leaves it unset
+        return list[Union[*args, Literal["auto"]]]
+    return list[annotation]  # type: ignore[valid-type]
+
+
+PhaseSpace = create_model(  # one list of choices per searched knob, named and typed as Topology's field
+    "PhaseSpace", __base__=_PhaseKnobs, __module__=__name__, __doc__="A phase's choices of every knob, its load "
+    "levels (`concurrency`) and its own workload lengths.",
+    **{name: (_choice_type(name), Field([_space_default(name)], min_length=None if name in _CHOICE_TYPES else 1,
+                                        max_length=64 if name == "max_cudagraph_capture_size" else None))
+       for name in SEARCHED},
+    concurrency=(list[int], Field(min_length=1, max_length=64)),
+    workload=(PhaseWorkload, PhaseWorkload()),
+)
 
 
 class ClusterSpec(_Strict):
@@ -246,10 +270,7 @@ class WorkloadSpec(_Strict):
             raise workload_error(exc) from None
 
 
-Percentile = Literal["p50", "p90", "p99"]
-
-
-class Constraints(_Strict):
+class StudyConstraints(_Strict):
     """The SLA a deployment must meet (latencies at `percentile`), a per-user floor and the accuracy bar."""
 
     max_ttft_ms: float | None = Field(None, gt=0)
@@ -270,7 +291,7 @@ class SearchSpace(_Strict):
     description: str = ""
     cluster: ClusterSpec
     workload: WorkloadSpec
-    constraints: Constraints = Constraints()
+    constraints: StudyConstraints = StudyConstraints()
     phases: dict[Phase, PhaseSpace] = Field(min_length=1)
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)  # where a relative trace path starts
     _traffic: Workload | None = PrivateAttr(default=None)
@@ -302,51 +323,29 @@ class SearchSpace(_Strict):
             update={"concurrency": tuple(space.concurrency)})
 
     def param_choices(self, phase: Phase) -> dict[str, list]:
-        """Every knob's choices; the order fixes the Optuna parameter order."""
+        """Every searched knob's choices, in Topology's knob order (the Optuna parameter order). Knobs added later
+        appear only when searched, so studies stored before them keep their parameters (Knob.param)."""
         s = self.phases[phase]
-        choices = {"tp": s.tp, "dp": s.dp, "ep": s.ep, "mtp": s.mtp if phase != "prefill" else [0],
-                   "gpu_memory_utilization": s.utilizations(), "max_num_seqs": s.max_num_seqs,
-                   "max_num_batched_tokens": s.max_num_batched_tokens}
-        # Knobs added later appear only when searched, so studies stored before them keep their parameters.
-        if s.kv_cache_dtype != ["auto"]:
-            choices["kv_cache_dtype"] = list(dict.fromkeys(s.kv_cache_dtype))
-        if s.num_redundant_experts != [0]:
-            choices["num_redundant_experts"] = s.num_redundant_experts
-        if s.max_cudagraph_capture_size != ["auto"]:
-            choices["max_cudagraph_capture_size"] = s.max_cudagraph_capture_size
-        if s.stream_interval != [1]:
-            choices["stream_interval"] = s.stream_interval
-        if len(set(s.all2all_backend)) > 1:  # one backend is a setting (`topology` applies it), not a parameter
-            choices["all2all_backend"] = list(dict.fromkeys(s.all2all_backend))
-        if s.dbo != [False]:
-            choices["dbo"] = list(dict.fromkeys(s.dbo))
+        choices = {}
+        for name, knob in KNOBS.items():
+            values = [0] if name == "mtp" and phase == "prefill" else s.choices(name)
+            if (knob.param == "always" or (knob.param == "searched" and values != [_space_default(name)])
+                    or (knob.param == "varied" and len(values) > 1)):
+                choices[name] = values
         return choices
 
     def params_of(self, phase: Phase, topo: Topology) -> dict[str, Any]:
         """The inverse of `topology`: a config's trial params, one per searched knob (a varied knob at its
         default too), so enqueued, repaired and sampled trials carry the same parameter set."""
-        every: dict[str, Any] = {
-            "tp": topo.tp, "dp": topo.dp, "ep": topo.ep, "mtp": topo.mtp,
-            "gpu_memory_utilization": topo.gpu_memory_utilization, "max_num_seqs": topo.max_num_seqs,
-            "max_num_batched_tokens": topo.max_num_batched_tokens, "kv_cache_dtype": topo.kv_cache_dtype,
-            "num_redundant_experts": topo.num_redundant_experts,
-            "max_cudagraph_capture_size": topo.max_cudagraph_capture_size or "auto",
-            "stream_interval": topo.stream_interval, "all2all_backend": topo.all2all_backend, "dbo": topo.dbo}
-        return {name: every[name] for name in self.param_choices(phase)}
+        values = {name: getattr(topo, name) for name in self.param_choices(phase)}
+        return {name: "auto" if value is None else value for name, value in values.items()}
 
     def topology(self, phase: Phase, params: dict) -> Topology:
-        capture = params.get("max_cudagraph_capture_size", "auto")
-        return Topology.create(tp=params["tp"], dp=params["dp"], ep=params["ep"] and params["tp"] * params["dp"] > 1,
-                               mtp=params.get("mtp", 0), gpu_memory_utilization=params["gpu_memory_utilization"],
-                               max_num_seqs=params["max_num_seqs"],
-                               max_num_batched_tokens=params["max_num_batched_tokens"], role=phase_role(phase),
-                               max_cudagraph_capture_size=None if capture == "auto" else int(capture),
-                               kv_cache_dtype=params.get("kv_cache_dtype", "auto"),
-                               stream_interval=int(params.get("stream_interval", 1)),
-                               all2all_backend=params.get("all2all_backend", self.phases[phase].all2all_backend[0]),
-                               num_redundant_experts=params.get("num_redundant_experts", 0)
-                               if params["ep"] and params["tp"] * params["dp"] > 1 else 0,
-                               dbo=bool(params.get("dbo", False)) and params["ep"] and params["dp"] > 1)
+        """A trial's config: its params, the phase's one choice of every knob it does not search."""
+        s = self.phases[phase]
+        fields = {name: params[name] if name in params else s.choices(name)[0] for name in KNOBS}
+        return Topology.on_layout(role=phase_role(phase), **{  # "auto": an optional knob left unset
+            name: None if value == "auto" and knob_default(name) is None else value for name, value in fields.items()})
 
     def expand(self, phase: Phase, model: ModelSpec) -> list[Topology]:
         """All valid configurations of a phase; raises if constraints leave none, saying which."""
@@ -354,8 +353,8 @@ class SearchSpace(_Strict):
         out, seen, rejected = [], set(), Counter()
         for combo in itertools.product(*choices.values()):
             params = dict(zip(choices, combo, strict=True))
-            if params["ep"] and params["tp"] * params["dp"] == 1:
-                continue  # EP on one GPU is the same layout as EP off
+            if ep_on_one_gpu(params):
+                continue  # the same config as EP off, which the product also holds
             topo = self.topology(phase, params)
             try:
                 topo.check(model, cluster_gpus=self.cluster.num_gpus)
@@ -406,7 +405,7 @@ def _describe(err: dict, allowed: dict[tuple, list[str]]) -> str:
 
 
 _ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.model_fields),
-            ("workload",): list(WorkloadSpec.model_fields), ("constraints",): list(Constraints.model_fields),
+            ("workload",): list(WorkloadSpec.model_fields), ("constraints",): list(StudyConstraints.model_fields),
             ("prefill",): list(PhaseSpace.model_fields), ("decode",): list(PhaseSpace.model_fields),
             ("aggregated",): list(PhaseSpace.model_fields)}
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -49,6 +52,73 @@ def cudagraph_grid_ceil(tokens: int) -> int:
     return -(-tokens // 16) * 16
 
 
+def _speculative_flags(mtp: int) -> list[str]:
+    return ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": mtp})] if mtp else []
+
+
+def _eplb_flags(redundant: int) -> list[str]:
+    return ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": redundant})] if redundant else []
+
+
+def _on_gpus(fields: Mapping[str, object]) -> bool:
+    return _num(fields, "tp") * _num(fields, "dp") > 1
+
+
+def ep_on_one_gpu(fields: Mapping[str, object]) -> bool:
+    """Fields (a Topology's, a trial's params) that ask for EP on one GPU: the same layout as EP off (there is no
+    group to split the experts over), which is what a Topology built from them is."""
+    ep = fields.get("ep")
+    return isinstance(ep, int) and bool(ep) and not _on_gpus(fields)
+
+
+def _with_ep(fields: Mapping[str, object]) -> bool:
+    return bool(fields.get("ep")) and _on_gpus(fields)
+
+
+def _with_ep_over_dp(fields: Mapping[str, object]) -> bool:
+    return bool(fields.get("ep")) and _num(fields, "dp") > 1
+
+
+def _num(fields: Mapping[str, object], name: str) -> int:
+    value = fields.get(name, 1)
+    return value if isinstance(value, int) else 1
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What one Topology field is to the rest of topotune, as vLLM's config dataclasses carry their CLI
+    (vllm/engine/arg_utils.py EngineArgs.add_cli_args over vllm/config/utils.py get_kwargs): the flag vLLM spells
+    it with, how it prints, whether a space searches it and whether it decides that a launch starts.
+
+    `param`: "always" a study parameter (the knobs every stored study has), "searched" one when a phase lists
+    other choices than its default, "varied" only when it lists more than one (one value is then a setting of every
+    config). `on_layout`: the layouts the knob exists on (elsewhere a space's config reads its default).
+    """
+
+    flag: str  # vLLM's flag (a dotted one is a key of a JSON flag, as vLLM's FlexibleArgumentParser reads it)
+    layout: bool = False  # part of the layout's name (TP8, DEP8): the CLI takes it in --topology
+    always: bool = False  # printed at vLLM's default too (a plan states every engine limit)
+    render: Callable[[Any], list[str]] | None = None  # its `vllm serve` flags when not `flag value`
+    by_plan: bool = False  # the plan prints it (its flag depends on the vLLM version, CUDA only: _engine_flags)
+    searched: bool = True  # a space lists its choices (PhaseSpace) and a study samples them
+    risk: bool = True  # decides whether a launch starts (the cluster store's known risks compare it)
+    param: Literal["always", "searched", "varied"] = "searched"
+    space_default: object = None  # a space's choice when a phase leaves it out (None: the field's default)
+    on_layout: Callable[[Mapping[str, object]], bool] | None = None
+    cli: str | None = None  # topotune's option when vLLM has no flag of its own (mtp)
+    aliases: tuple[str, ...] = ()  # topotune's earlier spellings, still accepted
+
+    def vllm_flags(self, value: object, default: object) -> list[str]:
+        """`vllm serve` arguments for the value (none at vLLM's default unless `always`)."""
+        if self.render is not None:
+            return self.render(value)
+        if isinstance(value, bool):
+            return [self.flag] if value else []
+        if value == default and not self.always:
+            return []
+        return [self.flag, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
 class Role(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -72,40 +142,61 @@ class Topology(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp: int = Field(1, ge=1, le=512, description="Tensor-parallel size (--tensor-parallel-size).")
-    dp: int = Field(1, ge=1, le=1024, description="Data-parallel size (--data-parallel-size).")
-    ep: bool = Field(False, description="Expert parallelism (--enable-expert-parallel).")
+    # Each serving knob is one field with its Knob (KNOBS collects them; docs/architecture.md lists what derives
+    # from it). Their order is the order of a study's Optuna parameters and of the flags a plan prints: a new knob
+    # goes last.
+    tp: Annotated[int, Knob("--tensor-parallel-size", layout=True, always=True, param="always")] = Field(
+        1, ge=1, le=512, description="Tensor-parallel size: GPUs one DP rank's layers are split over.")
+    dp: Annotated[int, Knob("--data-parallel-size", layout=True, param="always")] = Field(
+        1, ge=1, le=1024, description="Data-parallel size: engine ranks of the instance.")
+    ep: Annotated[bool, Knob("--enable-expert-parallel", layout=True, param="always")] = Field(
+        False, description="Expert parallelism: MoE layers split over TP x DP GPUs (one GPU: no EP).")
     pp: Literal[1] = Field(1, description="Pipeline-parallel size; only 1 for now.")
-    mtp: int = Field(0, ge=0, le=8, description="MTP speculative tokens (0 = off).")
-    dbo: bool = Field(False, description="Dual-batch overlap of the EP all-to-all with compute (--enable-dbo); "
-                                         "needs expert parallelism over DP ranks.")
-    gpu_memory_utilization: float = Field(DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1)
-    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1)
-    max_num_batched_tokens: int = Field(DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1)
-    max_cudagraph_capture_size: int | None = Field(
-        None, ge=1, description="Largest CUDA-graph batch in tokens (None: the decode batch x (1 + MTP)).")
+    mtp: Annotated[int, Knob("--speculative-config", cli="--mtp", render=_speculative_flags, param="always")] = (
+        Field(0, ge=0, le=8, description="MTP speculative tokens (0 = off; vLLM's --speculative-config with "
+                                         "method mtp)."))
+    gpu_memory_utilization: Annotated[float, Knob("--gpu-memory-utilization", always=True, param="always")] = Field(
+        DEFAULT_GPU_MEMORY_UTILIZATION, gt=0, le=1,
+        description="Share of each GPU's memory vLLM may use (weights, activations, CUDA graphs, KV cache).")
+    max_num_seqs: Annotated[int, Knob("--max-num-seqs", always=True, param="always", space_default=256)] = Field(
+        DEFAULT_MAX_NUM_SEQS, ge=1, description="Running requests per DP rank (the decode batch).")
+    max_num_batched_tokens: Annotated[int, Knob("--max-num-batched-tokens", always=True, param="always")] = Field(
+        DEFAULT_MAX_NUM_BATCHED_TOKENS, ge=1, description="Tokens per engine step (the prefill chunk).")
     role: Role = Role.BOTH
-    kv_cache_dtype: KVCacheDtype = Field("auto", description="KV-cache element type (--kv-cache-dtype).")
-    num_redundant_experts: int = Field(0, ge=0, le=4096, description=(
-        "EPLB redundant experts (--enable-eplb, eplb-config num_redundant_experts); 0 = EPLB off."))
-    stream_interval: int = Field(1, ge=1, le=4096, description=(
-        "Tokens the API server buffers per request before it streams them (--stream-interval, vLLM >= 0.12): "
-        "fewer output messages per step, coarser streaming."))
-    all2all_backend: All2AllBackend = Field(DEFAULT_ALL2ALL_BACKEND, description=(
-        "How MoE tokens reach their experts with EP over DP ranks (--all2all-backend): vLLM's default "
-        "allgather_reducescatter sends every token to every EP rank, the others only to the ranks its experts are "
-        "on. Without EP over DP ranks vLLM uses none, and the field reads its default."))
+    kv_cache_dtype: Annotated[KVCacheDtype, Knob("--kv-cache-dtype")] = Field(
+        "auto", description="KV-cache element type.")
+    num_redundant_experts: Annotated[int, Knob(
+        "--eplb-config.num_redundant_experts", aliases=("--num-redundant-experts",), render=_eplb_flags,
+        on_layout=_with_ep)] = Field(0, ge=0, le=4096, description=(
+            "EPLB redundant experts (vLLM's --enable-eplb with eplb-config num_redundant_experts); 0 = EPLB off. "
+            "Needs +EP and experts + N divisible by EP."))
+    max_cudagraph_capture_size: Annotated[int | None, Knob("--max-cudagraph-capture-size", by_plan=True)] = Field(
+        None, ge=1, description="Largest CUDA-graph batch in tokens (unset: the decode batch x (1 + MTP)).")
+    stream_interval: Annotated[int, Knob("--stream-interval", risk=False)] = Field(
+        1, ge=1, le=4096, description=(
+            "Tokens the API server buffers per request before it streams them (vLLM >= 0.12): fewer output "
+            "messages per step, coarser streaming."))
+    all2all_backend: Annotated[All2AllBackend, Knob("--all2all-backend", param="varied",
+                                                    on_layout=_with_ep_over_dp)] = Field(
+        DEFAULT_ALL2ALL_BACKEND, description=(
+            "How MoE tokens reach their experts with EP over DP ranks: vLLM's default allgather_reducescatter sends "
+            "every token to every EP rank, the others only to the ranks its experts are on. Without EP over DP "
+            "ranks vLLM uses none, and the field reads its default."))
+    dbo: Annotated[bool, Knob("--enable-dbo", on_layout=_with_ep_over_dp)] = Field(
+        False, description="Dual-batch overlap of the EP all-to-all with compute; needs expert parallelism over "
+                           "DP ranks (a DeepEP all-to-all).")
 
     @model_validator(mode="before")
     @classmethod
-    def _backend_in_use(cls, data: object) -> object:
-        """The all-to-all backend only exists with EP over DP ranks (else it is the default, so equal layouts
-        compare equal); DBO without a named backend runs DeepEP's low-latency kernels (vLLM asserts a DeepEP
-        backend for microbatching)."""
+    def _in_use(cls, data: object) -> object:
+        """EP on one GPU is EP off, and the all-to-all backend only exists with EP over DP ranks (else it is the
+        default), so equal layouts compare equal; DBO without a named backend runs DeepEP's low-latency kernels
+        (vLLM asserts a DeepEP backend for microbatching)."""
         if not isinstance(data, dict):
             return data
-        dp = data.get("dp", 1)
-        uses = data.get("ep") is True and isinstance(dp, int) and dp > 1
+        if ep_on_one_gpu(data):
+            data = {**data, "ep": False}
+        uses = data.get("ep") is True and _with_ep_over_dp(data)
         backend = data.get("all2all_backend", DEFAULT_ALL2ALL_BACKEND)
         if not uses and backend in get_args(All2AllBackend) and backend != DEFAULT_ALL2ALL_BACKEND:
             # (an unknown value is left for field validation to refuse, wherever it is given)
@@ -136,6 +227,14 @@ class Topology(BaseModel):
                 return cls.create(tp=tp, dp=dp, ep=ep, **fields)
         raise ConfigError(f"cannot parse topology {name!r}", field="topology",
                           fix="write it like TP8, TEP8, DEP8, TP4DP2, TP4DP4+EP")
+
+    @classmethod
+    def on_layout(cls, **fields: object) -> Topology:
+        """A sweep's config: every knob its layout does not have reads its default (EP on one GPU, EPLB without
+        EP, DBO or an all-to-all backend without EP over DP ranks), so a knob's choices apply where they exist."""
+        kept = {name: value for name, value in fields.items()
+                if name not in KNOBS or KNOBS[name].on_layout is None or KNOBS[name].on_layout(fields)}
+        return cls.create(**kept)
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -204,9 +303,6 @@ class Topology(BaseModel):
     # -- validation against a model and a cluster --------------------------------------------------
     def check(self, model: ModelSpec, *, cluster_gpus: int | None = None) -> None:
         """Raise TopologyError when vLLM would refuse this layout for this model or cluster."""
-        if self.ep and self.tp * self.dp == 1:
-            raise TopologyError("expert parallelism needs TP x DP > 1", field="topology",
-                                fix="drop +EP or use more than one GPU (e.g. TEP4)")
         if cluster_gpus is not None and self.num_gpus > cluster_gpus:
             raise TopologyError(f"{self.name} needs {self.num_gpus} GPUs but the cluster has {cluster_gpus}",
                                 field="topology", fix=f"use at most {cluster_gpus} GPUs (TP x DP)")
@@ -257,6 +353,28 @@ class Topology(BaseModel):
             raise TopologyError(f"{model.name} has no MTP layers", field="mtp",
                                 fix="use --mtp 0 (or a draft model, not supported yet)")
 
+
+
+def _knobs() -> dict[str, Knob]:
+    out = {}
+    for name, info in Topology.model_fields.items():
+        knob = next((m for m in info.metadata if isinstance(m, Knob)), None)
+        if knob is not None:
+            out[name] = knob
+    return out
+
+
+#: Every serving knob in Topology's field order (the order of a study's parameters and of a plan's flags).
+KNOBS: dict[str, Knob] = _knobs()
+
+
+def knob_default(name: str) -> object:
+    """The field's default: vLLM's value, or none of its flags."""
+    return Topology.model_fields[name].default
+
+
+def knob_help(name: str) -> str:
+    return Topology.model_fields[name].description or name.replace("_", " ")
 
 _FIELD_FIXES = {
     "gpu_memory_utilization": "give a fraction in (0, 1], e.g. 0.92",

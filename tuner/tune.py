@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from tuner.backends import BackendConfig, SimulatedConfig
 from tuner.backends._config import config_error
-from tuner.space import ALL_PHASES, Constraints, Percentile, Phase, SearchSpace
+from tuner.metrics import Percentile
+from tuner.space import ALL_PHASES, Phase, SearchSpace, StudyConstraints
 
 if TYPE_CHECKING:
     from tuner.executors import Executor
@@ -35,11 +36,11 @@ class SlaOverride(BaseModel):
     def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
-    def apply(self, constraints: Constraints) -> Constraints:
+    def apply(self, constraints: StudyConstraints) -> StudyConstraints:
         given = self.model_dump()
         if given.get("percentile", "") is None:  # percentile cannot be lifted: None keeps the space's
             given.pop("percentile")
-        return Constraints.model_validate({**constraints.model_dump(), **given}) if given else constraints
+        return StudyConstraints.model_validate({**constraints.model_dump(), **given}) if given else constraints
 
 
 class TuneRequest(BaseModel):

@@ -12,7 +12,7 @@ from tuner.deployment import Deployment
 from tuner.hardware import get_gpu
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import load_model
-from tuner.space import Constraints, load_space
+from tuner.space import StudyConstraints, load_space
 
 SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
 MODELS = REPO / "examples" / "models"
@@ -20,7 +20,7 @@ MODELS = REPO / "examples" / "models"
 
 def space():
     s = load_space(SPACE)
-    return s.model_copy(update={"constraints": Constraints(min_accuracy=s.constraints.min_accuracy)})
+    return s.model_copy(update={"constraints": StudyConstraints(min_accuracy=s.constraints.min_accuracy)})
 
 
 def truth(seed: int = 3) -> HiddenTruth:

@@ -16,9 +16,9 @@ from tuner.backends.vllm import (
     launch_rules,
     pack_hosts,
     pairing_refusal,
-    parse_deployment,
     side_blocks,
 )
+from tuner.deployment import parse_deployment
 from tuner.errors import TopologyError
 from tuner.memory._estimates import cudagraph_capture_sizes
 from tuner.models import LayerKind, MambaSpec, ModelSpec, load_model

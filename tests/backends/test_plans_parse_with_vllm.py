@@ -12,18 +12,10 @@ from pathlib import Path
 import pytest
 from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 
-from tuner.backends.vllm import (
-    PlanSettings,
-    build_plan,
-    default_envs_dir,
-    detect_version,
-    keep_names,
-    pack_hosts,
-    parse_deployment,
-)
+from tuner.backends.vllm import PlanSettings, build_plan, default_envs_dir, detect_version, keep_names, pack_hosts
 from tuner.backends.vllm._aiperf import AiperfRun
 from tuner.backends.vllm._argv_check import run_check
-from tuner.deployment import Deployment
+from tuner.deployment import Deployment, parse_deployment
 from tuner.topology import Role, Topology
 
 pytestmark = [pytest.mark.slow, needs_envs]

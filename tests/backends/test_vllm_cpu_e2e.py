@@ -42,8 +42,9 @@ def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path,
     temp_before = set(glob.glob("/tmp/vllm_dist_*"))
     backend = VllmBackend(SETTINGS)
     trial_dir = tmp_path / "trial-tp1"
-    result = backend.run(request(tiny_model, trial_dir, Deployment.single(Topology.parse("TP1", max_num_seqs=8)),
-                                 min_accuracy=0.0))
+    trial = backend.run_trial(request(tiny_model, trial_dir,
+                                      Deployment.single(Topology.parse("TP1", max_num_seqs=8)), min_accuracy=0.0))
+    result, plan, timings = trial.result, trial.plan, trial.timings
     assert result.status is TrialStatus.OK, result.reason
     assert [p.concurrency for p in result.points] == [1, 4]
     for point in result.points:
@@ -57,7 +58,7 @@ def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path,
     assert result.predicted_memory, "the memory model should predict the tiny model's KV figures"
     assert (trial_dir / "aiperf" / "c4" / "profile_export_aiperf.json").exists()
     assert (trial_dir / "logs" / "both0.log").exists()
-    assert backend.last_timings is not None and backend.last_timings.levels_measured == 2
+    assert timings.levels_measured == 2 and plan is not None and plan.servers[0].role == "both"
     assert not _our_processes(trial_dir)
     assert set(glob.glob("/tmp/vllm_dist_*")) <= temp_before
 

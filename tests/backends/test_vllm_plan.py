@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.backends import HostAssignment
-from tuner.backends.vllm import (
-    PlanSettings,
-    build_plan,
-    keep_names,
-    parse_deployment,
-    place_instances,
-    uniform_hosts,
-)
-from tuner.deployment import Deployment
+from tuner.backends.vllm import PlanSettings, build_plan, keep_names, place_instances, uniform_hosts
+from tuner.deployment import Deployment, parse_deployment
 from tuner.errors import ConfigError, TopologyError
 from tuner.topology import Role, Topology
 

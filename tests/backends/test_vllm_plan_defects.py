@@ -19,12 +19,11 @@ from tuner.backends.vllm import (
     keep_names,
     launch_rules,
     pack_hosts,
-    parse_deployment,
     place_instances,
     resolve_address,
 )
 from tuner.backends.vllm._versions import TABLE, VllmVersion, table_markdown
-from tuner.deployment import Deployment
+from tuner.deployment import Deployment, parse_deployment
 from tuner.errors import ConfigError, TopologyError
 from tuner.executors._placement import instance_shapes, spread_ok
 from tuner.export import RecipeContext, export_deployment
@@ -243,12 +242,12 @@ def test_8_ucx_vllm_port_resolved_addresses_and_warmup() -> None:
     with pytest.raises(ConfigError, match="resolves to loopback"):
         build_plan(dep, (HostAssignment(address="localhost", gpu_ids=(0, 1, 2, 3)),
                          HostAssignment(address="192.0.2.7", gpu_ids=(0, 1, 2, 3))), PlanSettings(model_path="/m"))
-    assert VllmBackendSettings(warmup_requests=0).warmup_requests == 0  # allowed, but _measure sends >= 1
+    assert VllmBackendSettings(warmup_requests=0).warmup_requests == 0  # allowed, but _aiperf_run sends >= 1
     import inspect
 
     from tuner.backends.vllm._backend import VllmBackend as Backend
 
-    assert "max(1, self.settings.warmup_requests)" in inspect.getsource(Backend._measure)
+    assert "max(1, self.settings.warmup_requests)" in inspect.getsource(Backend._aiperf_run)
 
 
 # -- the version table --------------------------------------------------------------------------------------

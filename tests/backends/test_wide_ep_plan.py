@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tuner.backends import HostAssignment
-from tuner.backends.vllm import PlanSettings, build_plan, keep_names, parse_deployment
-from tuner.deployment import Deployment
+from tuner.backends.vllm import PlanSettings, build_plan, keep_names
+from tuner.deployment import Deployment, parse_deployment
 from tuner.errors import ConfigError
 from tuner.topology import Role, Topology
 

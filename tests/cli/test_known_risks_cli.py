@@ -12,9 +12,9 @@ import pytest
 from _support.known_risks import CRASH, fitting_configs, record_crash
 from _support.paths import MODELS
 
-from tuner.backends.vllm import parse_deployment
 from tuner.cli import main
 from tuner.cluster import ClusterKey, ClusterStore, risk_key
+from tuner.deployment import parse_deployment
 from tuner.hardware import get_gpu
 from tuner.space import parse_space
 from tuner.topology import Topology

@@ -55,7 +55,7 @@ def test_plan_names_the_version_and_refuses_what_it_cannot_run(reference_model_p
 def test_plan_takes_a_deployment_as_frontier_prints_it(printed: str, capsys: pytest.CaptureFixture[str]) -> None:
     """What `frontier` and `tune` print is what `plan` reads: the names round-trip, MTP depth included, and
     --max-num-seqs caps the decode (or aggregated) side only."""
-    from tuner.backends.vllm import parse_deployment
+    from tuner.deployment import parse_deployment
 
     assert parse_deployment(printed).name == printed
     assert main(["plan", printed, "--max-num-seqs", "96", "--isl", "1024", "--osl", "128", "--vllm",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.backends.vllm import PlanSettings, build_plan, keep_names, pack_hosts, parse_deployment, topology_flags
+from tuner.backends.vllm import PlanSettings, build_plan, keep_names, pack_hosts, topology_flags
+from tuner.deployment import parse_deployment
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec

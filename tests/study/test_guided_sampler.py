@@ -19,7 +19,7 @@ from tuner.executors import LocalExecutor
 from tuner.frontier import hypervolume_2d
 from tuner.hardware import get_gpu
 from tuner.models import load_model
-from tuner.space import Constraints, load_space
+from tuner.space import StudyConstraints, load_space
 from tuner.study import PhaseRun, TuneOptions, make_sampler
 from tuner.study._guided import GuidedSampler, _Observed, measured_front
 from tuner.study._prior import EP_SIZE_FEATURE, SimulatorPrior, params_key
@@ -33,7 +33,7 @@ SPACE = REFERENCE_SPACE
 def setup():  # type: ignore[no-untyped-def]
     """The reference space without its SLA: these tests are about the search, on the whole front."""
     space = load_space(SPACE)
-    return space.model_copy(update={"constraints": Constraints()}), load_model(MODEL), get_gpu("gb300")
+    return space.model_copy(update={"constraints": StudyConstraints()}), load_model(MODEL), get_gpu("gb300")
 
 
 def _run(setup, backend: Backend, trials: int, tmp_path: Path, parallel: int = 1) -> optuna.Study:  # type: ignore[no-untyped-def]

@@ -12,12 +12,6 @@ from typing import Literal
 from tuner.errors import ConfigError
 from tuner.frontier import PERCENTILES, Percentile
 from tuner.models import ModelSpec
-from tuner.topology import (
-    DEFAULT_ALL2ALL_BACKEND,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-)
 from tuner.workload import Workload
 
 ServingMode = Literal["both", "disagg", "agg"]
@@ -65,12 +59,9 @@ class ServeOptions:
     mode: ServingMode = "both"
     max_mtp: int = 3  # decode MTP depths 0..max_mtp are swept (models with MTP layers)
     vllm_version: str | None = None  # None: the newest version topotune's pairing table checks
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    kv_cache_dtype: str = "auto"
-    stream_interval: int = 1
-    all2all_backend: str = DEFAULT_ALL2ALL_BACKEND
+    # Engine knobs every candidate carries, by Topology field name (tuner.topology.KNOBS: the one definition of a
+    # knob); a knob not given reads its default.
+    knobs: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in SERVING_MODES:
@@ -81,9 +72,7 @@ class ServeOptions:
 
     def engine(self) -> dict[str, object]:
         """The engine settings as Topology fields."""
-        return {"gpu_memory_utilization": self.gpu_memory_utilization, "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "kv_cache_dtype": self.kv_cache_dtype,
-                "stream_interval": self.stream_interval, "all2all_backend": self.all2all_backend}
+        return dict(self.knobs)
 
 
 @dataclass(frozen=True)

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
+from tuner.cli._knobs import knob_options
 from tuner.errors import ConfigError
 from tuner.hardware import get_gpu
 from tuner.memory import GIB, MemoryBreakdown, MemoryInputs, Mxfp4Backend, compute_memory, sweep_topologies
 from tuner.models import load_model
-from tuner.topology import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    Topology,
-)
+from tuner.topology import Topology
 from tuner.units import parse_bytes
 
 
@@ -36,24 +32,17 @@ def _render(b: MemoryBreakdown) -> None:
 
 
 @app.command(help="How much memory each GPU uses and how many requests fit, computed as vLLM does.")
+@knob_options()
 def memory(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
     topology: Annotated[str, typer.Option(help="TP8, TEP8, DEP8, TP4DP4+EP, ...")] = "TP8",
-    mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
-    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
-    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
-    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
     osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
     max_model_len: Annotated[int | None, typer.Option(help="Default: isl + osl.")] = None,
     kv_cache_memory_bytes: Annotated[str | None, typer.Option(
         help="Override the KV budget exactly as vLLM's flag does (e.g. 40G).")] = None,
     block_size: Annotated[int | None, typer.Option(help="vLLM --block-size (default: the backend's).")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option(
-        help="vLLM --kv-cache-dtype: auto, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, nvfp4, ...")] = "auto",
-    num_redundant_experts: Annotated[int, typer.Option(
-        help="EPLB redundant experts (--enable-eplb); needs +EP and (experts + N) divisible by EP.")] = 0,
     non_torch_gib: Annotated[float | None, typer.Option(help="Measured non-torch memory per GPU.")] = None,
     activation_gib: Annotated[float | None, typer.Option(help="Measured peak activation memory.")] = None,
     cuda_graph_gib: Annotated[float | None, typer.Option(help="Measured CUDA-graph memory.")] = None,
@@ -65,6 +54,7 @@ def memory(
         help="--sweep also tries TP/DP sizes that are not powers of two (EP48, EP72, ...).")] = False,
     hardware_file: HardwareFileOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
@@ -78,11 +68,10 @@ def memory(
         if kv_cache_memory_bytes else None,
         non_torch_gib=non_torch_gib, activation_gib=activation_gib, cuda_graph_gib=cuda_graph_gib,
         block_size=block_size, mxfp4_backend=mxfp4_backend)
-    engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-              "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
-              "num_redundant_experts": num_redundant_experts}
+    engine = dict(knobs or {})
     if sweep:
-        Topology.create(mtp=mtp, **engine)  # validate the shared fields once, with a clear message
+        Topology.create(**engine)  # validate the shared fields once, with a clear message
+        mtp = engine.pop("mtp")
         rows = sweep_topologies(spec, gpu, gpus, inputs, mtp_values=(mtp,), powers_of_two=not all_sizes, **engine)
         if json_out:
             print_json([{**r.memory.to_dict(), "topology": r.topology.name} for r in rows])
@@ -100,7 +89,7 @@ def memory(
                           f"{b.max_concurrency_instance / b.num_gpus:.1f}", "yes" if b.fits else "[red]no[/]")
         console.print(table)
         return
-    topo = Topology.parse(topology, mtp=mtp, **engine)
+    topo = Topology.parse(topology, **engine)
     topo.check(spec, cluster_gpus=gpus)
     breakdown = compute_memory(spec, gpu, topo, inputs)
     if json_out:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tuner.advise import Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
+from tuner.cli._knobs import knob_options, option_names
 from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
 from tuner.errors import ConfigError, TopotuneError
 from tuner.frontier import AggregatedPoint
@@ -22,26 +23,11 @@ from tuner.metrics import ServingMetrics
 from tuner.models import load_model
 from tuner.perf import Calibration, RooflineModel, predict_traffic
 from tuner.report import composed_front_figure, write_figures
-from tuner.topology import (
-    DEFAULT_ALL2ALL_BACKEND,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-    Role,
-    Topology,
-)
+from tuner.topology import KNOBS, Role, Topology
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
     help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-KvCacheDtypeOpt = Annotated[str, typer.Option(
-    help="vLLM --kv-cache-dtype: auto, fp8 (fp8_e4m3, fp8_e5m2), fp8_per_token_head, nvfp4, ...")]
-StreamIntervalOpt = Annotated[int, typer.Option(
-    help="vLLM --stream-interval: tokens streamed per message (1 = every token; larger cuts host cost per step).")]
-All2AllOpt = Annotated[str, typer.Option(
-    help="vLLM --all2all-backend for EP over DP ranks: allgather_reducescatter (vLLM's default: every token to "
-         "every EP rank), deepep_high_throughput, deepep_low_latency, flashinfer_nvlink_one_sided, "
-         "flashinfer_nvlink_two_sided (routed: a token only to its experts' ranks).")]
 
 
 def _positive(**values: int | float | None) -> None:
@@ -145,28 +131,23 @@ def _metrics_row(m: ServingMetrics) -> dict[str, float | int]:
 
 
 @app.command()
+@knob_options()
 def simulate(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
     topology: Annotated[str, typer.Option(help="TP8, TEP8, DEP8, TP4DP4+EP, ...")] = "TEP8",
     role: Annotated[str, typer.Option(help="prefill, decode (PD roles) or aggregated (both on one instance, "
                                              "chunked prefill).")] = "decode",
-    mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
     isl: Annotated[int, typer.Option(help="Input tokens per request.")] = 8192,
     osl: Annotated[int, typer.Option(help="Output tokens per request.")] = 1024,
     concurrency: Annotated[str, typer.Option(help="Comma-separated levels, e.g. 1,8,64,256.")] = "1,8,64,256",
-    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
-    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
-    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    kv_cache_dtype: KvCacheDtypeOpt = "auto",
-    stream_interval: StreamIntervalOpt = 1,
-    all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     workload: WorkloadOpt = None,
     request_rate: RequestRateOpt = None,
     arrival: ArrivalOpt = "poisson",
     json_out: JsonOpt = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Predict one vLLM instance in one role over a concurrency sweep (the simulated backend)."""
     _positive(isl=isl, osl=osl)
@@ -177,10 +158,7 @@ def simulate(
     the_role = _role(role)
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
-    topo = Topology.parse(topology, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
-                          max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, role=the_role,
-                          kv_cache_dtype=kv_cache_dtype, stream_interval=stream_interval,
-                          all2all_backend=all2all_backend)
+    topo = Topology.parse(topology, role=the_role, **knobs or {})
     topo.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
     predicted = predict_traffic(perf, topo, the_role, traffic)
@@ -196,7 +174,8 @@ def simulate(
                                   for s in predicted.saturated]})
         return
     table = Table(title=f"{spec.name} on {topo.num_gpus} x {gpu.name}, {topo.name}"
-                        f"{f' MTP{mtp}' if mtp else ''} {role_name}: {traffic.describe()}", title_justify="left")
+                        f"{f' MTP{topo.mtp}' if topo.mtp else ''} {role_name}: {traffic.describe()}",
+                  title_justify="left")
     last = "chunk share / chunk tokens" if the_role is Role.BOTH else "mem/compute/comm/ovh/req ms"
     for col in ("req/s in" if traffic.open_loop else "conc", "running", "tok/s/GPU", "out tok/s/GPU", "tok/s/user",
                 "TTFT ms p50/p90/p99", "ITL ms p50/p90/p99", "req/s", "step ms", last):
@@ -231,7 +210,7 @@ ADVISE_FLAGS: dict[str, str] = {
     "calibration": "--calibration", "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms",
     "sla.min_tok_s_user": "--min-tok-s-user", "sla.percentile": "--percentile", "serve.mode": "--mode",
     "serve.max_mtp": "--max-mtp", "serve.vllm_version": "--vllm-version",
-    **{f"serve.{name}": "--" + name.replace("_", "-") for name in ServeOptions().engine()},
+    **{name.replace("_", "-"): option_names(name)[0].split("/")[0] for name in KNOBS},
 }
 
 
@@ -246,6 +225,7 @@ def _as_flags() -> Iterator[None]:
 
 @app.command(help="Sweep topologies as PD prefill/decode and as aggregated instances; print both "
                   "Pareto fronts and which mode wins where.")
+@knob_options(exclude=("mtp",))  # --max-mtp sweeps it
 def frontier(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -265,12 +245,6 @@ def frontier(
     vllm_version: Annotated[str | None, typer.Option(
         help="The vLLM whose NIXL pairing rules apply (TP divisibility, replicated KV heads, hybrid block sizes): "
              "pairs it refuses are not composed (default: the newest version topotune's table checks).")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
-    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
-    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    kv_cache_dtype: KvCacheDtypeOpt = "auto",
-    stream_interval: StreamIntervalOpt = 1,
-    all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     request_rate: Annotated[float | None, typer.Option(
@@ -283,15 +257,14 @@ def frontier(
         "--mode", help="both (PD-disaggregated and aggregated fronts side by side), disagg or agg.")] = "both",
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
     json_out: JsonOpt = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body parses
     them into an AdviseRequest and renders the Advice. Its help text is the decorator's `help=`."""
     _positive(isl=isl, osl=osl)
     with _as_flags():
         serve = ServeOptions(mode=serving, max_mtp=max_mtp, vllm_version=vllm_version,  # type: ignore[arg-type]
-                             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype,
-                             stream_interval=stream_interval, all2all_backend=all2all_backend)
+                             knobs=knobs or {})
         sla = Sla(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, min_tok_s_user=min_tok_s_user,
                   percentile=percentile)  # type: ignore[arg-type]
         traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))

@@ -120,14 +120,13 @@ def plan(
         VllmVersion,
         build_plan,
         detect_version,
-        has_multi_node_nvlink,
         keep_names,
         model_or_none,
         pack_hosts,
-        parse_deployment,
         resolve_address,
     )
-    from tuner.hardware import get_gpu
+    from tuner.deployment import parse_deployment
+    from tuner.hardware import get_gpu, has_multi_node_nvlink
     from tuner.workload import served_context_tokens
 
     dep = parse_deployment(deployment, mtp=mtp)

@@ -16,20 +16,23 @@ from typing import Any
 
 import numpy as np
 
+from tuner.backends.vllm import VllmVersion
 from tuner.cluster._fit import FitSample, exercises, fit_shared, joint_error, prediction_error, spread
 from tuner.cluster._key import UNKNOWN, ClusterKey
 from tuner.cluster._layout import LayoutFactors, LayoutKey, LayoutTrend, layout_key
 from tuner.cluster._store import ClusterStore, StoredFailure, StoredRun
-from tuner.errors import TopotuneError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec, load_model
 from tuner.perf import Calibration, default_calibration
-from tuner.topology import Role, Topology
+from tuner.topology import KNOBS, Role, Topology
 
 MAX_OFFSET = 0.5  # |log| cap of a transferred per-layout offset (x1.65): a prior, never a verdict
-#: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model).
-RISK_FIELDS = ("tp", "dp", "ep", "mtp", "dbo", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-               "kv_cache_dtype", "num_redundant_experts", "all2all_backend")
+#: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model): the
+#: knobs marked a risk in Topology. Every knob is one but stream_interval (the API server's output buffering: it
+#: allocates nothing and starts nothing); max_cudagraph_capture_size is one (the graphs captured at start-up and
+#: their memory).
+RISK_FIELDS = tuple(name for name, knob in KNOBS.items() if knob.risk)
 
 
 def risk_key(topo: Topology) -> tuple:
@@ -252,12 +255,11 @@ def planned_risks(store: ClusterStore, topologies: Sequence[Topology], *, gpu_cl
                   vllm_version: str | None = None, cluster: str | None = None) -> list[RiskMatch]:
     """Which planned instances repeat a known crash: on every key of this GPU class (and cluster name, when
     given) whose vLLM is the planned one or was not pinned by its studies (recorded as unknown)."""
-    versions = {UNKNOWN, *((_bare(vllm_version),) if vllm_version else ())}
     out = []
     for key in store.clusters():
         if key.gpu_class != gpu_class or (cluster is not None and key.name != cluster):
             continue
-        if vllm_version is not None and _bare(key.vllm_version) not in versions:
+        if vllm_version is not None and key.vllm_version != UNKNOWN and not _same_vllm(key.vllm_version, vllm_version):
             continue
         risks = _risks(store.read_failures(key))
         for topo in dict.fromkeys(topologies):
@@ -267,8 +269,13 @@ def planned_risks(store: ClusterStore, topologies: Sequence[Topology], *, gpu_cl
     return out
 
 
-def _bare(version: str) -> str:
-    return version.lstrip("v")
+def _same_vllm(recorded: str, planned: str) -> bool:
+    """One vLLM release as the version table reads it (tuner.backends.vllm's VllmVersion: 0.26.1rc1 is 0.26.1);
+    a recorded version that does not read as one matches only itself."""
+    try:
+        return VllmVersion.parse(recorded) == VllmVersion.parse(planned, field_name="vllm_version")
+    except ConfigError:
+        return recorded.lstrip("v") == planned.lstrip("v")
 
 
 def load_knowledge(store: ClusterStore, key: ClusterKey, gpu: GpuSpec, *, held_out: bool = False,

@@ -10,18 +10,9 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from tuner.backends.vllm import (
-    LaunchPlan,
-    PlanSettings,
-    build_plan,
-    gpu_architecture,
-    has_multi_node_nvlink,
-    keep_names,
-    model_or_none,
-    pack_hosts,
-)
+from tuner.backends.vllm import LaunchPlan, PlanSettings, build_plan, keep_names, model_or_none, pack_hosts
 from tuner.deployment import Deployment
-from tuner.hardware import get_gpu
+from tuner.hardware import get_gpu, gpu_architecture, has_multi_node_nvlink
 from tuner.topology import Role
 from tuner.workload import served_context_tokens
 

@@ -7,6 +7,9 @@ from tuner.hardware._catalog import (
     ScaleOutNetwork,
     default_catalog,
     get_gpu,
+    gpu_architecture,
+    has_multi_node_nvlink,
 )
 
-__all__ = ["RDMA_FABRICS", "GpuSpec", "HardwareCatalog", "ScaleOutNetwork", "default_catalog", "get_gpu"]
+__all__ = ["RDMA_FABRICS", "GpuSpec", "HardwareCatalog", "ScaleOutNetwork", "default_catalog", "get_gpu",
+           "gpu_architecture", "has_multi_node_nvlink"]

@@ -164,3 +164,23 @@ def get_gpu(name: str, hardware_file: str | Path | None = None) -> GpuSpec:
     if hardware_file is not None:
         catalog = catalog.with_file(hardware_file)
     return catalog.get(name)
+
+
+def gpu_architecture(gpu: str) -> str | None:
+    """The catalog's architecture of a GPU name (None: not in the catalog)."""
+    try:
+        return get_gpu(gpu).architecture
+    except Exception:  # an unknown GPU name: the caller's default
+        return None
+
+
+def has_multi_node_nvlink(device: str, gpu: str) -> bool:
+    """GB200/GB300 NVL72: the NVLink domain spans hosts, so NIXL's UCX runs over multi-node NVLink (only on
+    CUDA devices; an unknown GPU name has none)."""
+    if device != "cuda":
+        return False
+    try:
+        spec = get_gpu(gpu)
+    except Exception:  # an unknown GPU name: no multi-node NVLink settings
+        return False
+    return spec.nvlink_domain_gpus > spec.gpus_per_host

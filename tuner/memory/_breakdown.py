@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuner.errors import ConfigError
 from tuner.hardware import GpuSpec
@@ -253,9 +253,26 @@ def compute_memory(
     per_request = layout.blocks_per_request(tokens, topo.max_num_batched_tokens)
     per_request_max = layout.blocks_per_request(max_len, topo.max_num_batched_tokens)
 
-    lines = [
+    b = MemoryBreakdown(
+        model=model.name, gpu=gpu.name, topology=topo.label(), num_gpus=topo.num_gpus, total_gib=gpu.memory_gib,
+        gpu_memory_utilization=topo.gpu_memory_utilization, requested_gib=requested / GIB, weights=weights,
+        non_torch_gib=non_torch, activation_gib=activation, cuda_graph_gib=graphs, kv_budget_bytes=budget,
+        kv_budget_overridden=overridden, layout=layout, num_gpu_blocks=num_blocks, tokens_per_request=tokens,
+        max_model_len=max_len, blocks_per_request=per_request, blocks_per_request_max_model_len=per_request_max,
+        dp=topo.dp, max_num_seqs=topo.max_num_seqs,
+    )
+    return replace(b, lines=_explained(b, model, gpu, topo, inputs, mxfp4))
+
+
+def _explained(b: MemoryBreakdown, model: ModelSpec, gpu: GpuSpec, topo: Topology, inputs: MemoryInputs,
+               mxfp4: Mxfp4Backend | None) -> list[Line]:
+    """The breakdown's lines in vLLM's order, each with how it was worked out."""
+    weights, layout, budget, num_blocks = b.weights, b.layout, b.kv_budget_bytes, b.num_gpu_blocks
+    per_request, tokens = b.blocks_per_request, b.tokens_per_request
+    return [
         Line("total memory", gpu.memory_gib, f"{gpu.name} as the driver reports it"),
-        Line("requested", requested / GIB, f"ceil(total x gpu-memory-utilization {topo.gpu_memory_utilization:g})"),
+        Line("requested", b.requested_gib,
+             f"ceil(total x gpu-memory-utilization {topo.gpu_memory_utilization:g})"),
         Line("non-expert weights", weights.non_expert_bytes / GIB,
              f"{model.non_expert_bytes / GIB:.2f} GiB split by TP{topo.tp} (norms, router replicated; "
              f"KV heads max(1, kv/TP))"),
@@ -263,14 +280,14 @@ def compute_memory(
              _expert_how(model, topo, mxfp4)),
         Line("MTP weights", weights.mtp_bytes / GIB,
              f"{model.num_mtp_layers} MTP layer(s), loaded with MTP{topo.mtp}" if topo.mtp else "MTP off"),
-        Line("non-torch memory", non_torch, "measured input" if inputs.non_torch_gib is not None
+        Line("non-torch memory", b.non_torch_gib, "measured input" if inputs.non_torch_gib is not None
              else "driver + CUDA context (catalog)"),
-        Line("peak activations", activation, "measured input" if inputs.activation_gib is not None
+        Line("peak activations", b.activation_gib, "measured input" if inputs.activation_gib is not None
              else f"estimate: profile run of {topo.max_num_batched_tokens} tokens + sampler"),
-        Line("CUDA-graph reserve", graphs, "measured input" if inputs.cuda_graph_gib is not None
+        Line("CUDA-graph reserve", b.cuda_graph_gib, "measured input" if inputs.cuda_graph_gib is not None
              else f"estimate: {len(cudagraph_capture_sizes(topo, gpu.architecture))} capture sizes, "
              "first capture + per-graph cost"),
-        Line("KV budget", budget / GIB, "--kv-cache-memory-bytes" if overridden
+        Line("KV budget", budget / GIB, "--kv-cache-memory-bytes" if b.kv_budget_overridden
              else "requested - weights - non-torch - activations - CUDA graphs"),
         Line("block size (tokens)", None,
              f"{layout.block_size}" + (" (raised so one attention page holds a GDN/mamba state)"
@@ -288,11 +305,3 @@ def compute_memory(
         Line("max concurrency", None, f"{num_blocks:,} / {per_request} = "
              f"{(num_blocks / per_request) if per_request else 0:.2f} per DP rank x DP{topo.dp}"),
     ]
-    return MemoryBreakdown(
-        model=model.name, gpu=gpu.name, topology=topo.label(), num_gpus=topo.num_gpus, total_gib=gpu.memory_gib,
-        gpu_memory_utilization=topo.gpu_memory_utilization, requested_gib=requested / GIB, weights=weights,
-        non_torch_gib=non_torch, activation_gib=activation, cuda_graph_gib=graphs, kv_budget_bytes=budget,
-        kv_budget_overridden=overridden, layout=layout, num_gpu_blocks=num_blocks, tokens_per_request=tokens,
-        max_model_len=max_len, blocks_per_request=per_request, blocks_per_request_max_model_len=per_request_max,
-        dp=topo.dp, max_num_seqs=topo.max_num_seqs, lines=lines,
-    )

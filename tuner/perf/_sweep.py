@@ -72,11 +72,12 @@ class Curves:
 
 def candidate_topologies(perf: PerformanceModel, num_gpus: int, *, max_gpus_per_instance: int | None = None,
                          mtp_depths: Sequence[int] = (0,), **engine: object) -> list[Topology]:
-    """Every (TP, DP, EP, MTP) vLLM accepts for the model within the GPU count (memory is checked later)."""
+    """Every (TP, DP, EP, MTP) vLLM accepts for the model within the GPU count (memory is checked later); an engine
+    knob applies to the layouts that have it (DBO and EPLB to EP layouts: Topology.on_layout)."""
     out = []
     for tp, dp, ep in enumerate_topologies(num_gpus, max_gpus_per_instance=max_gpus_per_instance):
         for mtp in mtp_depths:
-            topo = Topology.create(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
+            topo = Topology.on_layout(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
             try:
                 topo.check(perf.model, cluster_gpus=num_gpus)
             except TopologyError:

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.backends import TrialStatus
-from tuner.deployment import Deployment
+from tuner.deployment import Deployment, at_decode_depths
 from tuner.errors import ConfigError, TopotuneError
 from tuner.executors import Executor
 from tuner.frontier import (
@@ -160,11 +160,8 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
         return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
     # a deterministic order (by topology, then level): the same points give the same front, however they arrived
     prefill, decode = (sorted(curves[p], key=lambda tm: (str(tm[0]), tm[1].concurrency)) for p in ("prefill", "decode"))
-    # NIXL's handshake compares both sides' speculative config (vLLM PR #49230), and a hybrid model's block
-    # size follows it: the prefill instance of a pair runs the decode side's MTP depth (its prompt speed
-    # barely changes), so each prefill point pairs with every decode depth.
-    depths = sorted({t.mtp for t, _ in decode})
-    prefill = [(t.model_copy(update={"mtp": d}), m) for t, m in prefill for d in depths]
+    # each prefill point pairs with every decode depth, at that depth (a hybrid model's block size follows it)
+    prefill = at_decode_depths(prefill, sorted({t.mtp for t, _ in decode}))
     c = space.constraints
     try:
         composed = compose_disaggregated(prefill, decode, Constraints(

@@ -22,10 +22,11 @@ from tuner.study._events import ProgressCallback, TrialEvent, trial_label
 from tuner.study._objectives import phase_values
 from tuner.study._records import (
     FAILED_VALUES,
+    add_extra_levels,
     failure_constraints,
     is_feasible,
+    judged_points,
     point_attrs,
-    point_constraints,
     sampler_constraints,
 )
 from tuner.study._trial_record import EventKind, Outcome, TrialAttrs, TrialKind, TrialOutcome
@@ -53,12 +54,7 @@ class Recorder:
             self.tell_failure(study, trial, TrialKind.SAMPLED, key, 1.0, result.reason or result.status.value,
                               outcome=result.status)
             return
-        c = self.space.constraints
-        # the gate's verdict: feasible unless the interval's upper bound is below the bar (sampling noise)
-        gate = result.accuracy_gate
-        accuracy = gate.ci_high if gate is not None else result.accuracy
-        judged = [c.judge(m) for m in result.points]
-        points = [(m, point_constraints(m, c, accuracy)) for m in judged]
+        points = judged_points(result, self.space.constraints)
         best = self.representative(study, points)
         m, constraints = points[best]
         for name, value in sampler_constraints(constraints).items():
@@ -66,18 +62,9 @@ class Recorder:
         point_attrs(m, result, request.deployment, constraint_detail=constraints,
                     levels=[p.concurrency for p, _ in points]).write(trial)
         study.tell(trial, list(phase_values(self.phase, m)))
-        dists = phase_distributions(self.space, self.phase)
         params = dict(trial.params)
-        for i, (extra, extra_constraints) in enumerate(points):
-            if i == best:
-                continue
-            attrs = point_attrs(extra, result, request.deployment, kind=TrialKind.EXTRA, parent_trial=trial.number,
-                                topology=request.deployment.groups[0].topology.label(),
-                                constraint_detail=extra_constraints)
-            study.add_trial(optuna.trial.create_trial(
-                params=params, distributions={k: dists[k] for k in params},
-                values=list(phase_values(self.phase, extra)), user_attrs=attrs.user_attrs(),
-                constraints=sampler_constraints(extra_constraints)))
+        add_extra_levels(study, self.phase, params, phase_distributions(self.space, self.phase), points, best,
+                         trial.number, result, request.deployment, request.deployment.groups[0].topology.label())
         self.on_event(TrialEvent(self.phase, trial.number, EventKind.DONE, trial_label(params),
                                  f"{len(points)} levels", values=phase_values(self.phase, m)))
 

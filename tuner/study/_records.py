@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
 from tuner.backends import TrialResult
 from tuner.deployment import Deployment
 from tuner.metrics import ServingMetrics
-from tuner.space import Constraints
+from tuner.space import StudyConstraints
 from tuner.study._objectives import phase_values
-from tuner.study._trial_record import UNKNOWN_VERSION, TrialAttrs, TrialRecord, read_trials
+from tuner.study._trial_record import UNKNOWN_VERSION, TrialAttrs, TrialKind, TrialRecord, read_trials
 
 # Why a point is infeasible, relative to its limit (<= 0 is feasible). Samplers see one constraint, the worst of
 # these ("feasibility"): one constraint model to fit per ask instead of six. The detail is a user attr.
@@ -24,7 +26,7 @@ SAMPLER_CONSTRAINT = "feasibility"
 FAILED_VALUES: tuple[float, float] = (0.0, 0.0)
 
 
-def point_constraints(m: ServingMetrics, c: Constraints, accuracy: float | None) -> dict[str, float]:
+def point_constraints(m: ServingMetrics, c: StudyConstraints, accuracy: float | None) -> dict[str, float]:
     ttft = m.ttft_ms_at(c.percentile)
     itl = m.itl_ms_at(c.percentile)
     return {
@@ -60,6 +62,35 @@ def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, 
     return TrialAttrs(concurrency=m.concurrency, metrics=m.model_dump(), outcome=result.status,
                       deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name,
                       vllm_version=result.vllm_version, model_revision=result.model_revision, **extra)
+
+
+def judged_points(result: TrialResult, c: StudyConstraints) -> list[tuple[ServingMetrics, dict[str, float]]]:
+    """A measured run's levels with their share within the SLA and their constraint detail. The accuracy gate's
+    verdict: feasible unless the interval's upper bound is below the bar (sampling noise)."""
+    gate = result.accuracy_gate
+    accuracy = gate.ci_high if gate is not None else result.accuracy
+    return [(m, point_constraints(m, c, accuracy)) for m in (c.judge(m) for m in result.points)]
+
+
+def add_trial(study: optuna.Study, params: dict[str, Any], distributions: Mapping[str, BaseDistribution],
+              values: Sequence[float], attrs: TrialAttrs, detail: dict[str, float], **user_attrs: Any) -> None:
+    """Record a run (or one level of it) as a completed Optuna trial of a config's params: the one way a result
+    enters a study besides telling the trial that asked for it."""
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions={k: distributions[k] for k in params}, values=list(values),
+        user_attrs={**attrs.user_attrs(), **user_attrs}, constraints=sampler_constraints(detail)))
+
+
+def add_extra_levels(study: optuna.Study, phase: str, params: dict[str, Any],
+                     distributions: Mapping[str, BaseDistribution], points: list[tuple[ServingMetrics, dict]],
+                     told: int, parent: int, result: TrialResult, deployment: Deployment, topology: str) -> None:
+    """The levels of a measured run beside the one told (`points[told]`, trial `parent`): each an extra trial of
+    the same params, so the sampler and the fronts see every level."""
+    for i, (extra, detail) in enumerate(points):
+        if i != told:
+            attrs = point_attrs(extra, result, deployment, kind=TrialKind.EXTRA, parent_trial=parent,
+                                topology=topology, constraint_detail=detail)
+            add_trial(study, params, distributions, phase_values(phase, extra), attrs, detail)
 
 
 @dataclass(frozen=True)

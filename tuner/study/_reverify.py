@@ -49,13 +49,15 @@ from tuner.study._objectives import phase_values
 from tuner.study._records import (
     FAILED_VALUES,
     StoredPoint,
+    add_extra_levels,
+    add_trial,
     failure_constraints,
+    judged_points,
     point_attrs,
-    point_constraints,
-    sampler_constraints,
 )
 from tuner.study._trial_record import UNKNOWN_VERSION, CampaignMeta, TrialAttrs, TrialKind, read_trials
 from tuner.study._versions import VersionTag, config_key
+from tuner.topology import ep_on_one_gpu
 
 REPORTS_KEY = "topotune_reverify"  # study attribute of the first phase study: every report, oldest first
 MAX_ENQUEUED_PER_CONFIG = 4  # unmeasured neighbours enqueued around one changed config
@@ -454,10 +456,8 @@ class Reverifier:
         return dict(study.get_trials(deepcopy=False)[trial_number].distributions)
 
     def _add(self, study: optuna.Study, params: dict[str, Any], dists: dict[str, Any], values: list[float],
-             attrs: TrialAttrs, constraints: dict[str, float], marker: str) -> int:
-        study.add_trial(optuna.trial.create_trial(
-            params=params, distributions={k: dists[k] for k in params}, values=values,
-            user_attrs={**attrs.user_attrs(), "reverify_run": marker}, constraints=constraints))
+             attrs: TrialAttrs, detail: dict[str, float], marker: str) -> int:
+        add_trial(study, params, dists, values, attrs, detail, reverify_run=marker)
         return max(t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("reverify_run") == marker)
 
     def _store_failure(self, study: optuna.Study, target: _Target, result: TrialResult, row: ReverifyRow
@@ -467,7 +467,7 @@ class Reverifier:
                            topology=row.config, vllm_version=result.vllm_version, model_revision=result.model_revision,
                            reverify=_row_json(row))
         number = self._add(study, target.point.params, self._distributions(study, target.point.trial_number),
-                           list(FAILED_VALUES), attrs, sampler_constraints(detail), uuid.uuid4().hex)
+                           list(FAILED_VALUES), attrs, detail, uuid.uuid4().hex)
         return _replace(row, new_trial=number, meets_sla_after=False)
 
     def _store_runs(self, study: optuna.Study, target: _Target, result: TrialResult, row: ReverifyRow,
@@ -476,10 +476,7 @@ class Reverifier:
 
         The trial says how many levels it has (reverify.levels); read_trials counts it only once every extra is
         stored, so a process killed between the writes leaves the config's earlier measurement current."""
-        c = self.space.constraints
-        gate = result.accuracy_gate
-        accuracy = gate.ci_high if gate is not None else result.accuracy
-        points = [(m, point_constraints(m, c, accuracy)) for m in (c.judge(m) for m in result.points)]
+        points = judged_points(result, self.space.constraints)
         compared = _at_level(tuple(m for m, _ in points), row.concurrency)
         dists = self._distributions(study, target.point.trial_number)
         deployment = target.point.deployment
@@ -490,14 +487,10 @@ class Reverifier:
         attrs = point_attrs(m, result, deployment, kind=TrialKind.REVERIFY, constraint_detail=cons,
                             topology=row.config, levels=[p.concurrency for p, _ in points],
                             reverify={**_row_json(row), "samples_tok_s": samples, "levels": len(points)})
-        number = self._add(study, target.point.params, dists, list(phase_values(target.phase, m)), attrs,
-                           sampler_constraints(cons), marker)
-        for i, (extra, extra_cons) in enumerate(points):
-            if i != main:
-                attrs = point_attrs(extra, result, deployment, kind=TrialKind.EXTRA, parent_trial=number,
-                                    topology=row.config, constraint_detail=extra_cons)
-                self._add(study, target.point.params, dists, list(phase_values(target.phase, extra)), attrs,
-                          sampler_constraints(extra_cons), uuid.uuid4().hex)
+        number = self._add(study, target.point.params, dists, list(phase_values(target.phase, m)), attrs, cons,
+                           marker)
+        add_extra_levels(study, target.phase, target.point.params, dists, points, main, number, result, deployment,
+                         row.config)
         return _replace(row, new_trial=number)
 
     # -- re-opening the search ---------------------------------------------------------------------------
@@ -538,7 +531,7 @@ class Reverifier:
                 if not 0 <= j < len(options):
                     continue
                 candidate = {**params, name: options[j]}
-                if candidate.get("ep") and candidate["tp"] * candidate["dp"] == 1:
+                if ep_on_one_gpu(candidate):
                     continue
                 try:
                     topo = self.space.topology(phase, candidate)  # type: ignore[arg-type]

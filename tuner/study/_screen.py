@@ -20,7 +20,7 @@ from tuner.hardware import GpuSpec
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.models import ModelSpec
 from tuner.space import Phase, SearchSpace
-from tuner.topology import Topology
+from tuner.topology import Topology, ep_on_one_gpu
 
 Rejection = tuple[str, float, str]  # (constraint key, amount, reason)
 RiskCheck = Callable[[Topology], KnownRisk | None]
@@ -60,7 +60,7 @@ class Screen:
 
     def validity(self, params: dict[str, Any]) -> tuple[Topology | None, Rejection | None]:
         """The screen's rules of vLLM and the cluster, memory aside: (topology, None) or (None, rejection)."""
-        if params["ep"] and params["tp"] * params["dp"] == 1:
+        if ep_on_one_gpu(params):
             return None, ("valid", 1.0, "EP on a single GPU")
         topo = self.space.topology(self.phase, params)
         try:

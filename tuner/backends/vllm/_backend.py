@@ -32,21 +32,13 @@ from tuner.backends.vllm._accuracy import AccuracyResult, ask_completion, run_gs
 from tuner.backends.vllm._aiperf import (
     AiperfError,
     AiperfRun,
+    AiperfSummary,
     read_records,
     read_summary,
     to_serving_metrics,
     tokenizer_hub_alias,
 )
-from tuner.backends.vllm._plan import (
-    Device,
-    LaunchPlan,
-    PlanSettings,
-    ProcessSpec,
-    build_plan,
-    gpu_architecture,
-    has_multi_node_nvlink,
-    model_or_none,
-)
+from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan, model_or_none
 from tuner.backends.vllm._process import (
     VLLM_PROCESSES,
     Failure,
@@ -64,6 +56,7 @@ from tuner.backends.vllm._replay import ReplayFile, aiperf_synthesizes, write_re
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
+from tuner.hardware import gpu_architecture, has_multi_node_nvlink
 from tuner.metrics import ServingMetrics
 from tuner.models import model_revision
 from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
@@ -234,6 +227,17 @@ class _TrialRun:
     observed: dict[str, float] = field(default_factory=dict)
     predicted: dict[str, float] = field(default_factory=dict)
     accuracy_gate: AccuracyGate | None = None
+    plan: LaunchPlan | None = None
+
+
+@dataclass(frozen=True)
+class VllmTrial:
+    """A finished trial with what only this backend knows: the launch plan it ran (None: planning failed) and
+    its stages' wall time. Returned per call, never kept on the backend that parallel trials share."""
+
+    result: TrialResult
+    plan: LaunchPlan | None
+    timings: TrialTimings
 
 
 class _TrialFailed(Exception):
@@ -309,8 +313,6 @@ class VllmBackend(Backend):
         self._live_lock = threading.Lock()
         # trial id -> its starter and processes, for cancel/close
         self._live: dict[str, tuple[ProcessStarter, list[ProcessHandle]]] = {}
-        self.last_timings: TrialTimings | None = None
-        self.last_plan: LaunchPlan | None = None
         self._detected_version: str | None = None
 
     # -- planning -------------------------------------------------------------------------------------
@@ -371,6 +373,9 @@ class VllmBackend(Backend):
             self.cancel(trial_id)
 
     def run(self, request: TrialRequest, *, starter: ProcessStarter | None = None) -> TrialResult:
+        return self.run_trial(request, starter=starter).result
+
+    def run_trial(self, request: TrialRequest, *, starter: ProcessStarter | None = None) -> VllmTrial:
         """Plan, start (servers, then fronts), check memory, measure each level, verify the KV transfer (PD),
         gate on accuracy; tear down whatever happened. A stage that fails ends the trial with its reason."""
         started = time.monotonic()
@@ -378,7 +383,6 @@ class VllmBackend(Backend):
             Path(tempfile.mkdtemp(prefix=f"topotune-{request.trial_id}-"))
         artifacts.mkdir(parents=True, exist_ok=True)
         trial = _TrialRun(request, starter or LocalStarter(), artifacts, deadline=started + request.timeout_s)
-        self.last_timings = trial.timings
         try:
             with trial.timings.timed("plan"):
                 plan = self._plan_stage(trial)
@@ -408,13 +412,14 @@ class VllmBackend(Backend):
                 (artifacts / "timings.json").write_text(json.dumps(
                     {**asdict(trial.timings), "total_s": trial.timings.total_s}, indent=2))
         gate = trial.accuracy_gate
-        return TrialResult(status=status, reason=reason, points=tuple(trial.points),
-                           accuracy=gate.score if gate else None, accuracy_gate=gate,
-                           observed_memory=trial.observed, predicted_memory=trial.predicted,
-                           artifacts_dir=str(artifacts), duration_s=time.monotonic() - started,
-                           # the space's version is the one the doctor checked the hosts run; else the detected one
-                           vllm_version=self.target_version(request),
-                           model_revision=model_revision(request.model_path))
+        result = TrialResult(status=status, reason=reason, points=tuple(trial.points),
+                             accuracy=gate.score if gate else None, accuracy_gate=gate,
+                             observed_memory=trial.observed, predicted_memory=trial.predicted,
+                             artifacts_dir=str(artifacts), duration_s=time.monotonic() - started,
+                             # the space's version is the one the doctor checked the hosts run; else the detected one
+                             vllm_version=self.target_version(request),
+                             model_revision=model_revision(request.model_path))
+        return VllmTrial(result, trial.plan, trial.timings)
 
     # -- the stages of a trial ------------------------------------------------------------------------
     def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:
@@ -423,7 +428,7 @@ class VllmBackend(Backend):
             plan = self.plan(trial.request, port_base=port_base)
         except ConfigError as exc:  # a layout or pairing the targeted vLLM cannot run: said, never launched
             raise _TrialFailed(Failure(TrialStatus.UNSUPPORTED, exc.user_message())) from None
-        self.last_plan = plan
+        trial.plan = plan
         (trial.artifacts / "plan.json").write_text(plan.model_dump_json(indent=2))
         return plan
 
@@ -544,13 +549,43 @@ class VllmBackend(Backend):
 
     def _measure(self, request: TrialRequest, plan: LaunchPlan, level: _Level, artifacts: Path,
                  processes: list[ProcessHandle], deadline: float, max_concurrency: float) -> ServingMetrics:
+        """One load level: AIPerf against the deployment, its summary checked, the level's figures."""
         w = request.workload
-        # Never 0: the first requests of a fresh server pay for lazy initialisation (CUDA graphs, NIXL
-        # handshakes between prefill and decode) and would be measured.
-        warmup = level.slots if self.settings.warmup_requests < 0 else max(1, self.settings.warmup_requests)
         out = artifacts / "aiperf" / level.name
         out.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # AIPerf breaks with it
+        run, replay = self._aiperf_run(request, plan, level, artifacts, env)
+        # the counters' window: the measured requests (and, on AIPerf's own prompts, its warm-up's, which
+        # share nothing with them)
+        before = self._prefix_counters(plan)
+        summary = self._run_aiperf(run, plan, level, env, processes, deadline, out)
+        after = self._prefix_counters(plan)
+        hits, queries = (after[k] - before[k] for k in PREFIX_CACHE_COUNTERS)
+        hit_share = hits / queries if queries > 0 else 0.0
+        records = read_records(out)
+        (out / "level.json").write_text(json.dumps({
+            "load": level.describe(), "records": str(records.path) if records else None,
+            "requests_file": str(replay.path) if replay else None,
+            "prefix_cache": {"hits_tokens": hits, "queries_tokens": queries, "hit_share": hit_share,
+                             "file_reuse_share": replay.shared_tokens / replay.input_tokens if replay else None},
+        }, indent=2))
+        # open loop: the requests in flight (Little's law) stand for the level's concurrency
+        clients = level.clients or max(1, round(summary.request_throughput_rps
+                                               * summary.request_latency_ms.get("avg", 0.0) / 1000.0))
+        return to_serving_metrics(summary, concurrency=clients, num_gpus=request.deployment.num_gpus, isl=w.isl,
+                                  osl=w.osl, max_concurrency=max_concurrency,
+                                  running_requests=min(float(clients), max_concurrency) if max_concurrency else 0.0,
+                                  records=records, offered_rps=level.rate_rps, prefix_hit_share=hit_share)
+
+    def _aiperf_run(self, request: TrialRequest, plan: LaunchPlan, level: _Level, artifacts: Path,
+                    env: dict[str, str]) -> tuple[AiperfRun, ReplayFile | None]:
+        """The level's AIPerf command: on lengths AIPerf synthesizes, its own prompts with its warm-up; else a
+        replay file of the workload's requests, the server warmed up here (`env` gains the tokenizer's alias)."""
+        w = request.workload
+        out = artifacts / "aiperf" / level.name
+        # Never 0: the first requests of a fresh server pay for lazy initialisation (CUDA graphs, NIXL
+        # handshakes between prefill and decode) and would be measured.
+        warmup = level.slots if self.settings.warmup_requests < 0 else max(1, self.settings.warmup_requests)
         # Each level its own prompts: the same seed would resend the level before's, all prefix-cache hits
         # (measured: 73% of a fixed workload's second level).
         seed = request.seed + level.index
@@ -558,28 +593,29 @@ class VllmBackend(Backend):
             {"fixed_schedule": True} if w.arrival == "trace" else {"request_rate": level.rate_rps})
         common = {"aiperf_argv": self.settings.aiperf_argv, "model": self.settings.served_model_name,
                   "url": plan.endpoint, "seed": seed, **load}
-        replay: ReplayFile | None = None
         if aiperf_synthesizes(w):
             (isl, isl_sd), (osl, osl_sd) = _synthetic(w.input_tokens), _synthetic(w.output_tokens)
-            run = AiperfRun(tokenizer=request.model_path, isl=isl, isl_stddev=isl_sd, osl=osl, osl_stddev=osl_sd,
-                            request_count=level.request_count, warmup_request_count=warmup, **common)
-        else:
-            try:
-                replay = write_replay(w, out / REPLAY_FILE, requests=level.request_count, seed=request.seed,
-                                      level_index=level.index, rate_rps=level.rate_rps)
-            except ConfigError as exc:
-                raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, exc.user_message())) from None
-            tokenizer = request.model_path
-            if Path(tokenizer).is_dir():  # see tokenizer_hub_alias
-                hub = artifacts / "aiperf" / "hub-cache"
-                tokenizer = tokenizer_hub_alias(Path(tokenizer), hub)
-                env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
-            run = AiperfRun(tokenizer=tokenizer, isl=w.isl, osl=w.osl, input_file=str(replay.path),
-                            block_tokens=replay.block_tokens, request_count=replay.requests, **common)
-            self._warm_up(plan, warmup, w)
-        # the counters' window: the measured requests (and, on AIPerf's own prompts, its warm-up's, which
-        # share nothing with them)
-        before = self._prefix_counters(plan)
+            return AiperfRun(tokenizer=request.model_path, isl=isl, isl_stddev=isl_sd, osl=osl, osl_stddev=osl_sd,
+                             request_count=level.request_count, warmup_request_count=warmup, **common), None
+        try:
+            replay = write_replay(w, out / REPLAY_FILE, requests=level.request_count, seed=request.seed,
+                                  level_index=level.index, rate_rps=level.rate_rps)
+        except ConfigError as exc:
+            raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED, exc.user_message())) from None
+        tokenizer = request.model_path
+        if Path(tokenizer).is_dir():  # see tokenizer_hub_alias
+            hub = artifacts / "aiperf" / "hub-cache"
+            tokenizer = tokenizer_hub_alias(Path(tokenizer), hub)
+            env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
+        run = AiperfRun(tokenizer=tokenizer, isl=w.isl, osl=w.osl, input_file=str(replay.path),
+                        block_tokens=replay.block_tokens, request_count=replay.requests, **common)
+        self._warm_up(plan, warmup, w)
+        return run, replay
+
+    def _run_aiperf(self, run: AiperfRun, plan: LaunchPlan, level: _Level, env: dict[str, str],
+                    processes: list[ProcessHandle], deadline: float, out: Path) -> AiperfSummary:
+        """AIPerf within the level's time; a server that died, no summary or too many failed requests fail the
+        trial with the reason."""
         timeout = max(1.0, min(self.settings.level_timeout_s, deadline - time.monotonic()))
         with (out / "aiperf.stdout.log").open("wb") as log:
             proc = subprocess.Popen(run.argv(out), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -600,23 +636,7 @@ class VllmBackend(Backend):
             raise _TrialFailed(Failure(TrialStatus.BENCHMARK_FAILED,
                                        f"{level.describe()}: {summary.error_rate:.1%} of requests failed "
                                        f"(limit {self.settings.max_error_rate:.1%}): {detail}"))
-        after = self._prefix_counters(plan)
-        hits, queries = (after[k] - before[k] for k in PREFIX_CACHE_COUNTERS)
-        hit_share = hits / queries if queries > 0 else 0.0
-        records = read_records(out)
-        (out / "level.json").write_text(json.dumps({
-            "load": level.describe(), "records": str(records.path) if records else None,
-            "requests_file": str(replay.path) if replay else None,
-            "prefix_cache": {"hits_tokens": hits, "queries_tokens": queries, "hit_share": hit_share,
-                             "file_reuse_share": replay.shared_tokens / replay.input_tokens if replay else None},
-        }, indent=2))
-        # open loop: the requests in flight (Little's law) stand for the level's concurrency
-        clients = level.clients or max(1, round(summary.request_throughput_rps
-                                               * summary.request_latency_ms.get("avg", 0.0) / 1000.0))
-        return to_serving_metrics(summary, concurrency=clients, num_gpus=request.deployment.num_gpus, isl=w.isl,
-                                  osl=w.osl, max_concurrency=max_concurrency,
-                                  running_requests=min(float(clients), max_concurrency) if max_concurrency else 0.0,
-                                  records=records, offered_rps=level.rate_rps, prefix_hit_share=hit_share)
+        return summary
 
     def _warm_up(self, plan: LaunchPlan, count: int, workload: Workload) -> None:
         """A replayed file takes no AIPerf warm-up (AiperfRun): the server's lazy start-up is paid here, with

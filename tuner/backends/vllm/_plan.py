@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 import shlex
 import socket
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
 from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_host_split
 from tuner.errors import ConfigError, TopologyError
 from tuner.models import ModelSpec
-from tuner.topology import DEFAULT_ALL2ALL_BACKEND, Role, Topology
+from tuner.topology import KNOBS, Role, Topology, knob_default
 
 Device = Literal["cuda", "cpu"]
 ProcessRole = Literal["prefill", "decode", "both", "router"]
@@ -155,63 +154,6 @@ class LaunchPlan(BaseModel):
 
     def for_host(self, host: str) -> tuple[ProcessSpec, ...]:
         return tuple(p for p in self.processes if p.host == host)
-
-
-# -- deployment strings -----------------------------------------------------------------------------------
-
-_GROUP = re.compile(r"^(\d+)\s*([PD])\s*:\s*(.+)$", re.IGNORECASE)
-
-
-_PRINTED_GROUP = re.compile(r"(\d+)\s*([PDx])\s*\(\s*([^()\s]+)(?:\s+MTP(\d+))?\s*\)", re.IGNORECASE)
-
-
-def _from_printed(text: str) -> tuple[str, int | None]:
-    """A deployment as `frontier` and `tune` print it ('4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)', '4x(TP4DP4 MTP3)')
-    in the colon form, with the MTP depth it names (None: it names none)."""
-    groups = _PRINTED_GROUP.findall(text)
-    if not groups or _PRINTED_GROUP.sub("", text).strip(" ,"):
-        return text, None
-    depths = {int(d) for *_, d in groups if d}
-    if len(depths) > 1:
-        raise ConfigError(f"{text!r} names two MTP depths", field="deployment",
-                          fix="prefill and decode run one speculative config: give one depth")
-    parts = [f"{count}{'x' if kind.lower() == 'x' else kind.upper()}:{name}" for count, kind, name, _ in groups]
-    return ",".join(parts), depths.pop() if depths else None
-
-
-def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment:
-    """'3P:TP4DP2+EP,1D:TEP8' (PD), '2x:TP4' or 'TP4' (aggregated), or the form `frontier` and `tune` print
-    ('4P(TP2DP4 MTP3) 1D(TP2DP8+EP MTP3)', whose MTP depth wins over `mtp`). MTP is the decode/aggregated depth;
-    a PD prefill runs the same speculative config (Deployment enforces it: NIXL's handshake compares them)."""
-    text, printed_mtp = _from_printed(text)
-    if printed_mtp is not None:
-        if mtp and mtp != printed_mtp:
-            raise ConfigError(f"--mtp {mtp} differs from the deployment's MTP{printed_mtp}", field="--mtp",
-                              fix="drop --mtp: the printed deployment names its depth")
-        mtp = printed_mtp
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise ConfigError("empty deployment", field="deployment", fix="write e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8")
-    if len(parts) == 1 and not _GROUP.match(parts[0]):
-        count_match = re.match(r"^(\d+)\s*x\s*:\s*(.+)$", parts[0], re.IGNORECASE)
-        count, name = (int(count_match[1]), count_match[2]) if count_match else (1, parts[0])
-        return Deployment.single(Topology.parse(name, mtp=mtp, **engine), count=count)
-    groups: dict[str, tuple[int, Topology]] = {}
-    for part in parts:
-        match = _GROUP.match(part)
-        if not match:
-            raise ConfigError(f"cannot parse {part!r}", field="deployment",
-                              fix="write each group as <count>P:<topology> or <count>D:<topology>")
-        kind = match[2].upper()
-        if kind in groups:
-            raise ConfigError(f"two {kind} groups", field="deployment", fix="give one P and one D group")
-        topo = Topology.parse(match[3], mtp=mtp if kind == "D" else 0, **engine)
-        groups[kind] = (int(match[1]), topo)
-    if set(groups) != {"P", "D"}:
-        raise ConfigError("a disaggregated deployment needs one P and one D group", field="deployment",
-                          fix="write e.g. 1P:TP4,1D:TP4")
-    (np, ptopo), (nd, dtopo) = groups["P"], groups["D"]
-    return Deployment.disaggregated(ptopo, np, dtopo, nd)
 
 
 # -- placement ------------------------------------------------------------------------------------------
@@ -393,27 +335,10 @@ class _PlanContext:
 
 
 def topology_flags(topo: Topology) -> list[str]:
-    """A topology's engine flags: the one place that turns TP/DP/EP and the knobs into `vllm serve` arguments
-    (`_engine_flags` adds the version-, role- and deployment-dependent ones)."""
-    flags = ["--tensor-parallel-size", str(topo.tp)]
-    if topo.dp > 1:
-        flags += ["--data-parallel-size", str(topo.dp)]
-    if topo.ep:
-        flags.append("--enable-expert-parallel")
-    if topo.dbo:
-        flags.append("--enable-dbo")
-    if topo.all2all_backend != DEFAULT_ALL2ALL_BACKEND:
-        flags += ["--all2all-backend", topo.all2all_backend]
-    if topo.num_redundant_experts:
-        flags += ["--enable-eplb", "--eplb-config", json.dumps({"num_redundant_experts": topo.num_redundant_experts})]
-    if topo.kv_cache_dtype != "auto":
-        flags += ["--kv-cache-dtype", topo.kv_cache_dtype]
-    if topo.stream_interval != 1:
-        flags += ["--stream-interval", str(topo.stream_interval)]
-    if topo.mtp:
-        flags += ["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": topo.mtp})]
-    return [*flags, "--gpu-memory-utilization", f"{topo.gpu_memory_utilization:g}",
-            "--max-num-seqs", str(topo.max_num_seqs), "--max-num-batched-tokens", str(topo.max_num_batched_tokens)]
+    """A topology's engine flags: each knob as its Knob prints it, in Topology's field order (`_engine_flags` adds
+    the version-, role- and deployment-dependent ones, the CUDA-graph capture size among them)."""
+    return [flag for name, knob in KNOBS.items() if not knob.by_plan
+            for flag in knob.vllm_flags(getattr(topo, name), knob_default(name))]
 
 
 def _engine_flags(ctx: _PlanContext, topo: Topology, kv: str | None) -> list[str]:
@@ -592,26 +517,3 @@ def model_or_none(model_path: str) -> ModelSpec | None:
         return load_model(model_path)
     except Exception:  # any unreadable config: plan as for a plain transformer
         return None
-
-
-def gpu_architecture(gpu: str) -> str | None:
-    """The catalog's architecture of a GPU name (None: not in the catalog)."""
-    try:
-        from tuner.hardware import get_gpu
-
-        return get_gpu(gpu).architecture
-    except Exception:  # an unknown GPU name: the plan's default
-        return None
-
-
-def has_multi_node_nvlink(device: Device, gpu: str) -> bool:
-    """GB200/GB300 NVL72: the NVLink domain spans hosts, so NIXL's UCX runs over multi-node NVLink."""
-    if device != "cuda":
-        return False
-    try:
-        from tuner.hardware import get_gpu
-
-        spec = get_gpu(gpu)
-    except Exception:  # an unknown GPU name: no multi-node NVLink settings
-        return False
-    return spec.nvlink_domain_gpus > spec.gpus_per_host
