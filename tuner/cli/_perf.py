@@ -361,6 +361,10 @@ def frontier(
              f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
     if html is not None:
         _write_html(html, title, fronts.points, fronts.front, fronts.aggregated)
+    ctx = RecipeContext.for_traffic(  # what the recommendation deploys (#46: its operating point)
+        traffic, model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
+        model=spec if weights is None else None, vllm_version=str(rules.version),
+        verified_on=f"simulated (vLLM {rules.version.major}.{rules.version.minor} rules)")
     if json_out:
         load: dict[str, object] = {}
         if rate is not None:
@@ -370,19 +374,19 @@ def frontier(
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
                                     "min_tok_s_per_user": min_tok_s_user,
                                     "pairing": f"vLLM {rules.version} NIXL rules"},
-                    "recommendation": pick.as_json(),
+                    "recommendation": {**pick.as_json(), "operating_point": None if pick.winner is None else
+                                       ctx.operating_point(operating_deployment(pick.winner), "frontier").as_json()},
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
                     "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
-                    "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(fronts.front)],
-                    "aggregated_front": [_agg_dict(p) for p in reversed(fronts.aggregated)],
+                    "elapsed_s": round(elapsed, 3),
+                    "front": [{**_point_dict(p), "operating_point": ctx.operating_point(
+                        operating_deployment(p), "frontier").as_json()} for p in reversed(fronts.front)],
+                    "aggregated_front": [{**_agg_dict(p), "operating_point": ctx.operating_point(
+                        operating_deployment(p), "frontier").as_json()} for p in reversed(fronts.aggregated)],
                     "winners": [asdict(w) for w in fronts.winners]})
         return
     _print_fronts(fronts, title, setting, elapsed, html)
-    _print_recommendation(pick, constraints, setting, RecipeContext(
-        model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
-        isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest,
-        prefix_caching=traffic.trace is not None or traffic.prefix is not None,
-        model=spec if weights is None else None), offered_rps=rate)
+    _print_recommendation(pick, constraints, setting, ctx, offered_rps=rate)
 
 
 class _TopologyProgress:
@@ -678,10 +682,10 @@ def recommend(fronts: _Fronts) -> Recommendation:
 def operating_deployment(point: ComposedPoint | AggregatedPoint) -> Deployment:
     """The deployment with --max-num-seqs at the point's running requests per DP rank: vLLM then admits no more
     than the batch that holds the SLA (the rest wait in the router's and the server's queues)."""
-    serving = point.topology if isinstance(point, AggregatedPoint) else point.decode_topology
+    from tuner.operating_point import at_running_requests
+
     running = (point.instance if isinstance(point, AggregatedPoint) else point.decode).running_requests
-    per_rank = max(1, math.ceil(running / serving.dp - 1e-9))
-    return point.deployment.with_decode_seqs(min(serving.max_num_seqs, per_rank))
+    return at_running_requests(point.deployment, running)
 
 
 def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext, *,
@@ -708,4 +712,4 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
     else:
         margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
     console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
-    console.print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), highlight=False, markup=False)
+    print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), end="")  # a script: never wrapped
