@@ -78,7 +78,7 @@ def test_frontier_writes_the_operating_point_plan_and_export_carry_it(frontier_j
     assert commands and all(c[-1] == "&" and "--max-model-len" in c for c in commands)  # one command per line
 
     exported = {}
-    for fmt in ("vllm", "compose", "srt-slurm"):
+    for fmt in ("vllm", "compose", "srt-slurm", "kubernetes", "dynamo"):
         assert main(["export", "--from", str(frontier_json), "--format", fmt]) == 0
         exported[fmt] = capsys.readouterr().out
     assert f"--max-num-seqs {serving.topology.max_num_seqs} " in exported["vllm"]
@@ -89,6 +89,9 @@ def test_frontier_writes_the_operating_point_plan_and_export_carry_it(frontier_j
     assert server["volumes"] == [f"${{MODEL_DIR:-{op.model_path}}}:/models/llama-3.1-70b:ro"]
     assert _flag(server["command"], "--max-num-seqs") == str(serving.topology.max_num_seqs)
     assert _flag(server["command"], "serve") == "/models/llama-3.1-70b"
+    for fmt in ("kubernetes", "dynamo"):  # the same batch limit and router choice in the manifests
+        assert "- --max-num-seqs\n" in exported[fmt] and f"- '{serving.topology.max_num_seqs}'" in exported[fmt]
+    assert "--policy cache_aware" in exported["kubernetes"] and "value: kv" in exported["dynamo"]
     srt = yaml.safe_load(exported["srt-slurm"])
     assert srt["benchmark"]["isl"] == workload.isl and srt["benchmark"]["osl"] == workload.osl
     assert srt["backend"]["vllm_config"]["decode"]["max-num-seqs"] == str(serving.topology.max_num_seqs)

@@ -309,7 +309,8 @@ def export(study: Annotated[str | None, typer.Argument(help="a study (see `topot
            point: Annotated[int | None, typer.Option(
                help="row of the composed front (see `topotune show`), or with --from of the file's fronts (the PD "
                     "front, then the aggregated one); default: 0, or the recommendation")] = None,
-           fmt: Annotated[str, typer.Option("--format", help="vllm | compose | srt-slurm")] = "vllm",
+           fmt: Annotated[str, typer.Option("--format", help="vllm | compose | kubernetes | dynamo | srt-slurm")]
+           = "vllm",
            output: Annotated[Path | None, typer.Option("--output", "--out", help="write here instead of stdout")]
            = None,
            storage: StorageOpt = None) -> None:

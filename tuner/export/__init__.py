@@ -6,18 +6,19 @@ from typing import TYPE_CHECKING, Literal
 
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
+from tuner.export._kubernetes import dynamo_object, kubernetes_objects, to_dynamo, to_kubernetes
 from tuner.export._recipes import RecipeContext, to_compose, to_srt_slurm, to_vllm_commands
 from tuner.export._study import campaign_operating_point, study_operating_point
 from tuner.operating_point import OperatingPoint
 
-ExportFormat = Literal["vllm", "compose", "srt-slurm"]
-FORMATS: tuple[str, ...] = ("vllm", "compose", "srt-slurm")
+ExportFormat = Literal["vllm", "compose", "kubernetes", "dynamo", "srt-slurm"]
+FORMATS: tuple[str, ...] = ("vllm", "compose", "kubernetes", "dynamo", "srt-slurm")
 
 if TYPE_CHECKING:
     from tuner.models import ModelSpec
 
-__all__ = ["FORMATS", "ExportFormat", "RecipeContext", "campaign_operating_point", "export_deployment",
-           "export_point", "study_operating_point"]
+__all__ = ["FORMATS", "ExportFormat", "RecipeContext", "campaign_operating_point", "dynamo_object", "export_deployment",
+           "export_point", "kubernetes_objects", "study_operating_point"]
 
 
 def export_deployment(deployment: Deployment, fmt: str, context: RecipeContext) -> str:
@@ -28,6 +29,10 @@ def export_deployment(deployment: Deployment, fmt: str, context: RecipeContext) 
             return to_compose(deployment, context)
         case "srt-slurm":
             return to_srt_slurm(deployment, context)
+        case "kubernetes":
+            return to_kubernetes(deployment, context)
+        case "dynamo":
+            return to_dynamo(deployment, context)
     raise ConfigError(f"unknown export format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
 
 
