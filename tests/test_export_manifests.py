@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -14,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tuner.backends.vllm import parse_deployment
+from tuner.backends.vllm import default_envs_dir, parse_deployment
 from tuner.deployment import Deployment
 from tuner.export import FORMATS, RecipeContext, dynamo_object, export_deployment, kubernetes_objects
 from tuner.operating_point import RouterChoice
@@ -133,3 +135,26 @@ def test_every_format_exports(tmp_path: Path) -> None:
     deployment = parse_deployment("1P:TP4,1D:TP4")
     for fmt in FORMATS:
         assert export_deployment(deployment, fmt, CTX)
+
+
+ROUTER_PYTHON = default_envs_dir() / "router" / "bin" / "python"
+
+
+@pytest.mark.skipif(not ROUTER_PYTHON.exists(), reason="the vllm-router venv is missing: `topotune setup-cpu-vllm`")
+@pytest.mark.parametrize("text", ["1P:TP4DP2+EP,1D:TEP8", "2x:TP4"])
+def test_vllm_routers_own_parser_reads_the_router_command(text: str) -> None:
+    """The router container's command, parsed by vllm-router 0.1.17's parse_router_args (not by us)."""
+    objects = kubernetes_objects(parse_deployment(text), CTX)
+    router = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-router"))
+    argv = shlex.split(router["spec"]["template"]["spec"]["containers"][0]["command"][-1].split(" && exec ", 1)[1])
+    code = ("import json, sys; from vllm_router.launch_router import parse_router_args; "
+            "a = parse_router_args(sys.argv[1:]); print(json.dumps({'policy': a.policy, 'sd': a.service_discovery, "
+            "'sel': a.selector, 'p': a.prefill_selector, 'd': a.decode_selector, 'pd': a.vllm_pd_disaggregation, "
+            "'port': a.service_discovery_port}))")
+    done = subprocess.run([str(ROUTER_PYTHON), "-c", code, *argv[1:]], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parsed = json.loads(done.stdout.strip().splitlines()[-1])
+    assert parsed["policy"] == "cache_aware" and parsed["sd"] and parsed["port"] == 8000
+    role_selectors = [parsed["p"], parsed["d"]] if parsed["pd"] else [parsed["sel"]]
+    for selector in role_selectors:
+        assert selector["topotune.io/serving"] == "true" and len(selector) == 3

@@ -162,16 +162,16 @@ def _router_manifests(ctx: RecipeContext, base: str, deployment: Deployment) -> 
     name = f"{base}-router"
     labels = {f"{LABEL}/deployment": base, f"{LABEL}/role": "router"}
 
-    def selector(role: str) -> str:
-        return f"{LABEL}/deployment={base},{LABEL}/role={role},{LABEL}/serving=true"
+    def selector(role: str) -> list[str]:  # vllm-router reads space-separated key=value items
+        return [f"{LABEL}/deployment={base}", f"{LABEL}/role={role}", f"{LABEL}/serving=true"]
 
     argv = ["vllm-router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--service-discovery",
             "--service-discovery-port", str(SERVE_PORT)]
     if deployment.is_disaggregated:
-        argv += ["--vllm-pd-disaggregation", "--prefill-selector", selector("prefill"),
-                 "--decode-selector", selector("decode")]
+        argv += ["--vllm-pd-disaggregation", "--prefill-selector", *selector("prefill"),
+                 "--decode-selector", *selector("decode")]
     else:
-        argv += ["--selector", selector("serve")]
+        argv += ["--selector", *selector("serve")]
     argv += ["--policy", ctx.router.policy]
     script = f"pip install --no-cache-dir vllm-router=={VLLM_ROUTER_VERSION} && exec " + " ".join(
         _quote(a) for a in argv)
