@@ -486,6 +486,14 @@ def load_space(path: str | Path) -> SearchSpace:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--space",
                           fix="give the path of a search-space YAML file (see search_spaces/)") from exc
-    space = parse_space(text, str(path)).with_base_dir(path.resolve().parent)
+    base = path.resolve().parent
+    space = parse_space(text, str(path))
+    trace = space.workload.trace
+    if trace is not None and not Path(trace).expanduser().is_absolute():
+        # resolved against the space file and stored absolute (#46): a campaign's `show`, `export` and `reverify`
+        # read it back from any directory
+        absolute = str((base / Path(trace).expanduser()).resolve())
+        space = space.model_copy(update={"workload": space.workload.model_copy(update={"trace": absolute})})
+    space = space.with_base_dir(base)
     space.traffic  # noqa: B018 - a bad trace is reported at load, naming its line, not mid-study
     return space

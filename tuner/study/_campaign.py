@@ -266,6 +266,9 @@ class Campaign:
     retry_risks: bool = False  # launch configs that crashed on this cluster before (default: no sampler does)
 
     def __post_init__(self) -> None:
+        local = Path(self.model_path).expanduser()
+        if local.exists():  # stored absolute (#46): `show`, `export` and `reverify` work from any directory
+            self.model_path = str(local.resolve())
         self.model: ModelSpec = load_model(self.model_path)
         self.gpu: GpuSpec = get_gpu(self.space.cluster.gpu)
         for phase in self.space.phases:  # fail before any trial when a phase cannot run at all
