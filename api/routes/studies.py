@@ -122,7 +122,8 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
                                              "(see /pareto)" if deployments else "the study has no front yet")
     space = snap.space or SearchSpace.model_validate(record.space)
     operating = campaign_operating_point(snap.result, space, model_path=record.model_path,
-                                         model_name=record.model_name, point=point, study=record.campaign)
+                                         model_name=record.model_name, point=point, study=record.campaign,
+                                         backend=record.backend)
     text = render_point(operating, fmt)
     suffix = {"vllm": "sh"}.get(fmt, "yaml")
     return PlainTextResponse(text, headers={

@@ -18,6 +18,7 @@ from tuner.backends._version_shift import SHIFT_SPREAD, SIMULATED_VLLM_VERSION, 
 from tuner.cli import main
 from tuner.errors import ConfigError
 from tuner.executors import LocalExecutor
+from tuner.export import simulated_label
 from tuner.models import load_model
 from tuner.space import load_space
 from tuner.study import (
@@ -217,7 +218,9 @@ def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[st
     url, name = study
     for fmt in ("vllm", "compose", "srt-slurm"):
         assert main(["export", name, "--storage", url, "--format", fmt]) == 0
-        assert f"# Verified on vLLM {SIMULATED_VLLM_VERSION} · model " in capsys.readouterr().out
+        # a simulated study: its figures say so, under the rules of the version its trials were tagged with (#46)
+        assert f"# Figures: simulated (vLLM {SIMULATED_VLLM_VERSION.rsplit('.', 1)[0]} rules), not measured." in \
+            capsys.readouterr().out
     report = reverify_study(url, name, LocalExecutor(SimulatedBackend(vllm_version="0.33.0")),
                             ReverifyOptions(budget=30, repeats=1, reopen=False), artifacts_dir=tmp_path)
     assert report.rows
@@ -225,6 +228,6 @@ def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[st
     lines = []
     for point, label in enumerate(recipe_versions(result)):
         assert main(["export", name, "--storage", url, "--point", str(point)]) == 0
-        lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Verified on")))
-        assert lines[-1] == f"# Verified on {label}."
-    assert any("vLLM 0.33.0" in ln for ln in lines)  # the re-measured configs' recipes name the new version
+        lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Figures")))
+        assert lines[-1] == f"# Figures: {simulated_label(label)}, not measured."
+    assert any("vLLM 0.33 rules" in ln for ln in lines)  # the re-measured configs' recipes name the new version

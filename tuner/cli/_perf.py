@@ -374,7 +374,9 @@ def frontier(
                     "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
                                     "min_tok_s_per_user": min_tok_s_user,
                                     "pairing": f"vLLM {rules.version} NIXL rules"},
-                    "recommendation": {**pick.as_json(), "operating_point": None if pick.winner is None else
+                    "recommendation": {**pick.as_json(), "why": why_it_wins(pick, constraints),
+                                       "tie": pick.margin is not None and pick.margin < TIE_MARGIN,
+                                       "operating_point": None if pick.winner is None else
                                        ctx.operating_point(operating_deployment(pick.winner), "frontier").as_json()},
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
                     "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
@@ -386,7 +388,7 @@ def frontier(
                     "winners": [asdict(w) for w in fronts.winners]})
         return
     _print_fronts(fronts, title, setting, elapsed, html)
-    _print_recommendation(pick, constraints, setting, ctx, offered_rps=rate)
+    _print_recommendation(pick, constraints, setting, ctx, offered_rps=rate, mode=serving)
 
 
 class _TopologyProgress:
@@ -688,15 +690,50 @@ def operating_deployment(point: ComposedPoint | AggregatedPoint) -> Deployment:
     return at_running_requests(point.deployment, running)
 
 
+# Two modes within 1% of each other's tok/s/GPU: a tie, not a win (the model's own error is larger).
+TIE_MARGIN = 1.01
+
+
+def why_it_wins(pick: Recommendation, c: Constraints) -> str:
+    """Why the winner wins, in a platform engineer's words: which side of the work binds and what the winner does
+    about it, with the figures the tables print."""
+    w = pick.winner
+    if w is None:
+        return ""
+    itl = f"ITL {w.itl_ms:.1f} ms ({c.percentile})"
+    bound = c.max_itl_for_users_ms
+    limit = f" under the {bound:g} ms limit" if bound else ""
+    if isinstance(w, ComposedPoint):
+        per_rank = w.decode.running_requests / max(1, w.decode_topology.dp)
+        mtp = f" with MTP{w.decode_topology.mtp}" if w.decode_topology.mtp else ""
+        text = (f"decode-bound: {itl}{limit} holds at {per_rank:.0f} running requests per decode rank only on a "
+                f"dedicated decode {w.decode_topology.name}{mtp}; {w.num_prefill} prefill "
+                f"{w.prefill_topology.name} instance(s) take the prompts, so no prompt stalls a decode step")
+        other = pick.aggregated
+        if other is not None:
+            text += (f" (aggregated {other.name}, whose decode steps wait for chunked prompts, reaches "
+                     f"{other.total_tok_s_per_gpu:,.0f} tok/s/GPU)")
+        return text
+    text = (f"every GPU serves prompts and answers: {w.num_instances} x {w.topology.name} replicas keep {itl}{limit} "
+            f"with chunked prefill at {w.instance.concurrency} requests each, and no GPU waits for KV transfers")
+    other = pick.disaggregated
+    if other is not None:
+        text += (f" (splitting prefill from decode, {other.name}, leaves one side's GPUs short of work: "
+                 f"{other.total_tok_s_per_gpu:,.0f} tok/s/GPU)")
+    return text
+
+
 def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext, *,
-                          offered_rps: float | None = None) -> None:
+                          offered_rps: float | None = None, mode: str = "both") -> None:
     sla = ", ".join(part for part in (
         f"TTFT <= {c.max_ttft_ms:g} ms" if c.max_ttft_ms else "", f"ITL <= {c.max_itl_ms:g} ms" if c.max_itl_ms else "",
         f">= {c.min_tok_s_per_user:g} tok/s/user" if c.min_tok_s_per_user else "") if part) or "no SLA"
     console.print(f"\n[bold]Recommendation[/] for {setting}; {sla} at {c.percentile}:", highlight=False)
     for label, p in (("disaggregated", pick.disaggregated), ("aggregated", pick.aggregated)):
         if p is None:
-            console.print(f"  best {label}: none meets the limits", highlight=False)
+            swept = mode == "both" or label.startswith(mode)
+            console.print(f"  best {label}: " + ("none meets the limits" if swept else f"not swept (--mode {mode})"),
+                          highlight=False)
             continue
         console.print(f"  best {label}: {p.name} on {p.num_gpus} GPUs: {p.total_tok_s_per_gpu:,.0f} tok/s/GPU total "
                       f"({p.output_tok_s_per_gpu:,.0f} output), "
@@ -711,5 +748,12 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
                       highlight=False)
     else:
         margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
-    console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
+    if mode != "both":
+        console.print(f"  [bold]recommended[/] ({winner.mode} only: --mode {mode}): {winner.name}", highlight=False)
+    elif pick.margin is not None and pick.margin < TIE_MARGIN:
+        console.print(f"  [bold]a tie[/]: both modes are within {TIE_MARGIN - 1:.0%} of each other's tok/s/GPU; the "
+                      f"commands below deploy {winner.name} ({winner.mode})", highlight=False)
+    else:
+        console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
+    console.print(f"  why: {why_it_wins(pick, c)}", highlight=False, soft_wrap=True)
     print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), end="")  # a script: never wrapped
