@@ -105,6 +105,9 @@ def test_reverify_reports_exactly_the_configs_the_emulated_upgrade_changed(study
         pr = result.phases[r.phase]
         assert all(p.trial_number != r.trial for p in pr.points)  # the old point is history now
         assert any(p.trial_number == r.trial for p in pr.superseded)
+        # "before" reads the figure the front printed for that point (#46: the front's goodput tok/s/GPU)
+        stored = next(p for p in pr.superseded if p.trial_number == r.trial)
+        assert r.front_before == stored.values[0]
         current = [p for p in pr.points if p.measurement == r.new_trial]
         if r.verdict == Verdict.NO_LONGER_STARTS:
             assert current == []  # a config that no longer starts is on no front and in no export
