@@ -166,3 +166,16 @@ def test_a_point_runs_the_batch_it_measured_not_the_ladder_maximum() -> None:
     assert decode is not None and decode.topology.max_num_seqs == 64
     assert prefill is not None and prefill.topology.max_num_seqs == 256  # the prefill side keeps its own
     assert at_running_requests(pd, 10_000).group(Role.DECODE).topology.max_num_seqs == 256  # never above the trial's
+
+
+def test_export_refuses_a_point_the_model_cannot_take(frontier_json: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    data = json.loads(frontier_json.read_text())
+    op = data["recommendation"]["operating_point"]
+    for group in op["deployment"]["groups"]:
+        group["topology"]["mtp"] = 2  # Llama has no MTP head
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    assert main(["export", "--from", str(edited), "--format", "kubernetes"]) == 2
+    err = capsys.readouterr().err
+    assert "has no MTP layers" in err and "--mtp 0" in err

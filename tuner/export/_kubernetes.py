@@ -201,7 +201,7 @@ def kubernetes_objects(deployment: Deployment, ctx: RecipeContext) -> list[dict]
     inside = container_model_path(ctx)
     from dataclasses import replace
 
-    plan = _plan(deployment, replace(ctx, model_path=inside))
+    plan = _plan(deployment, replace(ctx, model_path=inside, model=ctx.model_spec))
     base = _name(f"{ctx.model_name}-{'pd' if deployment.is_disaggregated else 'agg'}")
     objects: list[dict] = []
     processes = list(plan.servers)
@@ -263,7 +263,7 @@ def dynamo_object(deployment: Deployment, ctx: RecipeContext) -> dict:
     inside = container_model_path(ctx)
     from dataclasses import replace
 
-    plan = _plan(deployment, replace(ctx, model_path=inside))
+    plan = _plan(deployment, replace(ctx, model_path=inside, model=ctx.model_spec))
     base = _name(f"{ctx.model_name}-{'disagg' if deployment.is_disaggregated else 'agg'}")
     volumes, mounts = _volumes(ctx)
     router_mode = "kv" if ctx.router.policy in ("cache_aware", "consistent_hash") else "round-robin"

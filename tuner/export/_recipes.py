@@ -152,6 +152,10 @@ class RecipeContext:
 def _plan(deployment: Deployment, ctx: RecipeContext, **settings: object) -> LaunchPlan:
     """hostN placeholders (the user maps them to hosts), packed so no TP group straddles hosts; the PD pairing
     check reads the model's config when it is readable here. The settings are the trial's (point_plan_settings)."""
+    spec = ctx.model_spec
+    if spec is not None:  # what the model cannot take (MTP without MTP layers, EP on a dense model, ...)
+        for group in deployment.groups:
+            group.topology.check(spec)
     point = ctx.operating_point(deployment)
     return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host),
                       point_plan_settings(point, model=ctx.model_spec, **settings), resolve=keep_names,
@@ -195,7 +199,7 @@ def to_compose(deployment: Deployment, ctx: RecipeContext) -> str:
     """One service per process, the image pinned to the targeted vLLM, the weights mounted from $MODEL_DIR."""
     inside = container_model_path(ctx)
     local = inside != ctx.model_path
-    plan = _plan(deployment, replace(ctx, model_path=inside))
+    plan = _plan(deployment, replace(ctx, model_path=inside, model=ctx.model_spec))
     default_dir = str(Path(ctx.model_path).expanduser().resolve()) if local else ""
     services = {}
     for proc in plan.processes:
