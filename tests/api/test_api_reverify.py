@@ -32,6 +32,8 @@ def test_reverify_endpoint_page_and_export(sqlite_url, make_settings, client_for
                                                                 "reports": []}
     simulated = f"simulated (vLLM {SIMULATED_VLLM_VERSION.rsplit('.', 1)[0]} rules)"  # not "Verified on" (#46)
     assert simulated in client.get(f"/v1/studies/{sid}/export?point=0").text
+    page = client.get(f"/ui/studies/{sid}").text
+    assert ">measured on<" in page and simulated in page  # the study page's front says so too
 
     # bad bodies name the field; the token is required
     bad = client.post(f"/v1/studies/{sid}/reverify", json={"repeats": 0}, headers=AUTH)
