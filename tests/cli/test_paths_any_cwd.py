@@ -48,6 +48,10 @@ def test_a_relative_trace_tunes_shows_and_exports_from_any_directory(tmp_path: P
     assert f"serve {tmp_path / 'models' / 'm'} " in script  # stored absolute: the weights from any directory
     assert "--enable-prefix-caching" in script
 
+    assert main(["reverify", name, "--storage", storage, "--budget", "1", "--repeats", "1", "--no-reopen",
+                 "--json"]) == 0  # re-measures with the stored model and trace, from here too
+    assert json.loads(capsys.readouterr().out)["rows"]
+
     os.rename(tmp_path / "traces" / "chat.jsonl", tmp_path / "traces" / "moved.jsonl")
     assert main(["export", name, "--storage", storage]) == 2  # a moved trace is named, not a traceback
     assert str(tmp_path / "traces" / "chat.jsonl") in capsys.readouterr().err
