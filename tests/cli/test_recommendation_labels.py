@@ -64,3 +64,18 @@ def test_the_json_recommendation_carries_why_and_tie(capsys: pytest.CaptureFixtu
     rec = json.loads(capsys.readouterr().out)["recommendation"]
     assert rec["why"].startswith("decode-bound") and rec["tie"] is False
     assert rec["operating_point"]["measured_on"] == "simulated (vLLM 0.32 rules)"
+
+
+def test_the_recommended_script_is_never_wrapped(capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped (not a terminal), with any COLUMNS: each command is one line a shell runs as meant."""
+    import shlex
+
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["frontier", LLAMA, "-g", "h200", "--gpus", "16", "--workload", TRACE, "--max-itl-ms", "40"]) == 0
+    script = capsys.readouterr().out.split("#!/usr/bin/env bash", 1)[1]
+    commands = [line for line in script.splitlines() if line and not line.startswith("#")]
+    servers = [c for c in commands if " serve " in c]
+    assert servers and all(c.endswith(" &") and "--max-model-len" in c for c in servers)
+    assert all(len(shlex.split(c)) > 10 for c in servers)  # quotes balanced: the JSON configs stay one word
+    assert all(c in ("set -euo pipefail", "wait") or c.endswith(" &") for c in commands)
