@@ -58,6 +58,10 @@ def test_frontier_writes_the_operating_point_plan_and_export_carry_it(frontier_j
     workload = Workload.from_trace(TRACE)
     assert (op.typical_isl, op.typical_osl) == (workload.isl, workload.osl)  # the mean request, not the maxima
     assert op.max_model_len is not None and op.max_model_len >= sum(workload.longest_request_tokens)
+    best = data["recommendation"][data["recommendation"]["winner"]]
+    clients = best["num_decode"] * best["decode_concurrency"] if "num_decode" in best else \
+        best["num_instances"] * best["concurrency_per_instance"]
+    assert op.concurrency == (clients,)  # the benchmark runs the point's own load
 
     assert main(["plan", "--from", str(frontier_json), "--vllm", "/nonexistent/vllm", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -94,6 +98,7 @@ def test_frontier_writes_the_operating_point_plan_and_export_carry_it(frontier_j
     assert "--policy cache_aware" in exported["kubernetes"] and "value: kv" in exported["dynamo"]
     srt = yaml.safe_load(exported["srt-slurm"])
     assert srt["benchmark"]["isl"] == workload.isl and srt["benchmark"]["osl"] == workload.osl
+    assert srt["benchmark"]["concurrencies"] == [clients]
     assert srt["backend"]["vllm_config"]["decode"]["max-num-seqs"] == str(serving.topology.max_num_seqs)
 
 

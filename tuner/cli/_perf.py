@@ -377,14 +377,14 @@ def frontier(
                     "recommendation": {**pick.as_json(), "why": why_it_wins(pick, constraints),
                                        "tie": pick.margin is not None and pick.margin < TIE_MARGIN,
                                        "operating_point": None if pick.winner is None else
-                                       ctx.operating_point(operating_deployment(pick.winner), "frontier").as_json()},
+                                       _operating_point(pick.winner, ctx, rate)},
                     "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
                     "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
                     "elapsed_s": round(elapsed, 3),
-                    "front": [{**_point_dict(p), "operating_point": ctx.operating_point(
-                        operating_deployment(p), "frontier").as_json()} for p in reversed(fronts.front)],
-                    "aggregated_front": [{**_agg_dict(p), "operating_point": ctx.operating_point(
-                        operating_deployment(p), "frontier").as_json()} for p in reversed(fronts.aggregated)],
+                    "front": [{**_point_dict(p), "operating_point": _operating_point(p, ctx, rate)}
+                              for p in reversed(fronts.front)],
+                    "aggregated_front": [{**_agg_dict(p), "operating_point": _operating_point(p, ctx, rate)}
+                                         for p in reversed(fronts.aggregated)],
                     "winners": [asdict(w) for w in fronts.winners]})
         return
     _print_fronts(fronts, title, setting, elapsed, html)
@@ -679,6 +679,16 @@ def recommend(fronts: _Fronts) -> Recommendation:
     best_pd = max(fronts.front, key=lambda p: p.total_tok_s_per_gpu, default=None)
     best_agg = max(fronts.aggregated, key=lambda p: p.total_tok_s_per_gpu, default=None)
     return Recommendation(best_pd, best_agg)
+
+
+def _operating_point(point: ComposedPoint | AggregatedPoint, ctx: RecipeContext, rate: float | None
+                     ) -> dict[str, object]:
+    """#46: what `plan --from` / `export --from` deploy for a front point; its benchmark runs the point's clients
+    (closed loop; an open-loop point's load is its rate, in the JSON beside it)."""
+    clients = point.num_decode * point.decode.concurrency if isinstance(point, ComposedPoint) else \
+        point.num_instances * point.instance.concurrency
+    return ctx.operating_point(operating_deployment(point), "frontier",
+                               concurrency=() if rate is not None else (clients,)).as_json()
 
 
 def operating_deployment(point: ComposedPoint | AggregatedPoint) -> Deployment:

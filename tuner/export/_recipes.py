@@ -105,13 +105,17 @@ class RecipeContext:
             return f"# Verified on {self.verified_on}."
         return f"# Figures: {self.verified_on}, not measured."
 
-    def operating_point(self, deployment: Deployment, source: str = "") -> OperatingPoint:
+    def operating_point(self, deployment: Deployment, source: str = "",
+                        concurrency: tuple[int, ...] | None = None) -> OperatingPoint:
+        """The point of `deployment` in this context (`concurrency`: the clients its benchmark runs, default the
+        context's)."""
         return OperatingPoint(
             deployment=deployment, model_path=self.model_path, served_model_name=self.model_name, gpu=self.gpu,
             gpus_per_host=self.gpus_per_host, max_model_len=self.max_model_len or served_context_tokens(
                 self.isl, self.osl), prefix_caching=self.prefix_caching, router=self.router,
             vllm_version=self.vllm_version, typical_isl=self.isl, typical_osl=self.osl,
-            concurrency=self.concurrency, source=source, measured_on=self.verified_on)
+            concurrency=self.concurrency if concurrency is None else concurrency, source=source,
+            measured_on=self.verified_on)
 
     @classmethod
     def of_point(cls, point: OperatingPoint, *, model: ModelSpec | None = None) -> RecipeContext:
