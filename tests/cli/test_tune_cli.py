@@ -62,7 +62,16 @@ def test_a_study_point_exports_the_batch_it_measured(tuned: str, capsys: pytest.
     assert main(["export", NAME, "--point", "0", "--format", "srt-slurm", "--storage", tuned]) == 0
     decode = yaml.safe_load(capsys.readouterr().out)["backend"]["vllm_config"]["decode"]
     assert decode["max-num-seqs"] == str(expected)
+    recipe = yaml.safe_load(main_output(["export", NAME, "--point", "0", "--format", "srt-slurm", "--storage", tuned],
+                                        capsys))
+    assert recipe["benchmark"]["concurrencies"] == [point.num_decode * point.decode.concurrency]  # its own load
     assert expected < point.decode_topology.max_num_seqs  # the front's point ran fewer than the ladder allowed
+
+
+def main_output(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    assert main(args) == 0
+    return capsys.readouterr().out
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "compose", "kubernetes", "dynamo", "srt-slurm"])

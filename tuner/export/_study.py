@@ -30,7 +30,12 @@ def campaign_operating_point(result: CampaignResult, space: SearchSpace, *, mode
         version = simulated_label(version)
     ctx = RecipeContext.for_space(space, model_path=model_path, model_name=model_name,
                                   verified_on=version)
-    return ctx.operating_point(deployments[point], source=f"study {study} point {point}")
+    if result.composed_front:
+        chosen = result.composed_front[point]
+        clients = chosen.num_decode * chosen.decode.concurrency
+    else:
+        clients = [p for pr in result.phases.values() for p in pr.front][point].metrics.concurrency
+    return ctx.operating_point(deployments[point], source=f"study {study} point {point}", concurrency=(clients,))
 
 
 def study_operating_point(storage_url: str, study: str, point: int) -> OperatingPoint:
