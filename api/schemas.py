@@ -12,7 +12,7 @@ from tuner.space import StudyConstraints
 
 PhaseName = Literal["prefill", "decode", "aggregated"]
 SamplerName = Literal["auto", "guided", "gp", "tpe", "nsga2", "random"]  # auto = guided (tuner.study)
-ExportFormat = Literal["vllm", "compose", "srt-slurm"]
+ExportFormat = Literal["vllm", "compose", "kubernetes", "dynamo", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
 MAX_TRIAL_DELAY_S = 600.0
 MAX_SIMULATED_WALL_S = 86_400.0  # trials x trial_delay_s: one request may not hold a runner thread for days

@@ -439,7 +439,15 @@ def read_space_file(path: str | Path) -> SearchSpace:
     path = Path(path)
     text = read_text(path, max_bytes=4 * MAX_SPACE_CHARS, field="--space", what="a search-space YAML file",
                      fix="a search space is a short file: see search_spaces/gb300-nvl72-8k1k.yaml")
-    return parse_space(text, str(path)).with_base_dir(path.resolve().parent)
+    base = path.resolve().parent
+    space = parse_space(text, str(path))
+    trace = space.workload.trace
+    if trace is not None and not Path(trace).expanduser().is_absolute():
+        # resolved against the space file and stored absolute (#46): a campaign's `show`, `export` and `reverify`
+        # read it back from any directory
+        absolute = str((base / Path(trace).expanduser()).resolve())
+        space = space.model_copy(update={"workload": space.workload.model_copy(update={"trace": absolute})})
+    return space.with_base_dir(base)
 
 
 def load_space(path: str | Path) -> SearchSpace:

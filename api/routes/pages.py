@@ -31,6 +31,7 @@ from api.views import Snapshot, dashboard_url, exportable, phase_progress
 from tuner.advise import Fronts, recommend
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
+from tuner.export import simulated_label
 from tuner.frontier import binding_bound
 from tuner.hardware import default_catalog, get_gpu
 from tuner.space import WorkloadSpec
@@ -196,7 +197,8 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
         "exportable": len(exportable(result)) if result else 0, "events": events,
         "reverify": reports[-1] if reports else None, "reverify_count": len(reports),
         "reverify_form": reverify_form(),
-        "verified_on": recipe_versions(result) if result else [],
+        "verified_on": [simulated_label(v) if record.backend == "simulated" else v
+                        for v in recipe_versions(result)] if result else [],
         "cluster": study_cluster(record.space),
         "dashboard": {ph: dashboard_url(sid) for ph, sid in snap.study_ids.items()}})
 

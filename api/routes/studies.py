@@ -29,9 +29,10 @@ from api.schemas import (
 )
 from api.views import exportable, pareto, phase_progress, trial_public
 from tuner.errors import TopotuneError
-from tuner.export import RecipeContext, export_deployment
+from tuner.export import campaign_operating_point
+from tuner.export import export_point as render_point
 from tuner.space import SearchSpace
-from tuner.study import ReverifyState, recipe_versions, reverify_state, stored_reports
+from tuner.study import ReverifyState, reverify_state, stored_reports
 
 router = APIRouter(prefix="/v1/studies", tags=["studies"])
 
@@ -116,14 +117,15 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
     """A recipe for row `point` of the composed front (or of the phase fronts when there is no PD front)."""
     snap = cache.snapshot(record, full=True)
     deployments = exportable(snap.result) if snap.result else []
-    if not 0 <= point < len(deployments):
+    if not snap.result or not 0 <= point < len(deployments):
         raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "
                                              "(see /pareto)" if deployments else "the study has no front yet")
     space = snap.space or SearchSpace.model_validate(record.space)
-    ctx = RecipeContext.for_space(space, model_path=record.model_path, model_name=record.model_name,
-                                  verified_on=recipe_versions(snap.result)[point] if snap.result else None)
-    text = export_deployment(deployments[point], fmt, ctx)
-    suffix = {"vllm": "sh", "compose": "yaml", "srt-slurm": "yaml"}[fmt]
+    operating = campaign_operating_point(snap.result, space, model_path=record.model_path,
+                                         model_name=record.model_name, point=point, study=record.campaign,
+                                         backend=record.backend)
+    text = render_point(operating, fmt)
+    suffix = {"vllm": "sh"}.get(fmt, "yaml")
     return PlainTextResponse(text, headers={
         "Content-Disposition": f'attachment; filename="study{record.id}-point{point}.{suffix}"'})
 

@@ -94,3 +94,18 @@ def test_services_have_healthchecks_and_named_volumes(compose):
             assert source in compose["volumes"], f"{name}: {source} is not a named volume"
     depends = compose["services"]["api"]["depends_on"]
     assert depends["postgres"]["condition"] == depends["ray-head"]["condition"] == "service_healthy"
+
+
+def test_images_are_pinned_and_mounts_absolute(compose):
+    """#46: no :latest (the topotune image carries the project's version) and no relative host path."""
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for name, service in compose["services"].items():
+        image = _interpolate(service["image"])
+        assert ":" in image and not image.endswith(":latest"), f"{name}: {image}"
+        if name in OURS:
+            assert image == f"topotune:{version}"
+        for volume in service.get("volumes", []):
+            source = _interpolate(volume).split(":")[0]
+            assert source.startswith("/") or "/" not in source, f"{name}: relative mount {volume}"

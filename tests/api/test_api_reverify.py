@@ -30,7 +30,10 @@ def test_reverify_endpoint_page_and_export(sqlite_url, make_settings, client_for
     assert wait_for(client, sid, finished)["status"] == "succeeded"
     assert client.get(f"/v1/studies/{sid}/reverify").json() == {"id": sid, "running": False, "error": None,
                                                                 "reports": []}
-    assert f"Verified on vLLM {SIMULATED_VLLM_VERSION}" in client.get(f"/v1/studies/{sid}/export?point=0").text
+    simulated = f"simulated (vLLM {SIMULATED_VLLM_VERSION.rsplit('.', 1)[0]} rules)"  # not "Verified on" (#46)
+    assert simulated in client.get(f"/v1/studies/{sid}/export?point=0").text
+    page = client.get(f"/ui/studies/{sid}").text
+    assert ">measured on<" in page and simulated in page  # the study page's front says so too
 
     # bad bodies name the field; the token is required
     bad = client.post(f"/v1/studies/{sid}/reverify", json={"repeats": 0}, headers=AUTH)

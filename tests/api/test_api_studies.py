@@ -36,7 +36,7 @@ def test_study_lifecycle(database_url, make_settings, client_for):
     tok = [p["total_tok_s_per_gpu"] for p in front["composed_front"]]
     assert tok == sorted(tok) or tok == sorted(tok, reverse=True)  # a front is monotone in one axis
 
-    for fmt in ("vllm", "compose", "srt-slurm"):
+    for fmt in ("vllm", "compose", "kubernetes", "dynamo", "srt-slurm"):
         e = client.get(f"/v1/studies/{study['id']}/export", params={"point": 0, "format": fmt})
         assert e.status_code == 200 and "topotune" in e.text, e.text
     assert "vllm serve" in client.get(f"/v1/studies/{study['id']}/export?point=0").text

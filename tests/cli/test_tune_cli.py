@@ -47,7 +47,34 @@ def test_studies_lists_it(tuned: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert rows[0]["name"] == NAME and rows[0]["launched"] >= 8
 
 
-@pytest.mark.parametrize("fmt", ["vllm", "compose", "srt-slurm"])
+def test_a_study_point_exports_the_batch_it_measured(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """#46: the decode side's --max-num-seqs is the point's running requests per DP rank, not the trial's ladder
+    maximum."""
+    import math
+
+    from tuner.study import load_campaign
+
+    result, _, _ = load_campaign(tuned, NAME)
+    point = result.composed_front[0]
+    expected = min(point.decode_topology.max_num_seqs,
+                   max(1, math.ceil(point.decode.running_requests / point.decode_topology.dp - 1e-9)))
+    capsys.readouterr()
+    assert main(["export", NAME, "--point", "0", "--format", "srt-slurm", "--storage", tuned]) == 0
+    decode = yaml.safe_load(capsys.readouterr().out)["backend"]["vllm_config"]["decode"]
+    assert decode["max-num-seqs"] == str(expected)
+    recipe = yaml.safe_load(main_output(["export", NAME, "--point", "0", "--format", "srt-slurm", "--storage", tuned],
+                                        capsys))
+    assert recipe["benchmark"]["concurrencies"] == [point.num_decode * point.decode.concurrency]  # its own load
+    assert expected < point.decode_topology.max_num_seqs  # the front's point ran fewer than the ladder allowed
+
+
+def main_output(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    assert main(args) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "compose", "kubernetes", "dynamo", "srt-slurm"])
 def test_export_formats(tuned: str, fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / f"recipe.{fmt}"
     assert main(["export", NAME, "--point", "0", "--format", fmt, "--storage", tuned, "--output", str(out)]) == 0
@@ -55,8 +82,14 @@ def test_export_formats(tuned: str, fmt: str, tmp_path: Path, capsys: pytest.Cap
     if fmt == "vllm":
         assert "vllm serve" in text and "--kv-transfer-config" in text and "vllm-router" in text
     else:
-        data = yaml.safe_load(text)
-        assert data["services"] if fmt == "compose" else data["backend"]["vllm_config"]["decode"]
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        data = docs[0]
+        if fmt == "kubernetes":
+            assert any(d["kind"] == "LeaderWorkerSet" for d in docs) or any(d["kind"] == "Deployment" for d in docs)
+        elif fmt == "dynamo":
+            assert data["kind"] == "DynamoGraphDeployment"
+        else:
+            assert data["services"] if fmt == "compose" else data["backend"]["vllm_config"]["decode"]
 
 
 def test_show_table(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:

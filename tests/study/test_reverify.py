@@ -18,6 +18,7 @@ from tuner.backends._version_shift import SHIFT_SPREAD, SIMULATED_VLLM_VERSION, 
 from tuner.cli import main
 from tuner.errors import ConfigError
 from tuner.executors import LocalExecutor
+from tuner.export import simulated_label
 from tuner.models import load_model
 from tuner.space import load_space
 from tuner.study import (
@@ -104,6 +105,9 @@ def test_reverify_reports_exactly_the_configs_the_emulated_upgrade_changed(study
         pr = result.phases[r.phase]
         assert all(p.trial_number != r.trial for p in pr.points)  # the old point is history now
         assert any(p.trial_number == r.trial for p in pr.superseded)
+        # "before" reads the figure the front printed for that point (#46: the front's goodput tok/s/GPU)
+        stored = next(p for p in pr.superseded if p.trial_number == r.trial)
+        assert r.front_before == stored.values[0]
         current = [p for p in pr.points if p.measurement == r.new_trial]
         if r.verdict == Verdict.NO_LONGER_STARTS:
             assert current == []  # a config that no longer starts is on no front and in no export
@@ -217,7 +221,9 @@ def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[st
     url, name = study
     for fmt in ("vllm", "compose", "srt-slurm"):
         assert main(["export", name, "--storage", url, "--format", fmt]) == 0
-        assert f"# Verified on vLLM {SIMULATED_VLLM_VERSION} · model " in capsys.readouterr().out
+        # a simulated study: its figures say so, under the rules of the version its trials were tagged with (#46)
+        assert f"# Figures: simulated (vLLM {SIMULATED_VLLM_VERSION.rsplit('.', 1)[0]} rules), not measured." in \
+            capsys.readouterr().out
     report = reverify_study(url, name, LocalExecutor(SimulatedBackend(vllm_version="0.33.0")),
                             ReverifyOptions(budget=30, repeats=1, reopen=False), artifacts_dir=tmp_path)
     assert report.rows
@@ -225,6 +231,6 @@ def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[st
     lines = []
     for point, label in enumerate(recipe_versions(result)):
         assert main(["export", name, "--storage", url, "--point", str(point)]) == 0
-        lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Verified on")))
-        assert lines[-1] == f"# Verified on {label}."
-    assert any("vLLM 0.33.0" in ln for ln in lines)  # the re-measured configs' recipes name the new version
+        lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Figures")))
+        assert lines[-1] == f"# Figures: {simulated_label(label)}, not measured."
+    assert any("vLLM 0.33 rules" in ln for ln in lines)  # the re-measured configs' recipes name the new version

@@ -8,11 +8,19 @@ answer; errors name the request's fields (`gpus`, `sla.max_ttft_ms`), which each
 
 from tuner.advise._advise import Advice, advise, calibrated, offered_traffic
 from tuner.advise._fronts import Fronts, SweepProgress, at_decode_depths
-from tuner.advise._recommend import Recommendation, aggregated_json, operating_deployment, point_json, recommend
+from tuner.advise._recommend import (
+    TIE_MARGIN,
+    Recommendation,
+    aggregated_json,
+    operating_deployment,
+    point_json,
+    recommend,
+)
 from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, ServeOptions, ServingMode, Sla
 
 __all__ = [
-    "MAX_MTP_DEPTH", "SERVING_MODES", "Advice", "AdviseRequest", "Fronts", "Recommendation", "ServeOptions",
+    "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "Fronts", "Recommendation",
+    "ServeOptions",
     "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated",
     "offered_traffic", "operating_deployment", "point_json", "recommend",
 ]

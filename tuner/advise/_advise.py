@@ -11,7 +11,16 @@ from functools import cached_property
 from pydantic import ValidationError
 
 from tuner.advise._fronts import Fronts, NoProgress, SweepProgress, closed_loop_fronts, rate_fronts
-from tuner.advise._recommend import Recommendation, aggregated_json, operating_deployment, point_json, recommend
+from tuner.advise._recommend import (
+    Point,
+    Recommendation,
+    aggregated_json,
+    operating_deployment,
+    point_clients,
+    point_json,
+    recommend,
+    why_it_wins,
+)
 from tuner.advise._request import AdviseRequest
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
@@ -35,6 +44,7 @@ class Advice:
     traffic: Workload
     constraints: Constraints
     pairing_rules: str  # "vLLM 0.32.0 NIXL rules": the pairs vLLM refuses were not composed
+    vllm_version: str  # the vLLM whose rules the plan follows ("0.32.0")
     calibration: Calibration
     num_topologies: int
     num_instance_points: int
@@ -99,15 +109,29 @@ class Advice:
                               max_itl_ms=self.constraints.max_itl_for_users_ms)
         return why + margin + (f"; {binds}" if binds else "")
 
+    @property
+    def why(self) -> str:
+        """Why the winner wins, in a platform engineer's words (which side binds and what the winner does)."""
+        return why_it_wins(self.recommendation, self.constraints)
+
     @cached_property
     def recipe_context(self) -> RecipeContext:
+        """What the recommendation deploys (#46: its operating point): the traffic's typical request, its longest
+        for --max-model-len, prefix caching and the router policy its prefixes call for."""
         weights = self.request.weights
-        return RecipeContext(
-            model_path=weights or self.model_path, model_name=self.model.name, gpu=self.gpu.name,
-            gpus_per_host=self.gpu.gpus_per_host, isl=self.traffic.input_tokens.longest,
-            osl=self.traffic.output_tokens.longest,
-            prefix_caching=self.traffic.trace is not None or self.traffic.prefix is not None,
-            model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None)
+        major_minor = ".".join(self.vllm_version.split(".")[:2])
+        return RecipeContext.for_traffic(
+            self.traffic, model_path=weights or self.model_path, model_name=self.model.name, gpu=self.gpu.name,
+            gpus_per_host=self.gpu.gpus_per_host,
+            model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None,
+            vllm_version=self.vllm_version, verified_on=f"simulated (vLLM {major_minor} rules)")
+
+    def operating_point(self, point: Point) -> dict[str, object]:
+        """What `plan --from` / `export --from` deploy for a front point; its benchmark runs the point's clients
+        (closed loop; an open-loop point's load is its rate, in the JSON beside it)."""
+        concurrency = () if self.offered_rps is not None else (point_clients(point),)
+        return self.recipe_context.operating_point(operating_deployment(point), "frontier",
+                                                   concurrency=concurrency).as_json()
 
     @cached_property
     def commands(self) -> str | None:
@@ -128,11 +152,16 @@ class Advice:
                 "constraints": {"max_ttft_ms": sla.max_ttft_ms, "max_itl_ms": sla.max_itl_ms,
                                 "percentile": sla.percentile, "min_tok_s_per_user": sla.min_tok_s_user,
                                 "pairing": self.pairing_rules},
-                "recommendation": self.recommendation.as_json(),
+                "recommendation": {**self.recommendation.as_json(), "why": self.why, "tie": self.recommendation.tie,
+                                   "operating_point": None if self.recommendation.winner is None else
+                                   self.operating_point(self.recommendation.winner)},
                 "calibration": self.calibration.model_dump(), "num_topologies": self.num_topologies,
                 "num_instance_points": self.num_instance_points, "num_deployments": len(fronts.points),
-                "elapsed_s": round(self.elapsed_s, 3), "front": [point_json(p) for p in reversed(fronts.front)],
-                "aggregated_front": [aggregated_json(p) for p in reversed(fronts.aggregated)],
+                "elapsed_s": round(self.elapsed_s, 3),
+                "front": [{**point_json(p), "operating_point": self.operating_point(p)}
+                          for p in reversed(fronts.front)],
+                "aggregated_front": [{**aggregated_json(p), "operating_point": self.operating_point(p)}
+                                     for p in reversed(fronts.aggregated)],
                 "winners": [asdict(w) for w in fronts.winners]}
 
 
@@ -167,7 +196,8 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
     else:
         curves, fronts = closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
     return Advice(request=request, model=spec, gpu=gpu, traffic=traffic, constraints=constraints,
-                  pairing_rules=f"vLLM {rules.version} NIXL rules", calibration=perf.calibration,
+                  pairing_rules=f"vLLM {rules.version} NIXL rules", vllm_version=str(rules.version),
+                  calibration=perf.calibration,
                   num_topologies=len(topologies), num_instance_points=curves.num_points, fronts=fronts,
                   recommendation=recommend(fronts), elapsed_s=time.perf_counter() - started)
 

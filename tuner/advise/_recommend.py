@@ -3,14 +3,17 @@ run at its operating point; each point as the JSON `frontier --json` and `POST /
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tuner.advise._fronts import Fronts
 from tuner.deployment import Deployment
-from tuner.frontier import AggregatedPoint, ComposedPoint
+from tuner.frontier import AggregatedPoint, ComposedPoint, Constraints
+from tuner.operating_point import at_running_requests
 
 Point = ComposedPoint | AggregatedPoint
+
+# Two modes within 1% of each other's tok/s/GPU: a tie, not a win (the model's own error is larger).
+TIE_MARGIN = 1.01
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,11 @@ class Recommendation:
     def winner(self) -> Point | None:
         candidates = [p for p in (self.disaggregated, self.aggregated) if p is not None]
         return max(candidates, key=lambda p: p.total_tok_s_per_gpu) if candidates else None
+
+    @property
+    def tie(self) -> bool:
+        """Both modes within TIE_MARGIN of each other's tok/s/GPU: a tie, not a win."""
+        return self.margin is not None and self.margin < TIE_MARGIN
 
     @property
     def margin(self) -> float | None:
@@ -51,10 +59,44 @@ def recommend(fronts: Fronts) -> Recommendation:
 def operating_deployment(point: Point) -> Deployment:
     """The deployment with --max-num-seqs at the point's running requests per DP rank: vLLM then admits no more
     than the batch that holds the SLA (the rest wait in the router's and the server's queues)."""
-    serving = point.topology if isinstance(point, AggregatedPoint) else point.decode_topology
     running = (point.instance if isinstance(point, AggregatedPoint) else point.decode).running_requests
-    per_rank = max(1, math.ceil(running / serving.dp - 1e-9))
-    return point.deployment.with_decode_seqs(min(serving.max_num_seqs, per_rank))
+    return at_running_requests(point.deployment, running)
+
+
+def point_clients(point: Point) -> int:
+    """The clients a closed-loop point's benchmark runs (every instance's concurrency)."""
+    if isinstance(point, ComposedPoint):
+        return point.num_decode * point.decode.concurrency
+    return point.num_instances * point.instance.concurrency
+
+
+def why_it_wins(pick: Recommendation, c: Constraints) -> str:
+    """Why the winner wins, in a platform engineer's words: which side of the work binds and what the winner does
+    about it, with the figures the tables print."""
+    w = pick.winner
+    if w is None:
+        return ""
+    itl = f"ITL {w.itl_ms:.1f} ms ({c.percentile})"
+    bound = c.max_itl_for_users_ms
+    limit = f" under the {bound:g} ms limit" if bound else ""
+    if isinstance(w, ComposedPoint):
+        per_rank = w.decode.running_requests / max(1, w.decode_topology.dp)
+        mtp = f" with MTP{w.decode_topology.mtp}" if w.decode_topology.mtp else ""
+        text = (f"decode-bound: {itl}{limit} holds at {per_rank:.0f} running requests per decode rank only on a "
+                f"dedicated decode {w.decode_topology.name}{mtp}; {w.num_prefill} prefill "
+                f"{w.prefill_topology.name} instance(s) take the prompts, so no prompt stalls a decode step")
+        other = pick.aggregated
+        if other is not None:
+            text += (f" (aggregated {other.name}, whose decode steps wait for chunked prompts, reaches "
+                     f"{other.total_tok_s_per_gpu:,.0f} tok/s/GPU)")
+        return text
+    text = (f"every GPU serves prompts and answers: {w.num_instances} x {w.topology.name} replicas keep {itl}{limit} "
+            f"with chunked prefill at {w.instance.concurrency} requests each, and no GPU waits for KV transfers")
+    other = pick.disaggregated
+    if other is not None:
+        text += (f" (splitting prefill from decode, {other.name}, leaves one side's GPUs short of work: "
+                 f"{other.total_tok_s_per_gpu:,.0f} tok/s/GPU)")
+    return text
 
 
 def _rates_per_instance(**rates: float | None) -> dict[str, float]:

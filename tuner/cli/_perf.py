@@ -12,7 +12,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from tuner.advise import Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
+from tuner.advise import TIE_MARGIN, Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
 from tuner.cli._knobs import knob_options, option_names
 from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
@@ -366,9 +366,12 @@ def _print_recommendation(advice: Advice) -> None:
     pick, sla, offered_rps = advice.recommendation, advice.request.sla, advice.offered_rps
     console.print(f"\n[bold]Recommendation[/] for {advice.setting}; {sla.describe()} at {sla.percentile}:",
                   highlight=False)
+    mode = advice.request.serve.mode
     for label, p in (("disaggregated", pick.disaggregated), ("aggregated", pick.aggregated)):
         if p is None:
-            console.print(f"  best {label}: none meets the limits", highlight=False)
+            swept = mode == "both" or label.startswith(mode)
+            console.print(f"  best {label}: " + ("none meets the limits" if swept else f"not swept (--mode {mode})"),
+                          highlight=False)
             continue
         console.print(f"  best {label}: {p.name} on {p.num_gpus} GPUs: {p.total_tok_s_per_gpu:,.0f} tok/s/GPU total "
                       f"({p.output_tok_s_per_gpu:,.0f} output), "
@@ -383,5 +386,12 @@ def _print_recommendation(advice: Advice) -> None:
                       highlight=False)
     else:
         margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
-    console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
-    console.print("\n" + (advice.commands or ""), highlight=False, markup=False)
+    if mode != "both":
+        console.print(f"  [bold]recommended[/] ({winner.mode} only: --mode {mode}): {winner.name}", highlight=False)
+    elif pick.tie:
+        console.print(f"  [bold]a tie[/]: both modes are within {TIE_MARGIN - 1:.0%} of each other's tok/s/GPU; the "
+                      f"commands below deploy {winner.name} ({winner.mode})", highlight=False)
+    else:
+        console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
+    console.print(f"  why: {advice.why}", highlight=False, soft_wrap=True)
+    print("\n" + (advice.commands or ""), end="")  # a script: never wrapped

@@ -15,6 +15,12 @@ from tuner.settings import TunerSettings
 _STYLE = {"unchanged": "", "faster": "green", "slower": "red", "no longer starts": "bold red"}
 
 
+def _figure(front: float | None, tested: float | None) -> str:
+    """The front's own figure (goodput tok/s/GPU) when the row has it; else the tested runs' (older reports)."""
+    value = front if front is not None else tested
+    return f"{value:,.0f}" if value is not None else ""
+
+
 def report_table(report) -> Table:  # type: ignore[no-untyped-def]
     """One row per re-measured config: the stored and the new throughput per GPU, the test and the verdict."""
     table = Table(title=f"{report.campaign}: re-verified on {report.to_version or 'an unknown version'} "
@@ -28,7 +34,7 @@ def report_table(report) -> Table:  # type: ignore[no-untyped-def]
         style = _STYLE.get(r.verdict, "")
         sla = " (SLA now missed)" if r.meets_sla_before and r.meets_sla_after is False and c else ""
         table.add_row(r.phase, str(r.trial), r.config, str(r.concurrency), r.why, r.from_version.split(" · ")[0],
-                      f"{c['old_tok_s']:,.0f}" if c else "", f"{c['new_tok_s']:,.0f}" if c else "",
+                      _figure(r.front_before, c and c["old_tok_s"]), _figure(r.front_after, c and c["new_tok_s"]),
                       f"{c['ratio']:.3f}" if c else "", f"{c['p_value']:.2g}" if c else "",
                       f"[{style}]{r.verdict}{sla}[/]" if style else r.verdict + sla,
                       str(r.new_trial) if r.new_trial is not None else "")

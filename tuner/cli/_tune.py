@@ -308,35 +308,37 @@ def show(study: Annotated[str, typer.Argument(help="name from `topotune studies`
 
 
 @app.command()
-def export(study: Annotated[str, typer.Argument()],
-           point: Annotated[int, typer.Option(help="row of the composed front (see `topotune show`)")] = 0,
-           fmt: Annotated[str, typer.Option("--format", help="vllm | compose | srt-slurm")] = "vllm",
-           output: Annotated[Path | None, typer.Option(help="write here instead of stdout")] = None,
+def export(study: Annotated[str | None, typer.Argument(help="a study (see `topotune studies`), or --from")] = None,
+           from_file: Annotated[Path | None, typer.Option(
+               "--from", help="a `topotune frontier --json` file: export its recommendation's operating point")]
+           = None,
+           point: Annotated[int | None, typer.Option(
+               help="row of the composed front (see `topotune show`), or with --from of the file's fronts (the PD "
+                    "front, then the aggregated one); default: 0, or the recommendation")] = None,
+           fmt: Annotated[str, typer.Option("--format", help="vllm | compose | kubernetes | dynamo | srt-slurm")]
+           = "vllm",
+           output: Annotated[Path | None, typer.Option("--output", "--out", help="write here instead of stdout")]
+           = None,
            storage: StorageOpt = None) -> None:
-    """Write a ready-to-run recipe for one point of the front."""
-    from tuner.export import FORMATS, RecipeContext, export_deployment
-    from tuner.study import load_campaign, recipe_versions
+    """Write a ready-to-run recipe for one operating point: of a study's front, or of a frontier's answer."""
+    from tuner.cli._vllm import write_script
+    from tuner.export import FORMATS, export_point
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}", field="--format", fix=f"use one of {', '.join(FORMATS)}")
-    settings = TunerSettings(**({"storage": storage} if storage else {}))
-    result, space, meta = load_campaign(settings.storage_url, study)
-    deployments = result.exportable_deployments()
-    if not 0 <= point < len(deployments):
-        raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
-                          fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)")
-    ctx = RecipeContext.for_space(space, model_path=meta.model_path, model_name=meta.model,
-                                  verified_on=recipe_versions(result)[point])
-    text = export_deployment(deployments[point], fmt, ctx)
-    if output is None:
-        print(text, end="")
+    if from_file is not None:
+        if study is not None:
+            raise ConfigError("give a study or --from, not both", field="STUDY", fix="drop one of them")
+        from tuner.operating_point import read_operating_point
+
+        write_script(export_point(read_operating_point(from_file, point), fmt), output, fmt)
         return
-    try:
-        output.write_text(text)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {output}: {exc.strerror}", field="--output",
-                          fix="give a writable path") from exc
-    console.print(f"wrote {output}")
+    if study is None:
+        raise ConfigError("nothing to export", field="STUDY", fix="name a study or give --from FRONTIER.json")
+    from tuner.export import study_operating_point
+
+    settings = TunerSettings(**({"storage": storage} if storage else {}))
+    write_script(export_point(study_operating_point(settings.storage_url, study, point or 0), fmt), output, fmt)
 
 
 @app.command()

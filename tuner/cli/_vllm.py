@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tuner.cli._app import app, console, err_console, print_json
+from tuner.cli._app import app, console, err_console
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
     from tuner.deployment import Deployment
+    from tuner.export import RecipeContext
+    from tuner.models import ModelSpec
 
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-cpu-vllm.sh"
 
@@ -76,34 +80,69 @@ def tiny_model(
     console.print(f"tiny {'MoE ' if moe else ''}model written to {out}")
 
 
+def write_script(text: str, out: Path | None, what: str = "script") -> None:
+    """Machine output (a script, YAML, JSON) goes to stdout raw (never through rich, whatever COLUMNS says), or to
+    `out`."""
+    if out is None:
+        sys.stdout.write(text)
+        return
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: {exc.strerror}", field="--out", fix="give a writable path") from exc
+    err_console.print(f"{what} written to {out}", highlight=False)
+
+
+def _refuse_with_from(given: dict[str, bool]) -> None:
+    for flag, was_given in given.items():
+        if was_given:
+            raise ConfigError(f"{flag} is given by the operating point of --from", field=flag,
+                              fix=f"drop {flag}, or plan a deployment string instead of --from")
+
+
 @app.command("plan", help="The exact commands of a deployment, per host (a dry run you can copy).")
 def plan(
-    deployment: Annotated[str, typer.Argument(help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8.")],
-    model: Annotated[str, typer.Option(help="Model path (or hub id) as vLLM should load it.")] = "MODEL",
-    hardware: Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog (host size).")] = "gb300",
+    deployment: Annotated[str | None, typer.Argument(
+        help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8 (or --from a frontier JSON).")] = None,
+    from_file: Annotated[Path | None, typer.Option(
+        "--from", help="A `topotune frontier --json` file: plan its recommendation's operating point (topology, "
+                       "MTP, batch limits, prefix caching, router policy, served name, weights, context).")] = None,
+    point: Annotated[int | None, typer.Option(
+        help="With --from: row N of the file's fronts (the PD front, then the aggregated one) instead of the "
+             "recommendation.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model path (or hub id) as vLLM should load it (default: the "
+                                                   "operating point's weights, else MODEL).")] = None,
+    hardware: Annotated[str | None, typer.Option("--hardware", "-g", help="GPU from the catalog (host size; "
+                                                                          "default gb300).")] = None,
     mtp: Annotated[int, typer.Option(help="MTP speculative tokens of decode/aggregated instances (a PD prefill "
-                                          "runs the same speculative config).")] = 0,
+                                          "runs the same speculative config); only models with MTP layers.")] = 0,
     hosts: Annotated[str | None, typer.Option(help="Comma-separated host names or addresses (default placeholders "
                                                    "host0, host1...; names are resolved to addresses).")] = None,
     gpus_per_host: Annotated[int | None, typer.Option(help="Default: the GPU's host size.")] = None,
-    max_model_len: Annotated[int | None, typer.Option(help="Default: isl + osl with headroom when both are given.")]
-    = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Default: from --workload (its longest request, capped at the model's context), else isl + osl with "
+             "headroom when both are given.")] = None,
     isl: Annotated[int | None, typer.Option(help="Input tokens per request (sets --max-model-len with osl).")] = None,
     osl: Annotated[int | None, typer.Option(help="Output tokens per request.")] = None,
-    served_model_name: Annotated[str, typer.Option()] = "model",
+    workload: Annotated[Path | None, typer.Option(
+        help="The traffic (a trace or a workload YAML): --max-model-len from its longest request (capped at the "
+             "model's context, with a warning for the requests vLLM would refuse), prefix caching and the "
+             "router policy from its prefixes.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        help="Default: the operating point's, else `model`.")] = None,
     vllm: Annotated[str, typer.Option(help="The vllm executable.")] = "vllm",
     router: Annotated[str, typer.Option(help="The vllm-router executable.")] = "vllm-router",
     vllm_version: Annotated[str | None, typer.Option(
-        help="The vLLM the hosts run (default: the one --vllm runs here, else the newest the version table "
-             "checks).")] = None,
+        help="The vLLM the hosts run (default: the operating point's, else the one --vllm runs here, else the "
+             "newest the version table checks).")] = None,
     hybrid: Annotated[bool | None, typer.Option(
         "--hybrid/--not-hybrid", help="Hybrid (GDN/mamba) model (default: read from the model folder).")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(
         help="Running requests per DP rank of the decode (or aggregated) instances: the batch that holds the SLA "
              "(`frontier` prints it).")] = None,
-    prefix_caching: Annotated[bool, typer.Option(
-        "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (its default: on). Off, a hybrid "
-        "model's PD pair may use TPs whose block sizes differ.")] = True,
+    prefix_caching: Annotated[bool | None, typer.Option(
+        "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (default: on; said explicitly when the "
+        "workload re-sends prefixes). Off, a hybrid model's PD pair may use TPs whose block sizes differ.")] = None,
     storage: Annotated[str | None, typer.Option(
         help="Study database (SQLAlchemy URL) whose cluster store is checked: a planned instance whose layout and "
              "flags crashed on this cluster for another model is named (a warning; the plan is still printed).")]
@@ -111,63 +150,149 @@ def plan(
     cluster: Annotated[str | None, typer.Option(
         help="With --storage: the cluster's name in the store (default: every cluster of this GPU).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (warnings go to stderr).")] = False,
+    out: Annotated[Path | None, typer.Option(help="Write the script (or the JSON) to this file.")] = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
     from tuner.backends.vllm import (
         NEWEST_CHECKED,
-        PlanSettings,
         VllmVersion,
         build_plan,
         detect_version,
         keep_names,
         model_or_none,
         pack_hosts,
+        point_plan_settings,
         resolve_address,
     )
     from tuner.deployment import parse_deployment
-    from tuner.hardware import get_gpu, has_multi_node_nvlink
-    from tuner.workload import served_context_tokens
+    from tuner.export import RecipeContext
+    from tuner.export._recipes import router_lines
+    from tuner.hardware import get_gpu
+    from tuner.operating_point import read_operating_point
 
-    dep = parse_deployment(deployment, mtp=mtp)
-    if max_num_seqs is not None:
-        if max_num_seqs < 1:
-            raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs", fix="give a positive count")
-        dep = dep.with_decode_seqs(max_num_seqs)
-    per_host = gpus_per_host or get_gpu(hardware).gpus_per_host
-    addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    notes: list[str] = []
+    if from_file is not None:
+        if deployment:
+            raise ConfigError("give a deployment or --from, not both", field="deployment",
+                              fix="drop the deployment: --from plans the file's operating point")
+        _refuse_with_from({"--mtp": mtp != 0, "--max-num-seqs": max_num_seqs is not None, "--isl": isl is not None,
+                           "--osl": osl is not None, "--workload": workload is not None,
+                           "--hardware": hardware is not None})
+        op = read_operating_point(from_file, point)
+        which = f"point {point}" if point is not None else "the recommendation"
+        notes.append(f"operating point from {from_file} ({which}): {op.source}, "
+                     f"{op.measured_on or 'figures not recorded'}")
+        op = op.model_copy(update={k: v for k, v in {
+            "model_path": model, "served_model_name": served_model_name, "max_model_len": max_model_len,
+            "prefix_caching": prefix_caching, "vllm_version": vllm_version}.items() if v is not None})
+        spec = model_or_none(op.model_path)
+    else:
+        if not deployment:
+            raise ConfigError("no deployment", field="deployment",
+                              fix="give one (e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8) or --from FRONTIER.json")
+        if point is not None:
+            raise ConfigError("--point needs --from", field="--point", fix="add --from FRONTIER.json")
+        model_path = model or "MODEL"
+        spec = model_or_none(model_path)
+        dep = parse_deployment(deployment, mtp=mtp)
+        if max_num_seqs is not None:
+            if max_num_seqs < 1:
+                raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs",
+                                  fix="give a positive count")
+            dep = dep.with_decode_seqs(max_num_seqs)
+        gpu = get_gpu(hardware or "gb300")
+        ctx = _plan_context(model_path, served_model_name, gpu.name, gpu.gpus_per_host, spec, workload,
+                            isl=isl, osl=osl, max_model_len=max_model_len, prefix_caching=prefix_caching,
+                            vllm_version=vllm_version, notes=notes)
+        op = ctx.operating_point(dep, source="given on the command line")
+        if workload is None and max_model_len is None and not (isl and osl):  # nothing to size it: vLLM's default
+            op = op.model_copy(update={"max_model_len": None})
+    _check_model(op.deployment, spec, "--mtp" if from_file is None else "--from")
     known_version: str | None  # given or detected; None when the plan can only assume the newest checked
-    if vllm_version:
-        known_version, how = str(VllmVersion.parse(vllm_version, field_name="--vllm-version")), "given"
+    if op.vllm_version:
+        known_version = str(VllmVersion.parse(op.vllm_version, field_name="--vllm-version"))
+        how = "given" if vllm_version or from_file is None else "the operating point's"
     else:
         found = detect_version((vllm,))
         known_version = str(found) if found else None
         how = f"detected from {vllm}" if found else "not detected: the newest the version table checks"
     version = known_version or str(NEWEST_CHECKED)
-    if max_model_len is None and isl and osl:
-        max_model_len = served_context_tokens(isl, osl)
-    spec = model_or_none(model)
-    settings = PlanSettings(model_path=model, served_model_name=served_model_name, vllm_argv=(vllm,),
-                            router_argv=(router,), max_model_len=max_model_len, vllm_version=version,
-                            model_is_hybrid=(spec is not None and spec.is_hybrid) if hybrid is None else hybrid,
-                            multi_node_nvlink=has_multi_node_nvlink("cuda", hardware),
-                            gpu_architecture=get_gpu(hardware).architecture,
-                            extra_flags=() if prefix_caching else ("--no-enable-prefix-caching",))
+    op = op.model_copy(update={"vllm_version": version})
+    per_host = gpus_per_host or op.gpus_per_host
+    addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    settings = point_plan_settings(op, model=spec, vllm_argv=(vllm,), router_argv=(router,),
+                                   **({} if hybrid is None else {"hybrid": hybrid}))
+    dep = op.deployment
     launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
                         resolve=resolve_address if addresses else keep_names, model=spec)
-    warnings = plan_warnings(storage, dep, get_gpu(hardware).name, known_version, cluster)
+    warnings = plan_warnings(storage, dep, get_gpu(op.gpu).name, known_version, cluster)
     if json_out:
-        for line in warnings:
+        for line in [*notes, *warnings]:  # stdout is the JSON
             err_console.print(line, highlight=False, markup=False, soft_wrap=True)
-        print_json(launch.model_dump(mode="json"))
+        write_script(json.dumps({**launch.model_dump(mode="json"), "operating_point": op.as_json()}, indent=2)
+                     + "\n", out, "plan")
         return
-    console.print(f"# {dep.name}: {dep.num_gpus} GPUs on {len(launch.hosts())} host(s); endpoint {launch.endpoint}",
-                  highlight=False)
-    console.print(f"# vLLM {version} ({how}); hybrid model: {settings.model_is_hybrid}", highlight=False)
-    for line in warnings:
-        console.print(f"# {line}", highlight=False, markup=False, style="yellow", soft_wrap=True)
+    lines = ["#!/usr/bin/env bash",
+             f"# {dep.name}: {dep.num_gpus} GPUs on {len(launch.hosts())} host(s); endpoint {launch.endpoint}",
+             f"# vLLM {version} ({how}); hybrid model: {settings.model_is_hybrid}; --max-model-len "
+             f"{op.max_model_len or 'vLLM default (the model context)'}",
+             *router_lines(launch, RecipeContext.of_point(op)), *(f"# {line}" for line in [*notes, *warnings]),
+             "# Run each host's commands on that host; start servers before the router.", "set -euo pipefail"]
     for host in launch.hosts():
-        console.print(f"\n# --- {host} ---", highlight=False)
+        lines.append(f"\n# --- {host} ---")
         for proc in launch.for_host(host):
-            console.print(f"# {proc.name}", highlight=False)
-            print(proc.shell())
+            lines += [f"# {proc.name}", proc.shell() + " &"]
+    write_script("\n".join([*lines, "wait"]) + "\n", out)
+
+
+def _plan_context(model_path: str, served_model_name: str | None, gpu: str, gpus_per_host: int,
+                  spec: ModelSpec | None, workload: Path | None, *, isl: int | None, osl: int | None,
+                  max_model_len: int | None, prefix_caching: bool | None, vllm_version: str | None,
+                  notes: list[str]) -> RecipeContext:
+    """The operating point of a plan given on the command line: from --workload (its context, prefixes and
+    router policy) or from --isl/--osl."""
+    from dataclasses import replace
+
+    from tuner.cli._workload import load_workload
+    from tuner.export import RecipeContext
+    from tuner.operating_point import context_limit
+    from tuner.workload import served_context_tokens
+
+    name = served_model_name or "model"
+    if workload is not None:
+        traffic = load_workload(workload, isl=isl or 1, osl=osl or 1, concurrency=(1,))
+        ctx = RecipeContext.for_traffic(traffic, model_path=model_path, model_name=name, gpu=gpu,
+                                        gpus_per_host=gpus_per_host, model=spec, vllm_version=vllm_version)
+        limit = context_limit(traffic, spec.max_position_embeddings if spec is not None else None)
+        notes.append(f"--max-model-len {limit.max_model_len:,}: the workload's longest request "
+                     f"({'+'.join(str(t) for t in traffic.longest_request_tokens)} tokens) with headroom"
+                     + (", capped at the model's context" if limit.model_max_len == limit.max_model_len else ""))
+        if limit.warning():
+            notes.append(f"warning: {limit.warning()}")
+        notes.append(f"router policy {ctx.router.policy}: {ctx.router.reason}")
+    else:
+        ctx = RecipeContext(model_path=model_path, model_name=name, gpu=gpu, gpus_per_host=gpus_per_host,
+                            isl=isl or 1, osl=osl or 1, vllm_version=vllm_version, model=spec,
+                            max_model_len=served_context_tokens(isl, osl) if isl and osl else None)
+    if max_model_len is not None:
+        ctx = replace(ctx, max_model_len=max_model_len)
+    if prefix_caching is not None:
+        ctx = replace(ctx, prefix_caching=prefix_caching)
+    return ctx
+
+
+def _check_model(deployment: Deployment, spec: ModelSpec | None, field: str) -> None:
+    """Refuse what the model cannot take (MTP without MTP layers, a TP that does not divide its heads, EP on a
+    dense model, ...) before anything is printed; an unreadable model (a hub id here) is not checked."""
+    from tuner.errors import TopologyError
+
+    if spec is None:
+        return
+    for group in deployment.groups:
+        try:
+            group.topology.check(spec)
+        except TopologyError as exc:
+            message = exc.message if spec.name in exc.message else f"{spec.name}: {exc.message}"
+            raise TopologyError(message, field=field if exc.field == "mtp" else exc.field,
+                                fix=exc.fix) from exc

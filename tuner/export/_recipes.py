@@ -4,40 +4,87 @@ exactly what a recipe runs."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
-from tuner.backends.vllm import LaunchPlan, PlanSettings, build_plan, keep_names, model_or_none, pack_hosts
+from tuner.backends.vllm import (
+    LaunchPlan,
+    build_plan,
+    keep_names,
+    model_or_none,
+    pack_hosts,
+    point_plan_settings,
+)
 from tuner.deployment import Deployment
-from tuner.hardware import get_gpu, gpu_architecture, has_multi_node_nvlink
+from tuner.hardware import get_gpu
+from tuner.operating_point import OperatingPoint, RouterChoice, choose_router_policy, context_limit
 from tuner.topology import Role
-from tuner.workload import served_context_tokens
+from tuner.workload import Workload, served_context_tokens
 
 if TYPE_CHECKING:  # the space's module (and its validators) loads only where a study uses it
     from tuner.models import ModelSpec
     from tuner.space import SearchSpace
 
-VLLM_IMAGE = "vllm/vllm-openai:latest"
+VLLM_IMAGE_REPO = "vllm/vllm-openai"
+CONTAINER_MODELS_DIR = "/models"
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """YAML without anchors and aliases (a reader sees every value where it applies)."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def dump_yaml(data: object) -> str:
+    return yaml.dump(data, Dumper=_PlainDumper, sort_keys=False)
+
+
+def dump_yaml_all(documents: list) -> str:
+    return yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False)
+
+
+def vllm_image(version: str | None) -> str:
+    """The vLLM image of the version a plan targets (vllm/vllm-openai tags releases `vX.Y.Z`), never `:latest`."""
+    from tuner.backends.vllm import NEWEST_CHECKED
+
+    return f"{VLLM_IMAGE_REPO}:v{version or NEWEST_CHECKED}"
+
+
+def is_local_path(model_path: str) -> bool:
+    """A weights folder (mounted into containers) rather than a hub id (which vLLM downloads)."""
+    return model_path.startswith(("/", ".", "~")) or Path(model_path).exists()
+
+
+def absolute_model_path(model_path: str) -> str:
+    """A local weights folder as an absolute path, so a recipe works from any directory (a hub id as it is)."""
+    path = Path(model_path).expanduser()
+    return str(path.resolve()) if path.exists() else model_path
 
 
 @dataclass(frozen=True)
 class RecipeContext:
+    """Everything a recipe needs besides the deployment: an operating point without its deployment."""
+
     model_path: str
-    model_name: str
+    model_name: str  # --served-model-name
     gpu: str
     gpus_per_host: int
-    isl: int  # the longest request's lengths: the served context (--max-model-len) holds it
+    isl: int  # the workload's typical request (mean input/output tokens): the benchmark a recipe runs
     osl: int
     concurrency: tuple[int, ...] = ()
     precision: str = "bf16"
-    image: str = VLLM_IMAGE
-    vllm_version: str | None = None  # the space's cluster.vllm_version: the version table's choices follow it
-    prefix_caching: bool = False  # the workload re-sends prefixes: --enable-prefix-caching, as its trials ran
-    # what the recipe's measurements ran on, e.g. "vLLM 0.32.0 · model e0f1e04" (tuner.study.recipe_versions):
-    # every format names it, so a recipe says which vLLM it was verified on
+    vllm_version: str | None = None  # the version the plan targets: the version table's choices and the image
+    prefix_caching: bool | None = None  # True: --enable-prefix-caching; False: off; None: vLLM's default
+    max_model_len: int | None = None  # None: the typical request with headroom (served_context_tokens)
+    router: RouterChoice = field(default_factory=RouterChoice)
+    # what the recipe's measurements ran on, e.g. "vLLM 0.32.0 · model e0f1e04" (tuner.study.recipe_versions), or
+    # "simulated (vLLM 0.32 rules)": every format names it, so a recipe says what its figures rest on
     verified_on: str | None = None
     # the model at model_path when the caller has read it already (`topotune frontier`): None reads it once here
     model: ModelSpec | None = field(default=None, compare=False, repr=False)
@@ -47,9 +94,51 @@ class RecipeContext:
         """The model the plan checks (hybrid PD settings, pairing), None when its config cannot be read."""
         return self.model if self.model is not None else model_or_none(self.model_path)
 
+    @property
+    def image(self) -> str:
+        return vllm_image(self.vllm_version)
+
     def verified_line(self) -> str:
-        return f"# Verified on {self.verified_on}." if self.verified_on else \
-            "# Verified on: not recorded (a study stored before versions were kept)."
+        if not self.verified_on:
+            return "# Measured on: not recorded (a study stored before versions were kept)."
+        if self.verified_on.startswith("vLLM"):  # measured
+            return f"# Verified on {self.verified_on}."
+        return f"# Figures: {self.verified_on}, not measured."
+
+    def operating_point(self, deployment: Deployment, source: str = "",
+                        concurrency: tuple[int, ...] | None = None) -> OperatingPoint:
+        """The point of `deployment` in this context (`concurrency`: the clients its benchmark runs, default the
+        context's)."""
+        return OperatingPoint(
+            deployment=deployment, model_path=self.model_path, served_model_name=self.model_name, gpu=self.gpu,
+            gpus_per_host=self.gpus_per_host, max_model_len=self.max_model_len or served_context_tokens(
+                self.isl, self.osl), prefix_caching=self.prefix_caching, router=self.router,
+            vllm_version=self.vllm_version, typical_isl=self.isl, typical_osl=self.osl,
+            concurrency=self.concurrency if concurrency is None else concurrency, source=source,
+            measured_on=self.verified_on)
+
+    @classmethod
+    def of_point(cls, point: OperatingPoint, *, model: ModelSpec | None = None) -> RecipeContext:
+        return cls(model_path=point.model_path, model_name=point.served_model_name, gpu=point.gpu,
+                   gpus_per_host=point.gpus_per_host, isl=point.typical_isl, osl=point.typical_osl,
+                   concurrency=point.concurrency, vllm_version=point.vllm_version,
+                   prefix_caching=point.prefix_caching, max_model_len=point.max_model_len, router=point.router,
+                   verified_on=point.measured_on, model=model)
+
+    @classmethod
+    def for_traffic(cls, traffic: Workload, *, model_path: str, model_name: str, gpu: str, gpus_per_host: int,
+                    model: ModelSpec | None = None, vllm_version: str | None = None,
+                    verified_on: str | None = None) -> RecipeContext:
+        """A workload's context: its typical request for the benchmark, its longest (capped at the model's
+        context) for --max-model-len, prefix caching and the router policy from its prefixes."""
+        spec = model if model is not None else model_or_none(model_path)
+        limit = context_limit(traffic, spec.max_position_embeddings if spec is not None else None)
+        shares = traffic.trace is not None or traffic.prefix is not None
+        return cls(model_path=absolute_model_path(model_path), model_name=model_name, gpu=gpu,
+                   gpus_per_host=gpus_per_host, isl=traffic.isl, osl=traffic.osl,
+                   concurrency=() if traffic.open_loop else tuple(traffic.concurrency), vllm_version=vllm_version,
+                   prefix_caching=True if shares else None, max_model_len=limit.max_model_len,
+                   router=choose_router_policy(traffic), verified_on=verified_on, model=spec)
 
     @classmethod
     def for_space(cls, space: SearchSpace, *, model_path: str, model_name: str,
@@ -57,34 +146,36 @@ class RecipeContext:
         """The context of a campaign's exports (the CLI's `export` and the API's /export build it here)."""
         gpu = get_gpu(space.cluster.gpu)
         first = next(iter(space.phases.values()))
-        traffic = space.traffic
-        isl, osl = traffic.longest_request_tokens
-        return cls(model_path=model_path, model_name=model_name, gpu=gpu.name,
-                   gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host, isl=isl,
-                   osl=osl, concurrency=tuple(first.concurrency), vllm_version=space.cluster.vllm_version,
-                   prefix_caching=traffic.trace is not None or traffic.prefix is not None, verified_on=verified_on)
-
-    def plan_settings(self) -> PlanSettings:
-        """The same settings a trial's plan uses (version table, hybrid PD settings, context headroom)."""
-        return PlanSettings(model_path=self.model_path, served_model_name=self.model_name,
-                            max_model_len=served_context_tokens(self.isl, self.osl), vllm_version=self.vllm_version,
-                            model_is_hybrid=self.model_spec is not None and self.model_spec.is_hybrid,
-                            multi_node_nvlink=has_multi_node_nvlink("cuda", self.gpu),
-                            gpu_architecture=gpu_architecture(self.gpu), prefix_caching=self.prefix_caching)
+        ctx = cls.for_traffic(space.traffic, model_path=model_path, model_name=model_name, gpu=gpu.name,
+                              gpus_per_host=space.cluster.gpus_per_host or gpu.gpus_per_host,
+                              vllm_version=space.cluster.vllm_version, verified_on=verified_on)
+        return replace(ctx, concurrency=tuple(first.concurrency))
 
 
-def _plan(deployment: Deployment, ctx: RecipeContext) -> LaunchPlan:
+
+def _plan(deployment: Deployment, ctx: RecipeContext, **settings: object) -> LaunchPlan:
     """hostN placeholders (the user maps them to hosts), packed so no TP group straddles hosts; the PD pairing
-    check reads the model's config when it is readable here."""
-    return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host), ctx.plan_settings(), resolve=keep_names,
+    check reads the model's config when it is readable here. The settings are the trial's (point_plan_settings)."""
+    spec = ctx.model_spec
+    if spec is not None:  # what the model cannot take (MTP without MTP layers, EP on a dense model, ...)
+        for group in deployment.groups:
+            group.topology.check(spec)
+    point = ctx.operating_point(deployment)
+    return build_plan(deployment, pack_hosts(deployment, ctx.gpus_per_host),
+                      point_plan_settings(point, model=ctx.model_spec, **settings), resolve=keep_names,
                       model=ctx.model_spec)
+
+
+def router_lines(plan: LaunchPlan, ctx: RecipeContext) -> list[str]:
+    """The router's policy and why, as comment lines (none when one server needs no router)."""
+    return [f"# Router policy {ctx.router.policy}: {ctx.router.reason}."] if plan.fronts else []
 
 
 def to_vllm_commands(deployment: Deployment, ctx: RecipeContext) -> str:
     plan = _plan(deployment, ctx)
     lines = ["#!/usr/bin/env bash", f"# {deployment.name} on {deployment.num_gpus} x {ctx.gpu} "
-             f"({ctx.gpus_per_host} GPUs per host), ISL/OSL {ctx.isl}/{ctx.osl}. Generated by topotune.",
-             ctx.verified_line(),
+             f"({ctx.gpus_per_host} GPUs per host), typical request {ctx.isl}/{ctx.osl} tokens in/out. "
+             "Generated by topotune.", ctx.verified_line(), *router_lines(plan, ctx),
              "# Run each host's commands on that host (hostN = your host addresses); start servers before the router.",
              f"# Clients talk to {plan.endpoint}.", "set -euo pipefail"]
     for host in plan.hosts():
@@ -96,21 +187,39 @@ def to_vllm_commands(deployment: Deployment, ctx: RecipeContext) -> str:
     return "\n".join(lines) + "\n"
 
 
+VLLM_ROUTER_VERSION = "0.1.17"  # the router the CPU tests run (scripts/setup-cpu-vllm.sh)
+MODEL_DIR_VARIABLE = "MODEL_DIR"
+
+
+def container_model_path(ctx: RecipeContext) -> str:
+    """Where a container sees the weights: /models/<folder> for a local folder (mounted from $MODEL_DIR), or the
+    hub id itself (vLLM downloads it)."""
+    if not is_local_path(ctx.model_path):
+        return ctx.model_path
+    return f"{CONTAINER_MODELS_DIR}/{Path(ctx.model_path).name or 'model'}"
+
+
 def to_compose(deployment: Deployment, ctx: RecipeContext) -> str:
-    plan = _plan(deployment, ctx)
+    """One service per process, the image pinned to the targeted vLLM, the weights mounted from $MODEL_DIR."""
+    inside = container_model_path(ctx)
+    local = inside != ctx.model_path
+    plan = _plan(deployment, replace(ctx, model_path=inside, model=ctx.model_spec))
+    default_dir = str(Path(ctx.model_path).expanduser().resolve()) if local else ""
     services = {}
     for proc in plan.processes:
         gpu_ids = proc.env.get("CUDA_VISIBLE_DEVICES")
+        router = proc.role == "router"
         service: dict = {
-            "image": ctx.image if proc.role != "router" else "python:3.12-slim",
+            "image": ctx.image if not router else "python:3.12-slim",
             "network_mode": "host", "ipc": "host",
-            "command": list(proc.argv[1:]) if proc.role != "router" else
-            ["sh", "-c", "pip install vllm-router && exec " + " ".join(proc.argv)],
+            "command": list(proc.argv[1:]) if not router else
+            ["sh", "-c", f"pip install vllm-router=={VLLM_ROUTER_VERSION} && exec " + shlex.join(proc.argv)],
             "environment": dict(sorted(proc.env.items())),
-            "volumes": [f"{ctx.model_path}:{ctx.model_path}:ro"],
             "labels": {"topotune.host": proc.host, "topotune.role": proc.role},
         }
-        if proc.role != "router":
+        if local and not router:
+            service["volumes"] = [f"${{{MODEL_DIR_VARIABLE}:-{default_dir}}}:{inside}:ro"]
+        if not router:
             service["entrypoint"] = [proc.argv[0]]
         if gpu_ids:
             service["deploy"] = {"resources": {"reservations": {"devices": [
@@ -119,9 +228,12 @@ def to_compose(deployment: Deployment, ctx: RecipeContext) -> str:
             service["healthcheck"] = {"test": ["CMD", "curl", "-fs", proc.health_url], "interval": "30s",
                                       "timeout": "5s", "retries": 60}
         services[proc.name.replace("_", "-")] = service
+    mount = (f"# The weights: {MODEL_DIR_VARIABLE}=/path/to/{Path(ctx.model_path).name} docker compose up -d "
+             f"(default {default_dir}).\n") if local else ""
     header = (f"# {deployment.name}: one compose project per host; run the services labelled with that host.\n"
-              f"# Generated by topotune for {ctx.model_name} on {ctx.gpu}.\n{ctx.verified_line()}\n")
-    return header + yaml.safe_dump({"name": "topotune-deployment", "services": services}, sort_keys=False)
+              f"# Generated by topotune for {ctx.model_name} on {ctx.gpu}; image {ctx.image}.\n{mount}"
+              f"{ctx.verified_line()}\n")
+    return header + dump_yaml({"name": "topotune-deployment", "services": services})
 
 
 # Flags srt-slurm derives from its own allocation (srtctl/backends/vllm.py _VLLM_ORCHESTRATION_FLAGS and the DP
@@ -174,8 +286,11 @@ def to_srt_slurm(deployment: Deployment, ctx: RecipeContext) -> str:
                       "decode_workers": decode.count if decode else 0},
         "frontend": {"type": "vllm-router" if deployment.is_disaggregated else "none"},
         "backend": {"type": "vllm", **environment, "vllm_config": config},
+        # the workload's typical request (mean input and output tokens), not its longest: --max-model-len holds that
         "benchmark": {"type": "aiperf", "isl": ctx.isl, "osl": ctx.osl,
                       "concurrencies": list(ctx.concurrency) or [1]},
     }
-    header = f"# srt-slurm style recipe for {deployment.name}. Generated by topotune.\n{ctx.verified_line()}\n"
-    return header + yaml.safe_dump(recipe, sort_keys=False)
+    header = (f"# srt-slurm style recipe for {deployment.name}. Generated by topotune.\n{ctx.verified_line()}\n"
+              f"# Served model name: {ctx.model_name} (srt-slurm sets --served-model-name itself); benchmark ISL/OSL: "
+              f"the workload's mean request ({ctx.isl}/{ctx.osl} tokens).\n")
+    return header + dump_yaml(recipe)

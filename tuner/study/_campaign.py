@@ -26,6 +26,7 @@ from tuner.frontier import (
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import ModelSpec, load_model
+from tuner.operating_point import at_running_requests
 from tuner.space import ALL_PHASES, PHASES, SearchSpace
 from tuner.study._events import ProgressCallback
 from tuner.study._naming import campaign_name, split_name
@@ -75,10 +76,13 @@ class CampaignResult:
     composition_error: str | None = None
 
     def exportable_deployments(self) -> list[Deployment]:
-        """What `export` indexes: the composed front, else the phase fronts (single-phase campaigns)."""
+        """What `export` indexes: the composed front, else the phase fronts (single-phase campaigns), each at its
+        operating point: the decode (or aggregated) side's --max-num-seqs at the running requests the point
+        measured, not the trial's ladder maximum (tuner.operating_point.at_running_requests)."""
         if self.composed_front:
-            return [p.deployment for p in self.composed_front]
-        return [p.deployment for pr in self.phases.values() for p in pr.front]
+            return [at_running_requests(p.deployment, p.decode.running_requests) for p in self.composed_front]
+        return [at_running_requests(p.deployment, p.metrics.running_requests)
+                for pr in self.phases.values() for p in pr.front]
 
     def front_table(self) -> list[FrontRow]:
         return [FrontRow(point=i, deployment=p.name, gpus=p.num_gpus, total_tok_s_per_gpu=p.total_tok_s_per_gpu,
@@ -179,11 +183,11 @@ def pd_pairing(space: SearchSpace, model: ModelSpec) -> Callable[[Topology, Topo
     The space's cluster.vllm_version decides (the version table in tuner.backends.vllm); without one, the
     newest version the table was checked against, and the launch plan refuses a pair the hosts' vLLM cannot run.
     """
-    from tuner.backends.vllm import PlanSettings, pairing_predicate
+    from tuner.backends.vllm import pairing_predicate, plan_settings
 
     arch = get_gpu(space.cluster.gpu).architecture
-    settings = PlanSettings(model_path=model.name, vllm_version=space.cluster.vllm_version, gpu_architecture=arch,
-                            device="cpu" if arch == "cpu" else "cuda")
+    settings = plan_settings(model_path=model.name, gpu=space.cluster.gpu, device="cpu" if arch == "cpu" else "cuda",
+                             vllm_version=space.cluster.vllm_version)
     return pairing_predicate(settings.rules(), settings.pairing(model))
 
 
@@ -259,6 +263,9 @@ class Campaign:
     retry_risks: bool = False  # launch configs that crashed on this cluster before (default: no sampler does)
 
     def __post_init__(self) -> None:
+        local = Path(self.model_path).expanduser()
+        if local.exists():  # stored absolute (#46): `show`, `export` and `reverify` work from any directory
+            self.model_path = str(local.resolve())
         self.model: ModelSpec = load_model(self.model_path)
         self.gpu: GpuSpec = get_gpu(self.space.cluster.gpu)
         for phase in self.space.phases:  # fail before any trial when a phase cannot run at all

@@ -105,6 +105,10 @@ class ReverifyRow:
     detail: str = ""
     meets_sla_before: bool = True
     meets_sla_after: bool | None = None
+    # The front's own figure (goodput tok/s/GPU, phase_values) of the stored point and of the median new run: what
+    # a "before/after" shows, so it reads the number the front printed (the test compares total tok/s/GPU runs).
+    front_before: float | None = None
+    front_after: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -434,7 +438,7 @@ class Reverifier:
         study = self.studies[target.phase]
         base = {"phase": target.phase, "trial": p.trial_number, "config": p.deployment.groups[0].topology.label(),
                 "params": p.params, "concurrency": p.metrics.concurrency, "why": target.why,
-                "from_version": VersionTag.of(p).label, "meets_sla_before": p.feasible}
+                "from_version": VersionTag.of(p).label, "meets_sla_before": p.feasible, "front_before": p.values[0]}
         ok = [(req, res, m) for req, res in runs if res.status.ok
               and (m := _at_level(res.points, p.metrics.concurrency)) is not None and m.total_tok_s_per_gpu > 0]
         if not ok:
@@ -448,7 +452,8 @@ class Reverifier:
         failed = len(runs) - len(ok)
         median = sorted(ok, key=lambda x: x[2].total_tok_s_per_gpu)[(len(ok) - 1) // 2]
         row = ReverifyRow(**base, verdict=str(comparison.verdict), comparison=comparison.as_json(),
-                          detail=f"{failed} of {len(runs)} runs failed" if failed else "")
+                          detail=f"{failed} of {len(runs)} runs failed" if failed else "",
+                          front_after=phase_values(target.phase, median[2])[0])
         return self._store_runs(study, target, median[1], row, samples)
 
     # -- storing -----------------------------------------------------------------------------------------

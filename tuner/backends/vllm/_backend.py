@@ -38,7 +38,14 @@ from tuner.backends.vllm._aiperf import (
     to_serving_metrics,
     tokenizer_hub_alias,
 )
-from tuner.backends.vllm._plan import Device, LaunchPlan, PlanSettings, ProcessSpec, build_plan, model_or_none
+from tuner.backends.vllm._plan import (
+    Device,
+    LaunchPlan,
+    ProcessSpec,
+    build_plan,
+    model_or_none,
+    plan_settings,
+)
 from tuner.backends.vllm._process import (
     VLLM_PROCESSES,
     Failure,
@@ -56,9 +63,9 @@ from tuner.backends.vllm._replay import ReplayFile, aiperf_synthesizes, write_re
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
-from tuner.hardware import gpu_architecture, has_multi_node_nvlink
 from tuner.metrics import ServingMetrics
 from tuner.models import model_revision
+from tuner.operating_point import RouterPolicyName, choose_router_policy
 from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
@@ -138,6 +145,8 @@ class VllmBackendSettings(BaseModel):
     max_model_len: int | None = Field(None, ge=1, description="None: isl + osl of the workload plus headroom")
     vllm_version: str | None = Field(None, description="the targeted vLLM; None: the space's, else detected")
     extra_vllm_flags: tuple[str, ...] = ()
+    # None: from the workload, as a recipe chooses it (cache_aware when it re-sends prefixes, else round robin)
+    router_policy: RouterPolicyName | None = None
     vllm_env: dict[str, str] = Field(default_factory=dict)
     cpu_threads_bind: str | None = None  # "auto" | "ids" | None (auto for one worker, ids otherwise)
     cpu_kv_cache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")
@@ -344,19 +353,18 @@ class VllmBackend(Backend):
         if s.device == "cpu" and s.cpu_kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{s.cpu_kv_cache_gib:g}"
         model = model_or_none(request.model_path)
-        plan_settings = PlanSettings(
-            vllm_argv=s.vllm_argv, router_argv=s.router_argv, model_path=request.model_path,
-            served_model_name=s.served_model_name, device=s.device, bind_host=s.bind_host,
+        settings = plan_settings(
+            model_path=request.model_path, gpu=request.gpu, device=s.device, model=model,
+            vllm_argv=s.vllm_argv, router_argv=s.router_argv,
+            served_model_name=s.served_model_name, bind_host=s.bind_host,
             api_port_base=base, router_port=base + 60, dp_rpc_port_base=base + 80, master_port_base=base + 100,
             nixl_side_channel_port_base=base + 120, vllm_port_base=base + 200, vllm_port_stride=10,
             max_model_len=self.max_model_len(request), vllm_version=self.target_version(request),
-            model_is_hybrid=model is not None and model.is_hybrid,
-            gpu_architecture=gpu_architecture(request.gpu) if s.device == "cuda" else None,
-            multi_node_nvlink=has_multi_node_nvlink(s.device, request.gpu),
             pd_block_size=s.cpu_block_size if s.device == "cpu" else None,
-            extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind,  # type: ignore[arg-type]
-            prefix_caching=request.workload.trace is not None or request.workload.prefix is not None)
-        return build_plan(request.deployment, hosts, plan_settings, model=model)
+            extra_flags=s.extra_vllm_flags, env=env, cpu_threads_bind=s.cpu_threads_bind,
+            prefix_caching=request.workload.trace is not None or request.workload.prefix is not None,
+            router_policy=s.router_policy or choose_router_policy(request.workload).policy)
+        return build_plan(request.deployment, hosts, settings, model=model)
 
     # -- running --------------------------------------------------------------------------------------
     def cancel(self, trial_id: str) -> None:

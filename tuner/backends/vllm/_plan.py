@@ -34,7 +34,9 @@ from tuner.backends.vllm._pairing import PairingContext, check_pd_pairing
 from tuner.backends.vllm._versions import LaunchRules, entry, launch_rules
 from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_host_split
 from tuner.errors import ConfigError, TopologyError
+from tuner.hardware import gpu_architecture, has_multi_node_nvlink
 from tuner.models import ModelSpec
+from tuner.operating_point import OperatingPoint, RouterPolicyName
 from tuner.topology import KNOBS, Role, Topology, knob_default
 
 Device = Literal["cuda", "cpu"]
@@ -64,7 +66,7 @@ class PlanSettings(BaseModel):
     max_model_len: int | None = Field(None, ge=1)
     extra_flags: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
-    router_policy: str = "round_robin"
+    router_policy: RouterPolicyName = "round_robin"
     router_extra_flags: tuple[str, ...] = ()
     # The vLLM version the plan targets (tuner.backends.vllm._versions): None = the newest the table checks.
     vllm_version: str | None = None
@@ -517,3 +519,30 @@ def model_or_none(model_path: str) -> ModelSpec | None:
         return load_model(model_path)
     except Exception:  # any unreadable config: plan as for a plain transformer
         return None
+
+
+
+def plan_settings(*, model_path: str, gpu: str | None, device: Device = "cuda", model: ModelSpec | None = None,
+                  hybrid: bool | None = None, **rest: object) -> PlanSettings:
+    """The one builder of PlanSettings: what the GPU decides (its architecture, multi-node NVLink) and what the
+    model decides (hybrid PD settings; `hybrid` overrides it) derived here, the rest passed through. A trial, a
+    printed plan, a recipe and the PD composition all build theirs here, so they cannot drift apart."""
+    return PlanSettings(
+        model_path=model_path, device=device,
+        model_is_hybrid=(model is not None and model.is_hybrid) if hybrid is None else hybrid,
+        multi_node_nvlink=has_multi_node_nvlink(device, gpu) if gpu else False,
+        gpu_architecture=gpu_architecture(gpu) if gpu and device == "cuda" else None,
+        **rest)  # type: ignore[arg-type]
+
+
+def point_plan_settings(point: OperatingPoint, *, model: ModelSpec | None = None, **rest: object) -> PlanSettings:
+    """The settings of an operating point's plan: its model, name, context, vLLM version, prefix caching and
+    router policy (`rest`: the executables, ports, hosts' settings)."""
+    extra = tuple(rest.pop("extra_flags", ()))  # type: ignore[arg-type]
+    if point.prefix_caching is False:
+        extra += ("--no-enable-prefix-caching",)
+    return plan_settings(model_path=point.model_path, gpu=point.gpu, model=model,
+                         served_model_name=point.served_model_name, max_model_len=point.max_model_len,
+                         vllm_version=point.vllm_version, prefix_caching=point.prefix_caching is True,
+                         router_policy=point.router.policy, extra_flags=extra, **rest)
+

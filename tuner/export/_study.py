@@ -1,0 +1,53 @@
+"""A study point's operating point: what `topotune export STUDY` and the service's /export deploy."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from tuner.errors import ConfigError
+from tuner.export._recipes import RecipeContext
+from tuner.operating_point import OperatingPoint
+
+if TYPE_CHECKING:
+    from tuner.space import SearchSpace
+    from tuner.study import CampaignResult
+
+
+def campaign_operating_point(result: CampaignResult, space: SearchSpace, *, model_path: str, model_name: str,
+                             point: int, study: str, backend: str) -> OperatingPoint:
+    """Row `point` of the composed front (else of the phase fronts) at its operating point: --max-num-seqs at the
+    running requests it measured, the space's workload for the context, prefix caching and the router."""
+    from tuner.study import recipe_versions
+
+    deployments = result.exportable_deployments()
+    if not 0 <= point < len(deployments):
+        raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
+                          fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)" if deployments else
+                          "wait for the study to measure a front")
+    version = recipe_versions(result)[point]
+    if backend == "simulated":  # nothing ran: the figures are the simulator's under that version's rules
+        version = simulated_label(version)
+    ctx = RecipeContext.for_space(space, model_path=model_path, model_name=model_name,
+                                  verified_on=version)
+    if result.composed_front:
+        chosen = result.composed_front[point]
+        clients = chosen.num_decode * chosen.decode.concurrency
+    else:
+        clients = [p for pr in result.phases.values() for p in pr.front][point].metrics.concurrency
+    return ctx.operating_point(deployments[point], source=f"study {study} point {point}", concurrency=(clients,))
+
+
+def study_operating_point(storage_url: str, study: str, point: int) -> OperatingPoint:
+    from tuner.study import load_campaign
+
+    result, space, meta = load_campaign(storage_url, study)
+    return campaign_operating_point(result, space, model_path=meta.model_path, model_name=meta.model, point=point,
+                                    study=study, backend=meta.backend)
+
+
+def simulated_label(version_label: str) -> str:
+    """'vLLM 0.32.0 · model e0f1e04' of a simulated trial -> 'simulated (vLLM 0.32 rules)'."""
+    found = re.search(r"vLLM (\d+)\.(\d+)", version_label)
+    return f"simulated (vLLM {found[1]}.{found[2]} rules)" if found else "simulated"
+
