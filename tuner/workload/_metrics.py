@@ -94,6 +94,18 @@ class Histogram:
     def mean(self) -> float:
         return self.total / self.count if self.count > 0 else 0.0
 
+    def share_at_most(self, value: float) -> float:
+        """The share of observations <= value (linear inside a bucket, the inverse of `quantile`)."""
+        if self.cumulative[-1] <= 0:
+            return math.nan
+        lower, below = 0.0, 0.0
+        for bound, cum in zip(self.bounds, self.cumulative, strict=True):
+            if value <= bound:
+                inside = 0.0 if not math.isfinite(bound) else (value - lower) / (bound - lower)
+                return (below + max(0.0, inside) * (cum - below)) / self.cumulative[-1]
+            lower, below = bound, cum
+        return 1.0
+
     def quantile(self, q: float) -> float:
         """Prometheus's histogram_quantile: linear inside the bucket the rank falls in (the +Inf bucket answers its
         lower bound, as Prometheus does)."""
@@ -285,6 +297,21 @@ class LiveTraffic:
     request_itl: LatencySummary | None  # per request mean ITL (what topotune predicts and AIPerf reports)
     models: tuple[str, ...] = field(default=())
     bucket_resolution: dict[str, list[float]] = field(default_factory=dict)
+    increase: VllmCounters | None = None  # the series' increase the window was read from
+
+    def share_within(self, *, max_ttft_ms: float | None, max_itl_ms: float | None) -> float:
+        """The measured share of requests within an SLA: TTFT <= bound and per-request mean ITL <= bound (the
+        every-token histogram when the server has no per-request one), the two taken as independent as the
+        prediction does (tuner.metrics.ServingMetrics.share_within). Read at the buckets' resolution."""
+        if self.increase is None:
+            return math.nan
+        share = 1.0
+        if max_ttft_ms is not None:
+            share *= self.increase.ttft_s.share_at_most(max_ttft_ms / 1000)
+        if max_itl_ms is not None:
+            itl = self.increase.request_itl_s or self.increase.itl_s
+            share *= itl.share_at_most(max_itl_ms / 1000)
+        return share
 
     def summary_json(self) -> dict[str, object]:
         return {"sources": list(self.sources), "models": list(self.models), "window_s": round(self.window_s, 3),
@@ -339,6 +366,6 @@ def live_traffic(increase: VllmCounters, window_s: float, sources: tuple[str, ..
         prefix_hit_share=hit, preemptions=increase.preemptions, workload=workload, ttft=LatencySummary.of(
             increase.ttft_s), itl=LatencySummary.of(increase.itl_s),
         request_itl=LatencySummary.of(request_itl) if request_itl is not None and request_itl.count > 0 else None,
-        models=increase.models,
+        models=increase.models, increase=increase,
         bucket_resolution={"input": [b for b in increase.prompt_tokens.bounds if math.isfinite(b)],
                            "output": [b for b in increase.generation_tokens.bounds if math.isfinite(b)]})
