@@ -15,6 +15,19 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tuner.workload import VllmCounters
+from tuner.workload._metrics import (
+    GENERATION_TOKENS,
+    ITL_SECONDS,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    PROMPT_TOKENS,
+    REQUEST_ITL_SECONDS,
+    REQUEST_SUCCESS,
+    TTFT_SECONDS,
+)
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm_metrics"
 
 
@@ -72,6 +85,37 @@ class MetricsPage(_Server):
             body = self.bodies[min(self.scrapes, len(self.bodies) - 1)]
             self.scrapes += 1
             return body
+
+
+def render(c: VllmCounters, model: str = "tiny") -> str:
+    """vLLM-shaped exposition text of `c` (one engine): the series and labels vLLM's PrometheusStatLogger writes,
+    so a test can serve cumulative counters built from real windows (after + increase)."""
+    labels = f'engine="0",model_name="{model}"'
+    lines: list[str] = []
+    for name, h in ((PROMPT_TOKENS, c.prompt_tokens), (GENERATION_TOKENS, c.generation_tokens),
+                    (TTFT_SECONDS, c.ttft_s), (ITL_SECONDS, c.itl_s), (REQUEST_ITL_SECONDS, c.request_itl_s)):
+        if h is None:
+            continue
+        lines.append(f"# TYPE {name} histogram")
+        for le, cum in zip(h.bounds, h.cumulative, strict=True):
+            bound = "+Inf" if le == float("inf") else repr(float(le))
+            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {cum!r}')
+        lines += [f"{name}_count{{{labels}}} {h.count!r}", f"{name}_sum{{{labels}}} {h.total!r}"]
+    lines += [f"# TYPE {REQUEST_SUCCESS}_total counter",
+              f'{REQUEST_SUCCESS}_total{{{labels},finished_reason="length"}} {c.finished - c.failed!r}',
+              f'{REQUEST_SUCCESS}_total{{{labels},finished_reason="abort"}} {c.failed!r}']
+    for name, value in ((PREFIX_QUERIES, c.prefix_queries), (PREFIX_HITS, c.prefix_hits), (PREEMPTIONS, c.preemptions)):
+        lines += [f"# TYPE {name}_total counter", f"{name}_total{{{labels}}} {value!r}"]
+    return "\n".join(lines) + "\n"
+
+
+def cumulative(start: VllmCounters, *windows: VllmCounters) -> list[str]:
+    """The scrapes of a server that starts at `start` and then serves each window's increase in turn."""
+    texts, now = [render(start)], start
+    for w in windows:
+        now = now.plus(w, source="test")
+        texts.append(render(now))
+    return texts
 
 
 # -- Prometheus's query API over two expositions -----------------------------------------------------------------

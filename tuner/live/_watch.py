@@ -130,7 +130,8 @@ class WatchTick:
         return {"kind": self.kind, "message": self.message, "reasons": list(self.reasons),
                 "profile": None if self.profile is None else self.profile.as_json(),
                 "advice": None if self.advice is None else self.advice.as_json(),
-                "expected": None if self.expected is None else asdict(self.expected)}
+                "expected": None if self.expected is None else {
+                    k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self.expected).items()}}
 
 
 def expected_gain(target: WatchTarget, live: LiveTraffic, advice: Advice, attainment_now: float) -> Expected:

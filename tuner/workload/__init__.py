@@ -19,6 +19,7 @@ from tuner.workload._metrics import (
     histogram_lengths,
     live_traffic,
     parse_exposition,
+    sum_counters,
 )
 from tuner.workload._scrape import (
     PrometheusApi,
@@ -64,6 +65,7 @@ __all__ = [
     "read_trace",
     "scrape",
     "served_context_tokens",
+    "sum_counters",
     "summarise_trace",
     "traffic_from_prometheus",
     "traffic_from_servers",

@@ -214,10 +214,11 @@ def parse_exposition(text: str, source: str) -> VllmCounters:
                     counts[name] += sample.value
                 if "model_name" in sample.labels:
                     models.add(sample.labels["model_name"])
-        elif name in counters:
+        elif name.removesuffix("_total") in counters:  # `# TYPE x_total counter` or a family with no TYPE line
+            name = name.removesuffix("_total")
             seen.add(name)
             for sample in family.samples:
-                if not sample.name.endswith("_total"):
+                if sample.name != f"{name}_total":
                     continue  # the _created gauge
                 counters[name] += sample.value
                 if name == REQUEST_SUCCESS and sample.labels.get("finished_reason") in FAILED_REASONS:
@@ -246,7 +247,7 @@ def parse_exposition(text: str, source: str) -> VllmCounters:
                         preemptions=counters[PREEMPTIONS], models=tuple(sorted(models)))
 
 
-def total(parts: Iterable[tuple[str, VllmCounters]]) -> VllmCounters:
+def sum_counters(parts: Iterable[tuple[str, VllmCounters]]) -> VllmCounters:
     """Several servers' counters (or increases) together: one deployment behind a router."""
     out: VllmCounters | None = None
     for source, counters in parts:

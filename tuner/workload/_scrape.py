@@ -34,7 +34,7 @@ from tuner.workload._metrics import (
     VllmCounters,
     live_traffic,
     parse_exposition,
-    total,
+    sum_counters,
 )
 
 MAX_RESPONSE_BYTES = 32 * 2**20  # a vLLM /metrics page is ~50 KB per engine; a Prometheus answer here is small
@@ -108,7 +108,7 @@ def traffic_from_servers(urls: list[str], window_s: float, *, timeout_s: float =
         elapsed.append(clock() - then)
         increases.append((url, after.minus(before, source=url)))
     # The servers were scraped one after the other; their intervals differ by the scrape time only.
-    return live_traffic(total(increases), sum(elapsed) / len(elapsed), tuple(targets))
+    return live_traffic(sum_counters(increases), sum(elapsed) / len(elapsed), tuple(targets))
 
 
 # -- Prometheus's HTTP API ------------------------------------------------------------------------------------------
