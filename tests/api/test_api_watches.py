@@ -52,7 +52,7 @@ def test_a_watch_fires_once_on_a_traffic_change(client) -> None:
         wid = r.json()["id"]
         assert r.json()["urls"] == [f"{url}/metrics"]
         kinds = [client.post(f"/v1/watches/{wid}/check", headers=AUTH).json()["kind"] for _ in scrapes]
-    assert kinds == ["primed", "baseline", "steady", "steady", "pending", "advice", "steady"]
+    assert kinds == ["primed", "baseline", "baseline", "steady", "pending", "advice", "baseline"]
     detail = client.get(f"/v1/watches/{wid}").json()
     advice = detail["latest_advice"]
     assert advice["kind"] == "advice" and "input length p50" in " ".join(advice["detail"]["reasons"])

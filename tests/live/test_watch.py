@@ -50,7 +50,7 @@ def test_one_change_fires_once_on_the_window_that_confirms_it(target: WatchTarge
         state = t.state
         kinds.append(t.kind)
         ticks.append(t)
-    assert kinds == ["baseline", "steady", "idle", "steady", "pending", "advice", "steady", "steady"]
+    assert kinds == ["baseline", "baseline", "idle", "steady", "pending", "advice", "baseline", "steady"]
     fired = ticks[5]
     assert any("input length p50 350 -> 600" in r for r in fired.reasons)
     assert any(r.startswith("request rate 5 -> 1.78") for r in fired.reasons)
@@ -62,8 +62,31 @@ def test_one_change_fires_once_on_the_window_that_confirms_it(target: WatchTarge
     assert fired.state.baseline is not None and fired.state.baseline.input_p50 == pytest.approx(600)
 
 
+def test_a_partial_first_window_only_settles_the_baseline(target: WatchTarget) -> None:
+    partial = live_traffic(PHASE1, 20.0, ("s",))  # the watch started mid-window: 40 % of the rate
+    assert partial.arrival_rps == pytest.approx(2.0)
+    kinds = []
+    state = WatchState()
+    for seconds in (20.0, 8.0, 8.0, 8.0):
+        t = tick(target, state, PHASE1, seconds, ("s",))
+        kinds.append(t.kind)
+        state = t.state
+    assert kinds == ["baseline", "baseline", "steady", "steady"]
+
+
+def test_a_quiet_window_breaks_a_pending_change(target: WatchTarget) -> None:
+    state = WatchState()
+    kinds = []
+    for inc, seconds in [(PHASE1, 8.0), (PHASE1, 8.0), (PHASE2, 9.0), (IDLE, 9.0), (PHASE1, 8.0)]:
+        t = tick(target, state, inc, seconds, ("s",))
+        kinds.append(t.kind)
+        state = t.state
+    assert kinds == ["baseline", "baseline", "pending", "idle", "steady"]
+
+
 def test_a_wobble_within_the_thresholds_never_fires(target: WatchTarget) -> None:
     state = tick(target, WatchState(), PHASE1, 8.0, ("s",)).state
+    state = tick(target, state, PHASE1, 8.0, ("s",)).state
     for seconds in (7.0, 9.0, 8.5, 7.5):  # the rate moves by up to 14%: under the 25% threshold
         t = tick(target, state, PHASE1, seconds, ("s",))
         assert t.kind == "steady"
@@ -83,7 +106,7 @@ def test_sla_attainment_below_target_fires_once_until_it_recovers(target: WatchT
         t = tick(strict, state, PHASE1, 8.0, ("s",), advise=fixed_advice, gain=no_gain)
         kinds.append(t.kind)
         state = t.state
-    assert kinds == ["baseline", "pending", "advice", "steady", "steady"]
+    assert kinds == ["pending", "advice", "baseline", "steady", "steady"]
     assert state.sla_alerted
     assert 0.4 < live.share_within(max_ttft_ms=bound, max_itl_ms=None) < 0.6
 
@@ -99,7 +122,7 @@ def no_gain(*_args: object) -> Expected:
 
 def test_the_state_survives_a_json_round_trip() -> None:
     profile = TrafficProfile(1.5, 300, 500, 40, 60, 0.3, math.nan, 12)
-    back = state_from_json(state_json(WatchState(baseline=profile, pending=1, sla_alerted=True)))
-    assert back.pending == 1 and back.sla_alerted and back.baseline is not None
+    back = state_from_json(state_json(WatchState(baseline=profile, baseline_windows=2, pending=1, sla_alerted=True)))
+    assert back.pending == 1 and back.sla_alerted and back.baseline is not None and back.baseline_windows == 2
     assert back.baseline.rate_rps == 1.5 and math.isnan(back.baseline.attainment)
     assert state_from_json(None) == WatchState()

@@ -151,3 +151,14 @@ def test_prometheus_errors_name_the_query() -> None:
         assert none.value.field == "--query"
         with pytest.raises(MetricsError, match="label matchers"):
             traffic_from_prometheus(url, "vllm:request_success_total{job=\"x\"}", 3600)
+
+
+def test_counters_typed_under_their_base_name_read_the_same() -> None:
+    """vLLM (prometheus_client) writes `# TYPE vllm:x_total counter`; OpenMetrics-style exporters write the base
+    name. Both give the same counters."""
+    text = exposition(PHASE1)
+    base = text.replace("# TYPE vllm:request_success_total counter", "# TYPE vllm:request_success counter")
+    base = base.replace("# TYPE vllm:prefix_cache_hits_total counter", "# TYPE vllm:prefix_cache_hits counter")
+    assert base != text
+    a, b = parse_exposition(text, "s"), parse_exposition(base, "s")
+    assert (a.finished, a.prefix_hits) == (b.finished, b.prefix_hits) == (40, 9728)

@@ -4,10 +4,11 @@ serves well (rate, length quantiles, prefix share) or the SLA attainment falls b
 Pure state and decisions; who scrapes, when, and where the state is kept is the caller's (the service's
 api/deployment_watch.py, the slow test's loop). Nothing here applies anything: advice is shown, never run.
 
-Drift is read against a baseline: the first window with traffic, then the window that last fired. A change must
-hold for `confirm_windows` consecutive windows before it fires, so a window straddling a change (half old traffic,
-half new) does not fire on its own and the window after it, compared with the same baseline, confirms it: one
-change, one advice.
+Drift is read against a baseline that settles over the first `confirm_windows` windows with traffic (each replaces
+it: a watch's first window, like the one that fires, is often partial), and again after each advice. A change
+must hold for `confirm_windows` consecutive windows with traffic before it fires, so a window straddling a change
+(half old traffic, half new) does not fire on its own and the window after it, compared with the same baseline,
+confirms it; a window without requests breaks the chain: one change, one advice.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class WatchState:
     """What a watch carries from one period to the next (JSON-able: the service stores it)."""
 
     baseline: TrafficProfile | None = None
+    baseline_windows: int = 0  # windows the baseline has settled over (it is judged against from confirm_windows)
     pending: int = 0  # consecutive windows past a threshold, not yet fired
     sla_alerted: bool = False  # fired for attainment below target; re-armed when it recovers
 
@@ -168,29 +170,36 @@ def tick(target: WatchTarget, state: WatchState, increase: VllmCounters, window_
          *, advise: Callable[..., Advice] = advise_traffic,
          gain: Callable[..., Expected] = expected_gain) -> WatchTick:
     """Decide on one window's increase (`advise` and `gain` are the frontier adapter and the comparison with the
-    running deployment; tests of the decisions alone pass cheaper ones)."""
+    running deployment; tests of the decisions alone pass cheaper ones).
+
+    The baseline settles over `confirm_windows` windows with traffic (each replaces it: the first window of a
+    watch, or the one after a change, is often partial); a window without requests breaks a pending change."""
     try:
         live = live_traffic(increase, window_s, sources)
     except TopotuneError as exc:
-        return WatchTick("idle", state, message=exc.user_message())
+        return WatchTick("idle", replace(state, pending=0), message=exc.user_message())
     a = target.advice
     profile = TrafficProfile.of(live, max_ttft_ms=a.max_ttft_ms, max_itl_ms=a.max_itl_ms)
     t = target.thresholds
-    if state.baseline is None:
-        return WatchTick("baseline", replace(state, baseline=profile, pending=0), profile,
-                         message=f"baseline: {live.workload.describe()}")
-    reasons = drift_reasons(state.baseline, profile, t)
+    settled = state.baseline is not None and state.baseline_windows >= t.confirm_windows
+    reasons = drift_reasons(state.baseline, profile, t) if settled and state.baseline is not None else []
     below = not math.isnan(profile.attainment) and profile.attainment < t.min_attainment
     sla_alerted = state.sla_alerted and below  # re-armed once attainment recovers
     if below and not state.sla_alerted:
         reasons.append(f"SLA attainment {profile.attainment:.0%} < target {t.min_attainment:.0%}")
+    if not settled:
+        state = replace(state, baseline=profile, baseline_windows=state.baseline_windows + 1)
+        if not reasons:
+            return WatchTick("baseline", replace(state, pending=0, sla_alerted=sla_alerted), profile,
+                             message=f"baseline ({state.baseline_windows} of {t.confirm_windows} windows): "
+                                     f"{live.workload.describe()}")
     if not reasons:
         return WatchTick("steady", replace(state, pending=0, sla_alerted=sla_alerted), profile)
     pending = state.pending + 1
     if pending < t.confirm_windows:
         return WatchTick("pending", replace(state, pending=pending, sla_alerted=sla_alerted), profile,
                          tuple(reasons), message=f"changed for {pending} of {t.confirm_windows} windows")
-    fired_state = WatchState(baseline=profile, pending=0, sla_alerted=below)
+    fired_state = WatchState(baseline=profile, baseline_windows=1, pending=0, sla_alerted=below)
     try:
         advice = advise(a, live.workload)
         expected = gain(target, live, advice, profile.attainment)
@@ -202,7 +211,8 @@ def tick(target: WatchTarget, state: WatchState, increase: VllmCounters, window_
 
 
 def state_json(state: WatchState) -> dict[str, object]:
-    return {"baseline": None if state.baseline is None else state.baseline.as_json(), "pending": state.pending,
+    return {"baseline": None if state.baseline is None else state.baseline.as_json(),
+            "baseline_windows": state.baseline_windows, "pending": state.pending,
             "sla_alerted": state.sla_alerted}
 
 
@@ -213,5 +223,5 @@ def state_from_json(data: dict[str, object] | None) -> WatchState:
     profile = None
     if isinstance(base, dict):
         profile = TrafficProfile(**{k: math.nan if v is None else float(v) for k, v in base.items()})
-    return WatchState(baseline=profile,
+    return WatchState(baseline=profile, baseline_windows=int(data.get("baseline_windows", 0)),
                       pending=int(data.get("pending", 0)), sla_alerted=bool(data.get("sla_alerted", False)))
