@@ -5,6 +5,7 @@ from two real vLLM expositions (the increase between them). 127.0.0.1 only."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 from collections.abc import Iterator
@@ -141,9 +142,10 @@ class _PromHandler(BaseHTTPRequestHandler):
         if parts.path != "/api/v1/query":
             self.send_error(404)
             return
-        query = parse_qs(parts.query).get("query", [""])[0]
+        params = parse_qs(parts.query)
+        query = params.get("query", [""])[0]
         owner.queries.append(query)
-        body = json.dumps(owner.answer(query)).encode()
+        body = json.dumps(owner.answer(query, float(params.get("time", ["inf"])[0]))).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -153,25 +155,31 @@ class _PromHandler(BaseHTTPRequestHandler):
 
 class PrometheusAnswers(_Server):
     """/api/v1/query answering `sum [by (l)](increase(S{m}[Ns]))` and `count by (l)(S{m})` from the increase between
-    two real expositions (what Prometheus would answer over a window spanning the two scrapes)."""
+    two real expositions (what Prometheus would answer over a window spanning the two scrapes), and `sum(G{m})` of a
+    gauge from the exposition at the query's time (`before` until `split_at`, `after` from then)."""
 
-    def __init__(self, before: str, after: str) -> None:
+    def __init__(self, before: str, after: str, *, split_at: float = 0.0) -> None:
         super().__init__(_PromHandler)
         self.before = {(n, tuple(sorted(labels.items()))): v for n, labels, v in _samples(before)}
+        self.before_samples = _samples(before)
         self.after = _samples(after)
+        self.split_at = split_at
         self.queries: list[str] = []
 
-    def answer(self, query: str) -> dict[str, object]:
+    def answer(self, query: str, at: float = math.inf) -> dict[str, object]:
         match = _QUERY.match(query)
         if match is None:
             return {"status": "error", "errorType": "bad_data", "error": f"parse error in {query!r}"}
         groups: dict[str, float] = {}
-        for name, labels, value in self.after:
+        raw = match["window"] is None and match["agg"] == "sum"
+        for name, labels, value in (self.before_samples if raw and at < self.split_at else self.after):
             if name != match["series"] or not _matches(labels, match["matchers"]):
                 continue
             key = labels.get(match["by"] or "", "")
             if match["agg"] == "count":
                 groups[key] = groups.get(key, 0.0) + 1
+            elif raw:
+                groups[key] = groups.get(key, 0.0) + value
             else:
                 groups[key] = groups.get(key, 0.0) + value - self.before.get((name, tuple(sorted(labels.items()))), 0)
         result = [{"metric": {match["by"]: k} if match["by"] else {}, "value": [1.0, repr(v)]}

@@ -28,7 +28,7 @@ def test_from_metrics_json_has_todays_keys_plus_the_measured_ones(tmp_path: Path
     assert data["measured"]["ttft_ms"]["samples"] == 40
     # the file is a workload every --workload option reads: the same lengths, prefix and rate
     back = load_workload(out, isl=1, osl=1, concurrency=(1,))
-    assert back.open_loop and back.request_rates == (pytest.approx(data["arrival_rps"]),)
+    assert back.open_loop and back.request_rates == (pytest.approx(data["arrival_rps"], rel=1e-4),)
     assert back.input_tokens.expected == pytest.approx(data["input_tokens"]["mean"], abs=0.5)
     assert back.prefix is not None
     assert main(["workload", str(out), "--json"]) == 0

@@ -162,3 +162,23 @@ def test_counters_typed_under_their_base_name_read_the_same() -> None:
     assert base != text
     a, b = parse_exposition(text, "s"), parse_exposition(base, "s")
     assert (a.finished, a.prefix_hits) == (b.finished, b.prefix_hits) == (40, 9728)
+
+
+def test_the_rate_counts_arrivals_not_completions() -> None:
+    """Requests still inside the engine at the window's end arrived in it: finished + the change in running and
+    waiting (vLLM's scheduler gauges), so a latency that grows during the window does not read as less traffic."""
+    busy = exposition(PHASE1).replace('vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+                                      'vllm:num_requests_running{engine="0",model_name="tiny"} 3.0')
+    busy = busy.replace('vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0',
+                        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0')
+    assert busy != exposition(PHASE1)
+    inc = parse_exposition(busy, "s").minus(parse_exposition(exposition(IDLE), "s"), source="s")
+    assert inc.in_flight == 5
+    live = live_traffic(inc, 9.0, ("s",))
+    assert live.requests == 40 and live.arrival_rps == pytest.approx(45 / 9.0)
+    # and the other way: a window that starts busy and ends idle
+    back = parse_exposition(exposition(PHASE2), "s").minus(parse_exposition(busy, "s"), source="s")
+    assert back.in_flight == -5 and live_traffic(back, 11.0, ("s",)).arrival_rps == pytest.approx((16 - 5) / 11.0)
+    with serving(PrometheusAnswers(exposition(IDLE), busy, split_at=995.0)) as url:
+        via = traffic_from_prometheus(url, '{model_name="tiny"}', 9.0, at=1000.0)
+    assert via.arrival_rps == pytest.approx(45 / 9.0)

@@ -39,6 +39,11 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 PREEMPTIONS = "vllm:num_preemptions"
 COUNTERS = (REQUEST_SUCCESS, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS)
+# Gauges of the requests inside the engine at the last step (scheduler stats): a window's arrivals are the requests
+# that finished in it plus the change in these.
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+IN_FLIGHT = (RUNNING, WAITING)
 #: finished_reason values that are not a served answer (vLLM's FinishReason: stop, length, abort, error, ...)
 FAILED_REASONS = frozenset({"abort", "error"})
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -144,6 +149,7 @@ class VllmCounters:
     prefix_queries: float
     prefix_hits: float
     preemptions: float
+    in_flight: float = 0.0  # running + waiting (a gauge: in an increase, its change over the window)
     models: tuple[str, ...] = ()
 
     def plus(self, other: VllmCounters, *, source: str) -> VllmCounters:
@@ -153,7 +159,7 @@ class VllmCounters:
     def minus(self, earlier: VllmCounters, *, source: str) -> VllmCounters:
         """The window's increase; a counter that went down is a reset (an error naming the source)."""
         def counter(a: float, b: float, name: str) -> float:
-            if a < b:
+            if a < b and name != _SERIES_OF["in_flight"]:  # a gauge may go down
                 raise _reset(source, name)
             return a - b
 
@@ -163,7 +169,8 @@ class VllmCounters:
 _SERIES_OF = {"prompt_tokens": PROMPT_TOKENS, "generation_tokens": GENERATION_TOKENS, "ttft_s": TTFT_SECONDS,
               "itl_s": ITL_SECONDS, "request_itl_s": REQUEST_ITL_SECONDS, "finished": f"{REQUEST_SUCCESS}_total",
               "failed": f"{REQUEST_SUCCESS}_total", "prefix_queries": f"{PREFIX_QUERIES}_total",
-              "prefix_hits": f"{PREFIX_HITS}_total", "preemptions": f"{PREEMPTIONS}_total"}
+              "prefix_hits": f"{PREFIX_HITS}_total", "preemptions": f"{PREEMPTIONS}_total",
+              "in_flight": f"{RUNNING} + {WAITING}"}
 
 
 def _combine(a: VllmCounters, b: VllmCounters, hist: Callable[[Histogram, Histogram, str], Histogram],
@@ -194,6 +201,7 @@ def parse_exposition(text: str, source: str) -> VllmCounters:
     seen: set[str] = set()
     counters: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
     failed = 0.0
+    in_flight = 0.0
     models: set[str] = set()
     try:
         families = list(text_string_to_metric_families(text))
@@ -214,6 +222,8 @@ def parse_exposition(text: str, source: str) -> VllmCounters:
                     counts[name] += sample.value
                 if "model_name" in sample.labels:
                     models.add(sample.labels["model_name"])
+        elif name in IN_FLIGHT:
+            in_flight += sum(sample.value for sample in family.samples if sample.name == name)
         elif name.removesuffix("_total") in counters:  # `# TYPE x_total counter` or a family with no TYPE line
             name = name.removesuffix("_total")
             seen.add(name)
@@ -244,7 +254,7 @@ def parse_exposition(text: str, source: str) -> VllmCounters:
                         ttft_s=hists[TTFT_SECONDS], itl_s=hists[ITL_SECONDS],  # type: ignore[arg-type]
                         request_itl_s=hists[REQUEST_ITL_SECONDS], finished=counters[REQUEST_SUCCESS], failed=failed,
                         prefix_queries=counters[PREFIX_QUERIES], prefix_hits=counters[PREFIX_HITS],
-                        preemptions=counters[PREEMPTIONS], models=tuple(sorted(models)))
+                        preemptions=counters[PREEMPTIONS], in_flight=in_flight, models=tuple(sorted(models)))
 
 
 def sum_counters(parts: Iterable[tuple[str, VllmCounters]]) -> VllmCounters:
@@ -289,7 +299,7 @@ class LiveTraffic:
     window_s: float
     requests: float  # finished in the window (every reason)
     failed: float
-    arrival_rps: float
+    arrival_rps: float  # (finished + the change in running and waiting) / window: the requests that arrived
     prefix_hit_share: float  # prefix-cache hits / queries, in tokens
     preemptions: float
     workload: Workload
@@ -355,7 +365,9 @@ def live_traffic(increase: VllmCounters, window_s: float, sources: tuple[str, ..
     hit = min(max(hit, 0.0), 1.0)
     inputs = histogram_lengths(increase.prompt_tokens)
     outputs = histogram_lengths(increase.generation_tokens) if increase.generation_tokens.count > 0 else inputs
-    rate = increase.finished / window_s
+    # Arrivals, not completions: a window's completions lag its arrivals by the latency, which moves with the load;
+    # the change in requests inside the engine (running + waiting at each scrape) puts them back.
+    rate = max(0.0, increase.finished + increase.in_flight) / window_s
     # The hit share as one shared prefix every cache holds: no structure beyond the share (docs/workloads.md).
     shared = math.floor(hit * inputs.expected)
     prefix = PrefixSharing(shared_tokens=shared, num_prefixes=1) if 1 <= shared < inputs.longest else None

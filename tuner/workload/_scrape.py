@@ -20,6 +20,7 @@ from tuner.workload._metrics import (
     FAILED_REASONS,
     GENERATION_TOKENS,
     HISTOGRAMS,
+    IN_FLIGHT,
     ITL_SECONDS,
     PREEMPTIONS,
     PREFIX_HITS,
@@ -165,11 +166,12 @@ def traffic_from_prometheus(url: str, selector: str, range_s: float, *, at: floa
     summed over every series the matchers select (engines, servers)."""
     api = PrometheusApi(url, timeout_s=timeout_s)
     matchers = _matchers(selector)
+    end = time.time() if at is None else at
     window = f"{round(range_s)}s"
 
     def increase(series: str, by: str = "") -> list[tuple[dict[str, str], float]]:
         grouping = f" by ({by})" if by else ""
-        return api.query(f"sum{grouping}(increase({series}{{{matchers}}}[{window}]))", at)
+        return api.query(f"sum{grouping}(increase({series}{{{matchers}}}[{window}]))", end)
 
     def scalar(series: str) -> float:
         return sum(v for _, v in increase(series))
@@ -197,7 +199,11 @@ def traffic_from_prometheus(url: str, selector: str, range_s: float, *, at: floa
                            fix="select the vLLM servers' series (they export these histograms unless started with "
                                "--disable-log-stats)")
     models = tuple(sorted({labels["model_name"] for labels, _ in api.query(
-        f"count by (model_name)({REQUEST_SUCCESS}_total{{{matchers}}})", at) if "model_name" in labels}))
+        f"count by (model_name)({REQUEST_SUCCESS}_total{{{matchers}}})", end) if "model_name" in labels}))
+
+    def in_flight(when: float) -> float:
+        return sum(v for name in IN_FLIGHT for _, v in api.query(f"sum({name}{{{matchers}}})", when))
+
     counters = {name: scalar(f"{name}_total") for name in COUNTERS if name != REQUEST_SUCCESS}
     increase_all = VllmCounters(
         prompt_tokens=hists[PROMPT_TOKENS], generation_tokens=hists[GENERATION_TOKENS],  # type: ignore[arg-type]
@@ -205,5 +211,5 @@ def traffic_from_prometheus(url: str, selector: str, range_s: float, *, at: floa
         finished=sum(v for _, v in success),
         failed=sum(v for labels, v in success if labels.get("finished_reason") in FAILED_REASONS),
         prefix_queries=counters[PREFIX_QUERIES], prefix_hits=counters[PREFIX_HITS], preemptions=counters[PREEMPTIONS],
-        models=models)
+        in_flight=in_flight(end) - in_flight(end - range_s), models=models)
     return live_traffic(increase_all, range_s, (f"{api.base} {{{matchers}}}",))
