@@ -93,8 +93,9 @@ def test_bad_windows_are_errors_naming_the_source_and_the_fix() -> None:
     assert "widen the window" in (idle.value.fix or "")
     with pytest.raises(MetricsError, match="exposes no vLLM metrics"):
         parse_exposition("# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.5\n", "u")
-    with pytest.raises(MetricsError, match="not Prometheus text"):
-        parse_exposition('{"object": "list"}', "u")
+    with pytest.raises(MetricsError, match="not answer Prometheus text format") as not_text:
+        parse_exposition('{"object": "list", "secret": "s3"}', "u")
+    assert "s3" not in not_text.value.user_message()
     with pytest.raises(MetricsError, match="window"):
         parse_duration("0s", "--window")
     assert parse_duration("10m", "--window") == 600 and parse_duration("1h", "--range") == 3600

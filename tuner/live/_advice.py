@@ -59,19 +59,19 @@ def advise_traffic(request: AdviceRequest, workload: Workload) -> Advice:
     """The frontier's recommendation for `workload` (open loop at its one rate) under the SLA: the deployment with
     the fewest GPUs that carries the rate. InfeasibleError (naming the bound or --gpus) when none does."""
     from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
-    from tuner.cli._perf import _calibration, _rate_fronts, operating_deployment, recommend
+    from tuner.cli._perf import _rate_fronts, operating_deployment, recommend
     from tuner.export import RecipeContext, export_deployment
     from tuner.frontier import Constraints
     from tuner.hardware import get_gpu
     from tuner.models import load_model
-    from tuner.perf import RooflineModel, candidate_topologies
+    from tuner.perf import RooflineModel, candidate_topologies, default_calibration
 
     if request.percentile not in PERCENTILES:
         raise InfeasibleError(f"unknown percentile {request.percentile!r}", field="percentile",
                               fix="use p50, p90 or p99")
     spec = load_model(Path(request.model_path))
     gpu = get_gpu(request.hardware)
-    perf = RooflineModel(spec, gpu, _calibration(gpu.name, None))
+    perf = RooflineModel(spec, gpu, default_calibration(gpu.name))
     pairing = pairing_predicate(launch_rules(None), PairingContext(model=spec, architecture=gpu.architecture))
     constraints = Constraints(max_gpus=request.max_gpus, max_ttft_ms=request.max_ttft_ms,
                               max_itl_ms=request.max_itl_ms, percentile=request.percentile,  # type: ignore[arg-type]

@@ -140,16 +140,15 @@ def expected_gain(target: WatchTarget, live: LiveTraffic, advice: Advice, attain
     """GPUs saved (the advice needs fewer) or SLA regained (the running deployment misses it, the advice meets it),
     from the measured attainment now and the model's for the advice."""
     from tuner.backends.vllm import parse_deployment
-    from tuner.cli._perf import _calibration
     from tuner.hardware import get_gpu
     from tuner.live._check import engine_from_flags
     from tuner.models import load_model
-    from tuner.perf import RooflineModel
+    from tuner.perf import RooflineModel, default_calibration
 
     engine, _ = engine_from_flags(target.serve_flags)
     running = parse_deployment(target.deployment, **engine)
     gpu = get_gpu(target.advice.hardware)
-    perf = RooflineModel(load_model(target.advice.model_path), gpu, _calibration(gpu.name, None))
+    perf = RooflineModel(load_model(target.advice.model_path), gpu, default_calibration(gpu.name))
     carries = predict_deployment(perf, running, live.workload, live.arrival_rps).saturated is None
     now = running.num_gpus
     parts = []

@@ -205,8 +205,8 @@ def parse_exposition(text: str, source: str) -> VllmCounters:
     models: set[str] = set()
     try:
         families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError, IndexError) as exc:
-        raise MetricsError(f"not Prometheus text format ({str(exc)[:120]})", field=source,
+    except (ValueError, TypeError, IndexError):  # the body is not echoed: a watch may point anywhere
+        raise MetricsError("the endpoint does not answer Prometheus text format", field=source,
                            fix="give a vLLM server's /metrics URL, e.g. http://host:8000/metrics") from None
     for family in families:
         name = family.name
