@@ -10,6 +10,7 @@ per-request timestamps. A window counts as inside a phase when it starts after t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,13 +23,19 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from _support.cpu_vllm import CPU_SETTINGS, make_tiny_model, needs_envs
+from fastapi.testclient import TestClient
 
-from tuner.backends.vllm import default_envs_dir
-from tuner.live import AdviceRequest, Thresholds, WatchState, WatchTarget, tick
+from tuner.backends.vllm import default_envs_dir, parse_deployment
+from tuner.cluster import ClusterKey, ClusterStore
+from tuner.hardware import get_gpu
+from tuner.live import AdviceRequest, Thresholds, WatchState, WatchTarget, check_deployment, record_window, tick
+from tuner.models import load_model
+from tuner.perf import RooflineModel, default_calibration
 from tuner.workload import LiveTraffic, VllmCounters, live_traffic, scrape, traffic_from_prometheus
 
 pytestmark = pytest.mark.slow
@@ -94,6 +101,7 @@ class Run:
     phases: list[Phase]
     prometheus: str | None
     model_dir: Path
+    service_history: list[dict]  # the service's own watch over the same run, newest first
 
 
 def _phase(name: str, folder: Path) -> Phase:
@@ -136,15 +144,34 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             prom_url = f"http://127.0.0.1:{prom_port}"
             _wait_http(f"{prom_url}/-/ready", 120, prometheus)
         url = f"http://127.0.0.1:{port}/metrics"
-        scrapes = _serve_phases(url, port, model, tmp)
+        with _service(tmp, url) as (client, watch_id):
+            scrapes = _serve_phases(url, port, model, tmp)
+            history = client.get(f"/v1/watches/{watch_id}/history?limit=2000").json()
         if prometheus is not None:
             time.sleep(3)  # its last 1 s scrapes of the final counters
         _stop(vllm)
-        yield Run(url, scrapes, [_phase(name, tmp / name) for name in PHASES], prom_url, model)
+        yield Run(url, scrapes, [_phase(name, tmp / name) for name in PHASES], prom_url, model, history)
     finally:
         _stop(vllm)
         if prometheus is not None:
             _stop(prometheus)
+
+
+@contextlib.contextmanager
+def _service(tmp: Path, url: str) -> Iterator[tuple[TestClient, int]]:
+    """The service (SQLite, no model watcher) with a deployment watch on the server, every WINDOW_S."""
+    from api.config import ApiSettings
+    from api.main import create_app
+
+    token = "live-test-token-" + "x" * 24
+    settings = ApiSettings(data_dir=tmp / "service", storage=f"sqlite:///{tmp / 'service.db'}", api_token=token,
+                           executor="local", models_dir=tmp, watch_models=False)
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/v1/watches", headers={"Authorization": f"Bearer {token}"}, json={
+            "name": "tiny", "urls": [url], "deployment": "TP1", "serve_flags": "--max-num-seqs 8",
+            "model_path": "tiny", "hardware": "cpu", "max_gpus": 2, "period_s": WINDOW_S})
+        assert r.status_code == 201, r.text
+        yield client, r.json()["id"]
 
 
 def _serve_phases(url: str, port: int, model: Path, tmp: Path) -> list[tuple[float, VllmCounters]]:
@@ -267,3 +294,43 @@ def test_prometheus_gives_the_same_workload(run: Run) -> None:
     assert via.prefix_hit_share == pytest.approx(direct.prefix_hit_share, abs=0.03)
     assert via.models == ("tiny",)
     assert not math.isnan(via.ttft.p50_ms)
+
+
+@needs_envs
+def test_the_services_watch_fires_once_on_the_phase_change(run: Run) -> None:
+    """The service's own timer, watching the same server through the run: one advice, after the change."""
+    kinds = [e["kind"] for e in reversed(run.service_history)]
+    print(f"\nservice watch periods: {' '.join(kinds)}")
+    advice = [e for e in run.service_history if e["kind"] == "advice"]
+    assert len(advice) == 1, kinds
+    (event,) = advice
+    at = datetime.fromisoformat(event["at"])
+    when = (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp()  # SQLite keeps naive UTC
+    assert when > run.phases[1].first_start_s, kinds
+    assert "vllm serve" in event["detail"]["advice"]["commands"]
+    assert "baseline" in kinds[: kinds.index("advice")]
+
+
+@needs_envs
+def test_calibration_check_of_the_cpu_server(run: Run, tmp_path: Path) -> None:
+    """The measured TTFT and ITL of each phase against the model's prediction for TP1 on the CPU entry of the GPU
+    catalog, recorded as a measured run: the factors are printed (the CPU is far from a GPU roofline)."""
+    spec = load_model(run.model_dir)
+    gpu = get_gpu("cpu")
+    perf = RooflineModel(spec, gpu, default_calibration(gpu.name))
+    store = ClusterStore(f"sqlite:///{tmp_path / 'cluster.db'}")
+    key = ClusterKey.of(gpu, "0.32.0")
+    for phase in run.phases:
+        live, _, t1 = _window(run, *_inner(run, phase))
+        check = check_deployment(perf, parse_deployment("TP1", max_num_seqs=8), live)
+        ttft, itl = check.factor("ttft"), check.factor("itl")
+        assert check.prediction.saturated is None and ttft is not None and itl is not None
+        print(f"\n{phase.name}: TTFT {check.measured_ttft.mean_ms:.1f} ms measured / "
+              f"{check.prediction.ttft.mean_ms if check.prediction.ttft else 0:.1f} predicted = {ttft:.3g}x; ITL "
+              f"{check.measured_itl.mean_ms:.2f} / {check.prediction.itl.mean_ms if check.prediction.itl else 0:.2f} "
+              f"= {itl:.3g}x")
+        record_window(check, store, key, model_name=spec.name, model_path=str(run.model_dir), label=phase.name,
+                      at_s=t1)
+    runs = store.read_runs(key)
+    assert [r.study for r in runs] == ["live:chat", "live:summarise"]
+    assert runs[1].points[0].request_throughput_rps == pytest.approx(run.phases[1].arrival_rps, rel=0.05)
