@@ -63,7 +63,9 @@ def test_a_watch_fires_once_on_a_traffic_change(client) -> None:
     assert [h["kind"] for h in history] == list(reversed(kinds))  # newest first
     page = client.get(f"/ui/watches/{wid}").text
     assert "vllm serve" in page and 'id="latest-advice"' in page and "input length p50" in page
-    assert 'href="/ui/watches/' in client.get("/ui/watches").text
+    listing = client.get("/ui/watches").text
+    assert 'href="/ui/watches/' in listing
+    assert 'id="new-watch"' not in listing  # a reader without sign-in gets no form
 
 
 def test_bad_input_names_the_field(client) -> None:
@@ -90,7 +92,10 @@ def test_writes_need_sign_in_and_csrf(client) -> None:
     assert signed.status_code == 303
     refused = client.patch(f"/v1/watches/{wid}", json={"enabled": True}, headers=ORIGIN)  # cookie, no CSRF token
     assert refused.status_code == 403
-    csrf = re.search(r'<meta name="csrf-token" content="([^"]*)">', client.get("/ui/watches").text).group(1)
+    listing = client.get("/ui/watches").text
+    assert 'id="new-watch"' in listing and 'window.topotune.send("POST", "/v1/watches", body)' in listing
+    assert 'id="check-now"' in client.get(f"/ui/watches/{wid}").text
+    csrf = re.search(r'<meta name="csrf-token" content="([^"]*)">', listing).group(1)
     ok = client.patch(f"/v1/watches/{wid}", json={"name": "renamed"}, headers={**ORIGIN, "X-CSRF-Token": csrf})
     assert ok.status_code == 200 and ok.json()["name"] == "renamed"
     assert client.delete(f"/v1/watches/{wid}", headers={**ORIGIN, "X-CSRF-Token": csrf}).status_code == 204
