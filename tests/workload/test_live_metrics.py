@@ -183,3 +183,12 @@ def test_the_rate_counts_arrivals_not_completions() -> None:
     with serving(PrometheusAnswers(exposition(IDLE), busy, split_at=995.0)) as url:
         via = traffic_from_prometheus(url, '{model_name="tiny"}', 9.0, at=1000.0)
     assert via.arrival_rps == pytest.approx(45 / 9.0)
+
+
+def test_a_window_where_only_earlier_requests_finished_is_no_traffic() -> None:
+    """Requests running when the window began that finish in it, and nothing new: no arrival, a clear error."""
+    running = exposition(IDLE).replace('vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+                                       'vllm:num_requests_running{engine="0",model_name="tiny"} 40.0')
+    inc = parse_exposition(exposition(PHASE1), "s").minus(parse_exposition(running, "s"), source="s")
+    with pytest.raises(MetricsError, match="no request arrived"):
+        live_traffic(inc, 10.0, ("s",))

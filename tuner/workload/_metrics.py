@@ -367,7 +367,13 @@ def live_traffic(increase: VllmCounters, window_s: float, sources: tuple[str, ..
     outputs = histogram_lengths(increase.generation_tokens) if increase.generation_tokens.count > 0 else inputs
     # Arrivals, not completions: a window's completions lag its arrivals by the latency, which moves with the load;
     # the change in requests inside the engine (running + waiting at each scrape) puts them back.
-    rate = max(0.0, increase.finished + increase.in_flight) / window_s
+    arrived = increase.finished + increase.in_flight
+    if arrived <= 0:
+        raise MetricsError(f"no request arrived in the {window_s:,.0f} s window ({increase.finished:,.0f} finished "
+                           "were already running when it began)", field=where,
+                           fix="widen the window (--window / --range), or check that the traffic reaches these "
+                               "servers")
+    rate = arrived / window_s
     # The hit share as one shared prefix every cache holds: no structure beyond the share (docs/workloads.md).
     shared = math.floor(hit * inputs.expected)
     prefix = PrefixSharing(shared_tokens=shared, num_prefixes=1) if 1 <= shared < inputs.longest else None
