@@ -12,7 +12,7 @@ import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
-from tuner.cli._app import app, console, print_json
+from tuner.cli._app import app, console, err_console, print_json
 from tuner.errors import ConfigError
 from tuner.workload import (
     LiveTraffic,
@@ -125,7 +125,12 @@ def live_window(from_metrics: str | None, more_urls: list[str], window: str, fro
                               fix="give one Prometheus URL; select servers with --query")
         return traffic_from_prometheus(from_prometheus, query, parse_duration(range_, "--range"))
     urls = [u for part in (from_metrics or "", *more_urls) for u in part.split(",") if u.strip()]
-    return traffic_from_servers(urls, parse_duration(window, "--window"))
+
+    def wait(seconds: float) -> None:
+        err_console.print(f"scraped {len(urls)} server(s); the window ends in {seconds:g} s", highlight=False)
+        time.sleep(seconds)
+
+    return traffic_from_servers(urls, parse_duration(window, "--window"), sleep=wait)
 
 
 def write_workload_file(path: Path, live: LiveTraffic) -> None:
