@@ -12,7 +12,7 @@ MODEL ?= examples/models/qwen3.8-2.4t-a95b-nvfp4
 
 CPU_ENVS ?= $(HOME)/.cache/topotune/envs
 
-.PHONY: demo test lint bench venv clean cpu-vllm aiconfigurator
+.PHONY: demo test lint bench venv clean cpu-vllm aiconfigurator prometheus
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ demo: $(STAMP)
 cpu-vllm:
 	TOPOTUNE_ENVS_DIR=$(CPU_ENVS) bash scripts/setup-cpu-vllm.sh
 
+# Prometheus from Debian (8 s here) for the slow live-traffic test's --from-prometheus check; skipped (the test says
+# so) where it is absent and apt-get cannot install it (no root, not Debian).
+prometheus:
+	@command -v prometheus >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null; } || \
+		echo "prometheus not installed: tests/backends/test_live_traffic_cpu.py skips its Prometheus check"
+
 # NVIDIA aiconfigurator 0.12 in a venv of its own (it pins its own dependencies; topotune never imports it), then its
 # estimates of every public measurement it can represent, stored with their commands in
 # benchmarks/data/aiconfigurator.yaml (benchmarks/fidelity.py prints them beside topotune's; ~10-30 min on 2 cores).
@@ -48,7 +55,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	@case "$(PYTEST_ARGS)" in *--skip-slow*) ;; *) $(MAKE) --no-print-directory cpu-vllm ;; esac
+	@case "$(PYTEST_ARGS)" in *--skip-slow*) ;; *) $(MAKE) --no-print-directory cpu-vllm prometheus ;; esac
 	TOPOTUNE_ENVS_DIR=$(CPU_ENVS) $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -24,11 +24,12 @@ from api.config import ApiSettings
 from api.dashboard_banner import DashboardBanner
 from api.dashboard_guard import DashboardGuard
 from api.db import make_engine, make_session_factory, upgrade
+from api.deployment_watch import DeploymentWatcher
 from api.errors import FieldError, field_error_handler, validation_error_handler
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import ServiceMetrics
 from api.models import StudyRecord
-from api.routes import advice, clusters, health, metrics, models, pages, signin, studies
+from api.routes import advice, clusters, health, metrics, models, pages, signin, studies, watches
 from api.runner import StudyRunner
 from api.schemas import ReverifyCreate
 from api.security import AuthMiddleware
@@ -106,6 +107,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     watcher = ModelWatcher(settings, sessions, runner.submit, reverify_trigger(sessions, runner)) \
         if settings.watch_models else None
     dashboard = LazyDashboard()
+    deployment_watcher = DeploymentWatcher(sessions)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -115,9 +117,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         await run_in_threadpool(_warm_cache, sessions, cache)
         if watcher is not None:
             watcher.start()
+        deployment_watcher.start()
         try:
             yield
         finally:
+            deployment_watcher.stop()
             if watcher is not None:
                 watcher.stop()
             await run_in_threadpool(runner.shutdown)
@@ -133,6 +137,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.runner = runner
     app.state.cache = cache
     app.state.watcher = watcher
+    app.state.deployment_watcher = deployment_watcher
     app.add_exception_handler(FieldError, field_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_middleware(BodySizeLimitMiddleware)
@@ -140,7 +145,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     signer = SessionSigner(token, settings.session_hours * 3600) if token else None
     app.state.signer = signer
     app.add_middleware(AuthMiddleware, token=token, read_auth=settings.read_auth, signer=signer)
-    for module in (health, metrics, studies, advice, models, clusters, pages, signin):
+    for module in (health, metrics, studies, advice, models, clusters, watches, pages, signin):
         app.include_router(module.router)
 
     @app.get("/", include_in_schema=False)

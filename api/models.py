@@ -6,14 +6,14 @@ import enum
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, DateTime, Enum, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from tuner.backends import stored_backend_config
 from tuner.space import SearchSpace
 from tuner.tune import TuneRequest
 
-SCHEMA_VERSION = "0002"  # the head of api/migrations/versions; tests check the two agree
+SCHEMA_VERSION = "0003"  # the head of api/migrations/versions; tests check the two agree
 
 
 def utcnow() -> datetime:
@@ -127,3 +127,50 @@ class EventRecord(Base):
     message: Mapped[str] = mapped_column(Text, default="")
 
     study: Mapped[StudyRecord] = relationship(back_populates="events")
+
+
+class WatchRecord(Base):
+    """A deployment watch: the running deployment's metrics URLs, what it runs, the SLA and the drift thresholds.
+
+    `state` is tuner.live's WatchState as JSON (the baseline traffic profile, windows pending confirmation); the
+    last scrape of each URL is kept in memory only (a restart re-primes it with one period)."""
+
+    __tablename__ = "topotune_watches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    urls: Mapped[dict[str, Any]] = mapped_column()  # {"urls": [...]}: one deployment's servers
+    deployment: Mapped[str] = mapped_column(String(512))
+    serve_flags: Mapped[str] = mapped_column(Text, default="")
+    model_path: Mapped[str] = mapped_column(String(4096))
+    hardware: Mapped[str] = mapped_column(String(64))
+    max_gpus: Mapped[int] = mapped_column(Integer)
+    max_ttft_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    max_itl_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    percentile: Mapped[str] = mapped_column(String(8), default="p90")
+    period_s: Mapped[float] = mapped_column(Float)
+    thresholds: Mapped[dict[str, Any]] = mapped_column()  # tuner.live.Thresholds as JSON
+    enabled: Mapped[bool] = mapped_column(default=True)
+    state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    last_checked_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    events: Mapped[list[WatchEventRecord]] = relationship(back_populates="watch", cascade="all, delete-orphan",
+                                                          order_by="WatchEventRecord.id", passive_deletes=True)
+
+
+class WatchEventRecord(Base):
+    """One period of a watch: the window's traffic profile, what the watch decided, and the advice when it fired."""
+
+    __tablename__ = "topotune_watch_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    watch_id: Mapped[int] = mapped_column(ForeignKey("topotune_watches.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16))  # baseline, steady, pending, advice, idle, error
+    window_s: Mapped[float | None] = mapped_column(Float, default=None)
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)  # tuner.live.WatchTick.as_json()
+    message: Mapped[str] = mapped_column(Text, default="")
+
+    watch: Mapped[WatchRecord] = relationship(back_populates="events")

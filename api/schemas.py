@@ -349,3 +349,94 @@ class AdvicePublic(BaseModel):
     num_deployments: int
     elapsed_s: float
     calibration: dict[str, Any]
+# -- deployment watches (#48) ----------------------------------------------------------------------------------------
+class ThresholdsIn(_In):
+    """When a watch asks for new advice (tuner.live.Thresholds; unset fields keep their defaults)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    rate_rel: float = Field(0.25, gt=0, le=100, description="|rate / baseline - 1| that counts as a change")
+    length_rel: float = Field(0.25, gt=0, le=100, description="|length p50 or p90 / baseline - 1|")
+    prefix_abs: float = Field(0.15, gt=0, le=1, description="|prefix-cache hit share - baseline|")
+    min_attainment: float = Field(0.9, ge=0, le=1, description="measured share within the SLA below which to act")
+    confirm_windows: int = Field(2, ge=1, le=100, description="consecutive windows a change must hold")
+
+
+class WatchCreate(_In):
+    """A running deployment to watch: its servers' /metrics URLs, what it runs, the SLA and the GPU budget the
+    advice may use, and how often to look."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(min_length=1, max_length=256)
+    urls: list[str] = Field(min_length=1, max_length=64, description="every server's /metrics URL (http or https)")
+    deployment: str = Field(min_length=1, max_length=512, description="what runs: TP8, 2x:TP4, 1P:TP4,1D:TEP8, ...")
+    serve_flags: str = Field("", max_length=4096, description="the vllm serve flags it runs with")
+    model_path: str = Field(min_length=1, max_length=4096, description="model folder or config.json under an "
+                            "allowed root (what the advice models)")
+    hardware: str = Field("gb300", min_length=1, max_length=64, description="GPU from the catalog")
+    max_gpus: int = Field(ge=1, le=100_000, description="GPU budget the advice may use")
+    max_ttft_ms: float | None = Field(None, gt=0, le=3_600_000)
+    max_itl_ms: float | None = Field(None, gt=0, le=3_600_000)
+    percentile: Literal["p50", "p90", "p99"] = "p90"
+    period_s: float = Field(600.0, ge=1.0, le=86_400.0, description="the window: time between two scrapes")
+    thresholds: ThresholdsIn = Field(default_factory=ThresholdsIn)
+    enabled: bool = True
+
+    @field_validator("name", "deployment", "serve_flags", "model_path", "hardware")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _no_nul(value) or value
+
+
+class WatchUpdate(_In):
+    """Fields to change (the rest stay): e.g. the deployment once the advice was applied, or pause it."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str | None = Field(None, min_length=1, max_length=256)
+    urls: list[str] | None = Field(None, min_length=1, max_length=64)
+    deployment: str | None = Field(None, min_length=1, max_length=512)
+    serve_flags: str | None = Field(None, max_length=4096)
+    max_gpus: int | None = Field(None, ge=1, le=100_000)
+    max_ttft_ms: float | None = Field(None, gt=0, le=3_600_000)
+    max_itl_ms: float | None = Field(None, gt=0, le=3_600_000)
+    percentile: Literal["p50", "p90", "p99"] | None = None
+    period_s: float | None = Field(None, ge=1.0, le=86_400.0)
+    thresholds: ThresholdsIn | None = None
+    enabled: bool | None = None
+
+
+class WatchEventPublic(BaseModel):
+    id: int
+    at: datetime
+    kind: str
+    window_s: float | None
+    message: str
+    detail: dict[str, Any]
+
+
+class WatchPublic(BaseModel):
+    id: int
+    name: str
+    urls: list[str]
+    deployment: str
+    serve_flags: str
+    model_path: str
+    hardware: str
+    max_gpus: int
+    max_ttft_ms: float | None
+    max_itl_ms: float | None
+    percentile: str
+    period_s: float
+    thresholds: dict[str, Any]
+    enabled: bool
+    baseline: dict[str, Any] | None
+    last_checked_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    latest_advice: WatchEventPublic | None = None
+
+
+class WatchList(BaseModel):
+    watches: list[WatchPublic]

@@ -258,3 +258,29 @@ def study_figures(record: StudyDep, cache: CacheDep) -> JSONResponse:
               for name, p in phase_progress(record, snap).items()}
     return JSONResponse({"status": record.status.value, "trials_stored": snap.trials_stored, "figures": figs,
                          "active": record.status.active, "phases": phases})
+
+
+# -- deployment watches (#48) ----------------------------------------------------------------------------------------
+@router.get("/watches", response_class=HTMLResponse)
+def watches_page(request: Request, session: SessionDep) -> HTMLResponse:
+    """Every deployment watch: what it watches, its baseline traffic, its last period and its latest advice."""
+    from api.models import WatchRecord
+    from api.routes.watches import public
+
+    records = session.scalars(select(WatchRecord).order_by(WatchRecord.id)).all()
+    return TEMPLATES.TemplateResponse(request, "watches.html", {"watches": [public(r, session) for r in records]})
+
+
+@router.get("/watches/{watch_id}", response_class=HTMLResponse)
+def watch_page(request: Request, watch_id: int, session: SessionDep) -> HTMLResponse:
+    """One watch: its latest advice (the deployment, the expected gain, the commands: never run by topotune) and
+    every period's decision."""
+    from api.models import WatchEventRecord, WatchRecord
+    from api.routes.watches import public
+
+    record = session.get(WatchRecord, watch_id)
+    if record is None:
+        return HTMLResponse(f"<p>no watch {watch_id}</p>", status_code=404)
+    events = session.scalars(select(WatchEventRecord).where(WatchEventRecord.watch_id == watch_id)
+                             .order_by(WatchEventRecord.id.desc()).limit(200)).all()
+    return TEMPLATES.TemplateResponse(request, "watch.html", {"watch": public(record, session), "events": events})

@@ -23,6 +23,7 @@ COMMAND_MODULES: dict[str, str] = {
     "doctor": "_doctor", "logs": "_logs", "memory": "_memory", "simulate": "_perf", "frontier": "_perf",
     "reverify": "_reverify", "tune": "_tune", "studies": "_tune", "show": "_tune", "export": "_tune",
     "calibrate": "_tune", "setup-cpu-vllm": "_vllm", "tiny-model": "_vllm", "plan": "_vllm", "workload": "_workload",
+    "live-check": "_live",
 }
 _registered: set[str] = set()
 _everything = False

@@ -1,4 +1,5 @@
-"""The traffic a deployment serves: length distributions or a trace, shared prefixes, closed or open loop."""
+"""The traffic a deployment serves: length distributions or a trace, shared prefixes, closed or open loop; and the
+traffic a running vLLM served, read from its Prometheus metrics."""
 
 from tuner.workload._lengths import (
     QUANTILE_POINTS,
@@ -8,6 +9,25 @@ from tuner.workload._lengths import (
     Lengths,
     LogNormalLengths,
     NormalLengths,
+)
+from tuner.workload._metrics import (
+    Histogram,
+    LatencySummary,
+    LiveTraffic,
+    MetricsError,
+    VllmCounters,
+    histogram_lengths,
+    live_traffic,
+    parse_exposition,
+    sum_counters,
+)
+from tuner.workload._scrape import (
+    PrometheusApi,
+    metrics_url,
+    parse_duration,
+    scrape,
+    traffic_from_prometheus,
+    traffic_from_servers,
 )
 from tuner.workload._trace import (
     MAX_LINE_CHARS,
@@ -34,16 +54,31 @@ __all__ = [
     "Arrival",
     "EmpiricalLengths",
     "FixedLengths",
+    "Histogram",
     "HistogramLengths",
+    "LatencySummary",
     "Lengths",
+    "LiveTraffic",
     "LogNormalLengths",
+    "MetricsError",
     "NormalLengths",
     "PrefixSharing",
+    "PrometheusApi",
     "TraceRequest",
     "TraceSummary",
+    "VllmCounters",
     "Workload",
+    "histogram_lengths",
+    "live_traffic",
+    "metrics_url",
+    "parse_duration",
+    "parse_exposition",
     "read_trace",
+    "scrape",
     "served_context_tokens",
+    "sum_counters",
     "summarise_trace",
+    "traffic_from_prometheus",
+    "traffic_from_servers",
     "workload_error",
 ]

@@ -1,0 +1,201 @@
+"""How far the model is from a running deployment: the latencies measured in a window against the prediction for
+that deployment at that traffic, and the window as a measured run in the cluster store.
+
+The prediction is the one `simulate` and `frontier` make (tuner.perf.predict_traffic, open loop at the window's
+request rate, each instance of a group offered its share of it); a PD deployment's TTFT adds its prefill and
+decode sides as `frontier` composes them.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+from tuner.cluster import ClusterKey, ClusterStore, StoredRun
+from tuner.deployment import Deployment, InstanceGroup
+from tuner.errors import ConfigError
+from tuner.metrics import ServingMetrics
+from tuner.perf import RooflineModel, predict_traffic
+from tuner.topology import Role, Topology
+from tuner.workload import LatencySummary, LiveTraffic, Workload
+
+PERCENTILES = ("p50", "p90", "p99")
+# Topology fields a `vllm serve` flag of the same name sets (vLLM derives its CLI from its configs the same way:
+# --max-num-seqs is SchedulerConfig.max_num_seqs); the parallel layout and MTP come from the deployment string.
+_LAYOUT_FIELDS = frozenset({"tp", "dp", "ep", "pp", "mtp", "role", "dbo"})
+SERVE_FLAGS = {f"--{name.replace('_', '-')}": name for name in Topology.model_fields if name not in _LAYOUT_FIELDS}
+
+
+def engine_from_flags(serve_flags: str) -> tuple[dict[str, object], list[str]]:
+    """The Topology fields a `vllm serve` command line sets (--max-num-seqs 128 or --max-num-seqs=128), and the
+    flags the model does not read (said, not refused: --port, --served-model-name, ...)."""
+    try:
+        argv = shlex.split(serve_flags)
+    except ValueError as exc:
+        raise ConfigError(f"cannot split the serve flags ({exc})", field="--serve-flags",
+                          fix="quote them as one shell string, e.g. '--max-num-seqs 128'") from None
+    engine: dict[str, object] = {}
+    ignored: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag, _, inline = argv[i].partition("=")
+        i += 1
+        takes_value = not inline and i < len(argv) and not argv[i].startswith("--")
+        value = inline or (argv[i] if takes_value else "")
+        if takes_value:
+            i += 1
+        if flag in SERVE_FLAGS:
+            if not value:
+                raise ConfigError(f"{flag} needs a value", field="--serve-flags", fix=f"write e.g. {flag} 128")
+            engine[SERVE_FLAGS[flag]] = value
+        elif flag.startswith("--"):
+            ignored.append(flag)
+    return engine, ignored
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Mean and percentiles in ms (a prediction, or a measurement's summary)."""
+
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+    def at(self, percentile: str) -> float:
+        return {"p50": self.p50_ms, "p90": self.p90_ms, "p99": self.p99_ms}[percentile]
+
+    @classmethod
+    def of(cls, s: LatencySummary) -> Latencies:
+        return cls(s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms)
+
+    def as_json(self) -> dict[str, float]:
+        return {"mean": round(self.mean_ms, 3), **{p: round(self.at(p), 3) for p in PERCENTILES}}
+
+
+@dataclass(frozen=True)
+class DeploymentPrediction:
+    """What the model predicts for a deployment at a traffic: None latencies when a group saturates."""
+
+    ttft: Latencies | None
+    itl: Latencies | None
+    points: dict[Role, ServingMetrics]  # one instance of each group, at its share of the rate
+    saturated: str | None = None
+
+
+def _per_instance(workload: Workload, rate: float, count: int) -> Workload:
+    return workload.model_copy(update={"arrival": "poisson", "request_rates": (rate / count,)})
+
+
+def _latencies(points: list[ServingMetrics], *, ttft: bool) -> Latencies:
+    if ttft:
+        return Latencies(sum(p.ttft_ms_mean for p in points), *(sum(p.ttft_ms_at(q) for p in points)
+                                                                for q in PERCENTILES))
+    p = points[-1]
+    return Latencies(p.itl_ms_mean, p.itl_ms_p50, p.itl_ms_at("p90"), p.itl_ms_p99)
+
+
+def predict_deployment(perf: RooflineModel, deployment: Deployment, workload: Workload, rate_rps: float, *,
+                       cache_aware: bool = True) -> DeploymentPrediction:
+    """Every group at its share of `rate_rps` (PD: TTFT = prefill's + decode's, as `frontier` composes it; ITL is
+    the decode side's)."""
+    points: dict[Role, ServingMetrics] = {}
+    for group in deployment.groups_in_launch_order:
+        curve = predict_traffic(perf, group.topology, group.role, _per_instance(workload, rate_rps, group.count),
+                                cache_aware=cache_aware, replicas=group.count)
+        if not curve.points:
+            s = curve.saturated[0]
+            return DeploymentPrediction(None, None, points, saturated=(
+                f"{group.count} x {group.topology.name} {group.role.value}: {s.describe()}"))
+        points[group.role] = curve.points[0]
+    ordered = [points[g.role] for g in deployment.groups_in_launch_order]
+    return DeploymentPrediction(_latencies(ordered, ttft=True), _latencies(ordered, ttft=False), points)
+
+
+@dataclass(frozen=True)
+class CalibrationCheck:
+    """Measured over predicted for one window of one deployment (1.0: the model is right; 2.0: the deployment is
+    twice as slow as predicted). Means are exact in vLLM's histograms; percentiles are read at bucket resolution."""
+
+    deployment: Deployment
+    live: LiveTraffic
+    prediction: DeploymentPrediction
+    measured_ttft: Latencies
+    measured_itl: Latencies
+    itl_source: str  # which vLLM histogram the measured ITL is
+
+    def factor(self, which: str, stat: str = "mean") -> float | None:
+        predicted = self.prediction.ttft if which == "ttft" else self.prediction.itl
+        measured = self.measured_ttft if which == "ttft" else self.measured_itl
+        if predicted is None:
+            return None
+        p, m = (predicted.mean_ms, measured.mean_ms) if stat == "mean" else (predicted.at(stat), measured.at(stat))
+        return m / p if p > 0 and math.isfinite(m) else None
+
+    def as_json(self) -> dict[str, object]:
+        p = self.prediction
+        return {
+            "deployment": self.deployment.name, "num_gpus": self.deployment.num_gpus,
+            "window": self.live.summary_json(), "saturated": p.saturated, "itl_source": self.itl_source,
+            "measured": {"ttft_ms": self.measured_ttft.as_json(), "itl_ms": self.measured_itl.as_json()},
+            "predicted": {"ttft_ms": None if p.ttft is None else p.ttft.as_json(),
+                          "itl_ms": None if p.itl is None else p.itl.as_json()},
+            "factor": {w: {s: _round(self.factor(w, s)) for s in ("mean", *PERCENTILES)} for w in ("ttft", "itl")},
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def check_deployment(perf: RooflineModel, deployment: Deployment, live: LiveTraffic, *,
+                     cache_aware: bool = True) -> CalibrationCheck:
+    """The window's measured TTFT and ITL against the prediction for `deployment` at the window's traffic."""
+    prediction = predict_deployment(perf, deployment, live.workload, live.arrival_rps, cache_aware=cache_aware)
+    itl, source = ((live.request_itl, "vllm:request_time_per_output_token_seconds (per request mean)")
+                   if live.request_itl is not None else (live.itl, "vllm:inter_token_latency_seconds (every token)"))
+    return CalibrationCheck(deployment, live, prediction, Latencies.of(live.ttft), Latencies.of(itl), source)
+
+
+def measured_point(check: CalibrationCheck, group: InstanceGroup) -> ServingMetrics:
+    """One instance's share of the window as a measured point (what a trial stores): its share of the rate, the
+    measured latencies; the KV-cache capacity is the model's (vLLM's metrics do not export it per request)."""
+    live, w = check.live, check.live.workload
+    rate = live.arrival_rps / group.count
+    isl, osl = w.isl, w.osl
+    itl = check.measured_itl
+    latency_s = (check.measured_ttft.mean_ms + max(0, osl - 1) * itl.mean_ms) / 1000
+    predicted = check.prediction.points.get(group.role)
+    running = rate * latency_s  # Little's law
+    return ServingMetrics(
+        concurrency=max(1, round(running)), num_gpus=group.topology.num_gpus, isl=isl, osl=osl,
+        total_tok_s=rate * (isl + osl), output_tok_s=rate * osl,
+        total_tok_s_per_gpu=rate * (isl + osl) / group.topology.num_gpus,
+        output_tok_s_per_gpu=rate * osl / group.topology.num_gpus,
+        tok_s_per_user=1000 / itl.mean_ms if itl.mean_ms > 0 else 0.0,
+        ttft_ms_mean=check.measured_ttft.mean_ms, ttft_ms_p50=check.measured_ttft.p50_ms,
+        ttft_ms_p90=check.measured_ttft.p90_ms, ttft_ms_p99=check.measured_ttft.p99_ms,
+        itl_ms_mean=itl.mean_ms, itl_ms_p50=itl.p50_ms, itl_ms_p90=itl.p90_ms, itl_ms_p99=itl.p99_ms,
+        offered_rps=rate, prefix_hit_share=live.prefix_hit_share, request_throughput_rps=rate,
+        max_concurrency=predicted.max_concurrency if predicted is not None else 0.0, running_requests=running,
+        error_rate=min(1.0, live.failed / live.requests) if live.requests else 0.0)
+
+
+def record_window(check: CalibrationCheck, store: ClusterStore, key: ClusterKey, *, model_name: str,
+                  model_path: str, label: str, at_s: float) -> StoredRun:
+    """The window as a measured run of the cluster store (study `live:<label>`, trial = the window's end in
+    seconds: a window is recorded once). One group only: a PD window measures the pair end to end, not each
+    side, and the store keeps one instance's points."""
+    if len(check.deployment.groups) != 1:
+        raise ConfigError("a PD deployment's window measures prefill and decode together; the store keeps one "
+                          "role's instance", field="--record", fix="record an aggregated deployment's window, or "
+                                                                   "drop --record")
+    group = check.deployment.groups[0]
+    point = measured_point(check, group)
+    run = StoredRun(model_name=model_name, model_path=model_path, role=group.role, topology=group.topology,
+                    workload=_per_instance(check.live.workload, check.live.arrival_rps, group.count),
+                    points=(point,), study=f"live:{label}"[:512], trial=int(at_s))
+    store.record_run(key, run)
+    return run
+
