@@ -43,9 +43,11 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("trial_status", ("tuner",)),
     # what a cluster teaches sits below the studies that read and feed it
     ("cluster", ("tuner.study", "tuner.cli", "tuner.executors", "tuner.launch", "api")),
-    # a running deployment's check and watch read the models and the frontier, never the studies or the service
-    # (tuner/live/_advice.py reads the frontier pipeline from tuner.cli until #50's advise() replaces it)
-    ("live", ("tuner.study", "tuner.executors", "tuner.launch", "api")),
+    # a running deployment's check and watch read the models and the use-case layer's advise(), never the studies,
+    # the CLI or the service
+    ("live", ("tuner.study", "tuner.executors", "tuner.launch", "tuner.cli", "api")),
+    # the use-case layer is what the CLI and the service call: it never reads them
+    ("advise", ("tuner.cli", "api")),
 ])
 def test_lower_layer_never_imports_a_higher_one(package: str, forbidden: tuple[str, ...]) -> None:
     assert _violations(package, forbidden) == []
