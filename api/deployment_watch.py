@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.models import WatchEventRecord, WatchRecord
 from tuner.errors import TopotuneError
 from tuner.live import (
-    AdviceRequest,
     Thresholds,
+    WatchAdviceRequest,
     WatchTarget,
     WatchTick,
     state_from_json,
@@ -44,7 +44,7 @@ class _Scrape:
 def target_of(record: WatchRecord) -> WatchTarget:
     return WatchTarget(
         deployment=record.deployment, serve_flags=record.serve_flags,
-        advice=AdviceRequest(model_path=record.model_path, hardware=record.hardware, max_gpus=record.max_gpus,
+        advice=WatchAdviceRequest(model_path=record.model_path, hardware=record.hardware, max_gpus=record.max_gpus,
                              max_ttft_ms=record.max_ttft_ms, max_itl_ms=record.max_itl_ms,
                              percentile=record.percentile),
         thresholds=Thresholds(**record.thresholds))

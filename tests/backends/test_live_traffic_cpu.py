@@ -34,7 +34,7 @@ from tuner.backends.vllm import default_envs_dir
 from tuner.cluster import ClusterKey, ClusterStore
 from tuner.deployment import parse_deployment
 from tuner.hardware import get_gpu
-from tuner.live import AdviceRequest, Thresholds, WatchState, WatchTarget, check_deployment, record_window, tick
+from tuner.live import Thresholds, WatchAdviceRequest, WatchState, WatchTarget, check_deployment, record_window, tick
 from tuner.models import load_model
 from tuner.perf import RooflineModel, default_calibration
 from tuner.workload import LiveTraffic, VllmCounters, live_traffic, scrape, traffic_from_prometheus
@@ -257,7 +257,7 @@ def test_the_workload_matches_what_aiperf_sent(run: Run, phase_index: int) -> No
 @needs_envs
 def test_the_watch_fires_once_on_the_phase_change(run: Run) -> None:
     target = WatchTarget(deployment="TP1", serve_flags="--max-num-seqs 8",
-                         advice=AdviceRequest(model_path=str(run.model_dir), hardware="cpu", max_gpus=2,
+                         advice=WatchAdviceRequest(model_path=str(run.model_dir), hardware="cpu", max_gpus=2,
                                               max_ttft_ms=None, max_itl_ms=None),
                          thresholds=Thresholds())
     state = WatchState()

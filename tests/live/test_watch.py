@@ -10,11 +10,11 @@ import pytest
 from _support.metrics_servers import exposition
 
 from tuner.live import (
-    Advice,
-    AdviceRequest,
     Expected,
     Thresholds,
     TrafficProfile,
+    WatchAdvice,
+    WatchAdviceRequest,
     WatchState,
     WatchTarget,
     state_from_json,
@@ -36,7 +36,7 @@ IDLE = _inc("cpu_idle.txt", "cpu_idle.txt")
 @pytest.fixture
 def target(models_dir: Path) -> WatchTarget:
     return WatchTarget(deployment="TP4", serve_flags="--max-num-seqs 64",
-                       advice=AdviceRequest(model_path=str(models_dir / "llama-3.1-70b"), hardware="gb300",
+                       advice=WatchAdviceRequest(model_path=str(models_dir / "llama-3.1-70b"), hardware="gb300",
                                             max_gpus=16, max_ttft_ms=None, max_itl_ms=None))
 
 
@@ -98,7 +98,7 @@ def test_sla_attainment_below_target_fires_once_until_it_recovers(target: WatchT
     # a TTFT bound that about half the window's requests miss, measured from vLLM's TTFT histogram
     bound = live.ttft.p50_ms
     strict = WatchTarget(deployment="TP4", serve_flags="", thresholds=Thresholds(min_attainment=0.9),
-                         advice=AdviceRequest(model_path=target.advice.model_path, hardware="gb300", max_gpus=16,
+                         advice=WatchAdviceRequest(model_path=target.advice.model_path, hardware="gb300", max_gpus=16,
                                               max_ttft_ms=bound, max_itl_ms=None))
     state = WatchState()
     kinds = []
@@ -111,9 +111,9 @@ def test_sla_attainment_below_target_fires_once_until_it_recovers(target: WatchT
     assert 0.4 < live.share_within(max_ttft_ms=bound, max_itl_ms=None) < 0.6
 
 
-def fixed_advice(request: AdviceRequest, workload: object) -> Advice:
+def fixed_advice(request: WatchAdviceRequest, workload: object) -> WatchAdvice:
     """The decisions alone: a fixed answer instead of the frontier's."""
-    return Advice("TP8", "aggregated", 8, 100.0, 20.0, 1000.0, 0.99, "vllm serve ...")
+    return WatchAdvice("TP8", "aggregated", 8, 100.0, 20.0, 1000.0, 0.99, "vllm serve ...")
 
 
 def no_gain(*_args: object) -> Expected:

@@ -1,7 +1,7 @@
 """A running deployment: how far the model is from what it measures (calibration check), and whether its traffic
 moved far enough from what it was tuned for to ask for new advice (the deployment watch's library side)."""
 
-from tuner.live._advice import Advice, AdviceRequest, advise_traffic
+from tuner.live._advice import WatchAdvice, WatchAdviceRequest, advise_traffic
 from tuner.live._check import (
     SERVE_FLAGS,
     CalibrationCheck,
@@ -29,14 +29,14 @@ from tuner.live._watch import (
 
 __all__ = [
     "SERVE_FLAGS",
-    "Advice",
-    "AdviceRequest",
     "CalibrationCheck",
     "DeploymentPrediction",
     "Expected",
     "Latencies",
     "Thresholds",
     "TrafficProfile",
+    "WatchAdvice",
+    "WatchAdviceRequest",
     "WatchState",
     "WatchTarget",
     "WatchTick",

@@ -15,7 +15,7 @@ from tuner.workload import Workload
 
 
 @dataclass(frozen=True)
-class AdviceRequest:
+class WatchAdviceRequest:
     """What a watch knows: the model, the cluster's GPUs and budget, and the SLA."""
 
     model_path: str
@@ -28,7 +28,7 @@ class AdviceRequest:
 
 
 @dataclass(frozen=True)
-class Advice:
+class WatchAdvice:
     """The recommended deployment for a traffic, what the model predicts for it, and how to start it."""
 
     deployment: str
@@ -44,7 +44,7 @@ class Advice:
         return asdict(self)
 
 
-def _attainment(point: ComposedPoint | AggregatedPoint, request: AdviceRequest) -> float:
+def _attainment(point: ComposedPoint | AggregatedPoint, request: WatchAdviceRequest) -> float:
     if isinstance(point, AggregatedPoint):
         return point.instance.share_within(max_ttft_ms=request.max_ttft_ms, max_itl_ms=request.max_itl_ms)
     # PD: the prefill side's TTFT within what the decode side leaves of the bound, times the decode side's ITL
@@ -53,7 +53,7 @@ def _attainment(point: ComposedPoint | AggregatedPoint, request: AdviceRequest) 
             * point.decode.share_within(max_itl_ms=request.max_itl_ms))
 
 
-def advise_traffic(request: AdviceRequest, workload: Workload) -> Advice:
+def advise_traffic(request: WatchAdviceRequest, workload: Workload) -> WatchAdvice:
     """The library's advice (tuner.advise) for `workload` (open loop at its one rate) under the SLA: the deployment
     with the fewest GPUs that carries the rate. InfeasibleError (naming the bound or the budget) when none does."""
     from tuner.advise import AdviseRequest, ServeOptions, Sla, advise
@@ -70,6 +70,6 @@ def advise_traffic(request: AdviceRequest, workload: Workload) -> Advice:
     if winner is None or answer.commands is None:
         raise InfeasibleError("no deployment meets the SLA at this traffic", field="max_gpus",
                               fix="allow more GPUs or relax the SLA")
-    return Advice(deployment=winner.name, mode=winner.mode, num_gpus=winner.num_gpus, ttft_ms=winner.ttft_ms,
+    return WatchAdvice(deployment=winner.name, mode=winner.mode, num_gpus=winner.num_gpus, ttft_ms=winner.ttft_ms,
                   itl_ms=winner.itl_ms, total_tok_s_per_gpu=winner.total_tok_s_per_gpu,
                   predicted_attainment=_attainment(winner, request), commands=answer.commands)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from tuner.errors import TopotuneError
-from tuner.live._advice import Advice, AdviceRequest, advise_traffic
+from tuner.live._advice import WatchAdvice, WatchAdviceRequest, advise_traffic
 from tuner.live._check import predict_deployment
 from tuner.workload import LiveTraffic, VllmCounters, live_traffic
 
@@ -86,7 +86,7 @@ class WatchTarget:
 
     deployment: str  # as parse_deployment reads it
     serve_flags: str
-    advice: AdviceRequest
+    advice: WatchAdviceRequest
     thresholds: Thresholds = field(default_factory=Thresholds)
 
 
@@ -120,7 +120,7 @@ class WatchTick:
     state: WatchState
     profile: TrafficProfile | None = None
     reasons: tuple[str, ...] = ()
-    advice: Advice | None = None
+    advice: WatchAdvice | None = None
     expected: Expected | None = None
     message: str = ""
 
@@ -136,7 +136,7 @@ class WatchTick:
                     k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self.expected).items()}}
 
 
-def expected_gain(target: WatchTarget, live: LiveTraffic, advice: Advice, attainment_now: float) -> Expected:
+def expected_gain(target: WatchTarget, live: LiveTraffic, advice: WatchAdvice, attainment_now: float) -> Expected:
     """GPUs saved (the advice needs fewer) or SLA regained (the running deployment misses it, the advice meets it),
     from the measured attainment now and the model's for the advice."""
     from tuner.deployment import parse_deployment
@@ -166,7 +166,7 @@ def expected_gain(target: WatchTarget, live: LiveTraffic, advice: Advice, attain
 
 
 def tick(target: WatchTarget, state: WatchState, increase: VllmCounters, window_s: float, sources: tuple[str, ...],
-         *, advise: Callable[..., Advice] = advise_traffic,
+         *, advise: Callable[..., WatchAdvice] = advise_traffic,
          gain: Callable[..., Expected] = expected_gain) -> WatchTick:
     """Decide on one window's increase (`advise` and `gain` are the frontier adapter and the comparison with the
     running deployment; tests of the decisions alone pass cheaper ones).
