@@ -31,6 +31,7 @@ from tuner.study import (
     load_campaign,
     open_storage,
     recipe_versions,
+    reverify_state,
     reverify_study,
     stored_reports,
     version_fronts,
@@ -234,3 +235,48 @@ def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[st
         lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Figures")))
         assert lines[-1] == f"# Figures: {simulated_label(label)}, not measured."
     assert any("vLLM 0.33 rules" in ln for ln in lines)  # the re-measured configs' recipes name the new version
+
+
+def test_reverify_claims_the_study_and_always_leaves_a_report(study: tuple[str, str], tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished re-verification clears its claim (even with heartbeats racing its end), a failing one stores a
+    failed report with the error, and a claim left by a process that no longer runs is reported failed once, after
+    which the study re-verifies."""
+    import os
+    import socket
+
+    import tuner.study._reverify as rv
+
+    monkeypatch.setattr(rv, "HEARTBEAT_S", 0.001)  # beats as often as possible: one must not outlive the end
+    url, name = study
+    options = ReverifyOptions(budget=2, repeats=1, reopen=False)
+    report = reverify_study(url, name, LocalExecutor(SimulatedBackend(vllm_version="0.33.0")), options,
+                            artifacts_dir=tmp_path)
+    state = reverify_state(url, name)
+    assert report.status == "complete" and not state.running and state.error is None
+
+    failing = LocalExecutor(SimulatedBackend())
+    failing.can_start = lambda _request: (_ for _ in ()).throw(RuntimeError("the executor broke"))  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        reverify_study(url, name, failing, options, artifacts_dir=tmp_path)
+    state = reverify_state(url, name)
+    assert not state.running and state.error == "RuntimeError: the executor broke"
+    assert [r.status for r in stored_reports(url, name)] == ["complete", "failed"]
+
+    first = next(iter(rv.open_campaign_studies(url, name).values()))
+    dead = rv._Heartbeat(first, rv.ReverifyReport(campaign=name, to_version="", vllm_version="unknown",
+                                                  model_revision="unknown", budget=2, repeats=1, noise_floor=0.1,
+                                                  alpha=0.05, min_effect=0.1, started_at=0.0)).claim()
+    first.set_user_attr(rv.RUNNING_KEY, dead)  # this process's claim: alive
+    with pytest.raises(ConfigError, match="already running"):
+        reverify_study(url, name, LocalExecutor(SimulatedBackend()), options, artifacts_dir=tmp_path)
+    assert reverify_state(url, name).running
+    # a pid above the kernel's pid_max (2**22) runs nowhere: the claim of a process that is gone
+    first.set_user_attr(rv.RUNNING_KEY, {**dead, "driver": f"{socket.gethostname()}:{2**22 + os.getpid()}"})
+    state = reverify_state(url, name)
+    assert not state.running and state.recovered is not None and "interrupted" in (state.error or "")
+    assert reverify_state(url, name).recovered is None  # found once
+    again = reverify_study(url, name, LocalExecutor(SimulatedBackend(vllm_version="0.33.0")), options,
+                           artifacts_dir=tmp_path)
+    assert again.status == "complete" and [r.status for r in stored_reports(url, name)][-2:] == ["failed",
+                                                                                                  "complete"]

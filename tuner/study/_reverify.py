@@ -206,7 +206,11 @@ def _recover(first: optuna.Study) -> tuple[dict[str, Any] | None, ReverifyReport
     report = None
     if not any(r.get("id") == claim.get("id") for r in reports):  # its own end wrote the report: only clear
         beat = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(claim.get("heartbeat_at", now))))
-        report = ReverifyReport.from_json({**claim.get("report", {}), "id": claim.get("id"), "finished_at": now,
+        blank = {"campaign": first.study_name.rsplit("/", 1)[0], "to_version": "", "vllm_version": UNKNOWN_VERSION,
+                 "model_revision": UNKNOWN_VERSION, "budget": 0, "repeats": 0, "noise_floor": 0.0, "alpha": 0.0,
+                 "min_effect": 0.0, "started_at": float(claim.get("started_at", now))}
+        so_far = claim.get("report") if isinstance(claim.get("report"), dict) else {}
+        report = ReverifyReport.from_json({**blank, **so_far, "id": claim.get("id"), "finished_at": now,
                                            "status": "failed", "error": (
             f"interrupted: the re-verifying process {claim.get('driver')} ended without finishing (killed or "
             f"crashed; last heartbeat {beat}); the configs it finished are stored, the one in progress is not "
@@ -241,10 +245,9 @@ class _Heartbeat:
         return {"id": self.report.id, "driver": DRIVER_ID, "process_start": _process_start(os.getpid()),
                 "started_at": self.report.started_at, "heartbeat_at": time.time(), "report": self.report.as_json()}
 
-    def __enter__(self) -> _Heartbeat:
+    def start(self) -> None:
         self.study.set_user_attr(RUNNING_KEY, self.claim())
         self._thread.start()
-        return self
 
     def _loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -253,7 +256,8 @@ class _Heartbeat:
             except Exception:  # a busy database misses one beat; the next one (or the end) writes again
                 continue
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """Stops the beats and waits for one in progress (the caller then clears the claim)."""
         self._stop.set()
         self._thread.join()
 
@@ -384,23 +388,25 @@ class Reverifier:
         if claim is not None:
             raise ConfigError(f"a re-verification of {self.name} is already running ({claim.get('driver')})",
                               field="STUDY", fix="wait for it to finish (its report lands on the study)")
-        with _Heartbeat(first, report):
-            try:
-                report.rows += self._measure(targets, report)
-                if opts.reopen:
-                    again, enqueue = self._neighbours([r for r in report.rows if r.verdict != Verdict.UNCHANGED],
-                                                      {(t.phase, config_key(t.point.params)) for t in targets})
-                    report.rows += self._measure(again[:opts.budget - len(targets)], report)
-                    report.enqueued = self._enqueue(enqueue)
-            except BaseException as exc:
-                report.status = "failed"
-                report.error = (exc.user_message() if isinstance(exc, TopotuneError)
-                                else f"{type(exc).__name__}: {exc}")[:2000]
-                raise
-            finally:
-                report.finished_at = time.time()
-                first.set_user_attr(REPORTS_KEY, [*first.user_attrs.get(REPORTS_KEY, []), report.as_json()])
-                first.set_user_attr(RUNNING_KEY, None)
+        heartbeat = _Heartbeat(first, report)
+        heartbeat.start()
+        try:
+            report.rows += self._measure(targets, report)
+            if opts.reopen:
+                again, enqueue = self._neighbours([r for r in report.rows if r.verdict != Verdict.UNCHANGED],
+                                                  {(t.phase, config_key(t.point.params)) for t in targets})
+                report.rows += self._measure(again[:opts.budget - len(targets)], report)
+                report.enqueued = self._enqueue(enqueue)
+        except BaseException as exc:
+            report.status = "failed"
+            report.error = (exc.user_message() if isinstance(exc, TopotuneError)
+                            else f"{type(exc).__name__}: {exc}")[:2000]
+            raise
+        finally:
+            heartbeat.stop()  # before the claim is cleared: no beat may write it back
+            report.finished_at = time.time()
+            first.set_user_attr(REPORTS_KEY, [*first.user_attrs.get(REPORTS_KEY, []), report.as_json()])
+            first.set_user_attr(RUNNING_KEY, None)
         return report
 
     # -- one wave of measurements -------------------------------------------------------------------------

