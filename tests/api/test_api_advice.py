@@ -116,3 +116,25 @@ def test_the_study_page_recommends_and_numbers_its_front(client) -> None:  # typ
     direct = client.post("/v1/advice", json=asked, headers=AUTH).json()
     assert answer["advice"]["recommendation"] == direct["recommendation"]
     assert answer["advice"]["reason"] == direct["reason"] and direct["recommendation"]["winner"]
+
+
+def test_an_uploaded_trace_answers_as_the_trace_file(client, model_store: Path,  # type: ignore[no-untyped-def]
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    trace = REPO / "examples" / "traces" / "chat-multiturn.jsonl"
+    body = {"model_path": REFERENCE_MODEL, "gpus": 16, "max_mtp": 0, "arrival": "trace",
+            "trace_jsonl": trace.read_text(), "sla": {"max_ttft_ms": 1000, "max_itl_ms": 30}}
+    r = client.post("/v1/advice", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    printed = _frontier([str(model_store / REFERENCE_MODEL), "--gpus", "16", "--max-mtp", "0", "--workload",
+                         str(trace), "--arrival", "trace", "--max-ttft-ms", "1000", "--max-itl-ms", "30"], capsys)
+    assert r.json()["recommendation"] == printed["recommendation"] and printed["offered_rps"] == r.json()["offered_rps"]
+    assert not list((client.app.state.settings.data_dir / "uploads").iterdir())  # nothing of it stays on disk
+
+    lines = '{"input_length": 10, "output_length": 5}\n{"input_length": -1, "output_length": 5}\n'
+    bad = {**body, "trace_jsonl": lines}
+    r = client.post("/v1/advice", json=bad, headers=AUTH)
+    assert r.status_code == 422
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "trace_jsonl"] and detail["msg"].startswith("line 2: input_length:"), detail
+    both = {**body, "workload": {"isl": 100, "osl": 10}}
+    assert client.post("/v1/advice", json=both, headers=AUTH).json()["detail"][0]["loc"] == ["body", "trace_jsonl"]
