@@ -3,7 +3,9 @@ the workload block resolved like a space's), and the library's errors as 422s na
 
 from __future__ import annotations
 
+import tempfile
 import threading
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -22,8 +24,37 @@ from tuner.workload import Workload, workload_error
 ADVICE_FIELDS = {"model": "model_path", "serve.mode": "mode", "serve.max_mtp": "max_mtp", "hardware_file": "hardware"}
 
 
-def advice_workload(block: dict[str, object] | None, settings: ApiSettings) -> Workload:
-    """A space's workload block as the traffic (a trace only under an allowed root, read now); none: 8192/1024."""
+def uploaded_trace(text: str, block: dict[str, object] | None, settings: ApiSettings) -> Workload:
+    """An uploaded mooncake trace, read by the same streaming reader (and its limits) as a trace file, from a
+    private temporary file removed at once; a bad line is a 422 naming `trace_jsonl` and the line."""
+    if block is not None and any(k in block for k in ("trace", "isl", "osl", "input_tokens", "output_tokens")):
+        raise FieldError(("body", "trace_jsonl"), "an uploaded trace gives the lengths: drop the workload's "
+                         "trace, isl/osl and input_tokens/output_tokens")
+    uploads = settings.data_dir / "uploads"
+    uploads.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", dir=uploads, delete=False, encoding="utf-8") as handle:
+        handle.write(text)
+        path = Path(handle.name)
+    try:
+        trace = Workload.from_trace(path, concurrency=(1,))
+        load = WorkloadSpec.model_validate({"isl": 1, "osl": 1, **(block or {})}).load()
+        return Workload.model_validate({**trace.model_dump(), **load}) if load else trace
+    except TopotuneError as exc:
+        where = f"{exc.field or ''}".replace(path.name, "").strip() or None
+        raise FieldError(("body", "trace_jsonl"), (f"{where}: " if where else "") + exc.message.replace(
+            str(path), "the uploaded trace") + (f" (fix: {exc.fix})" if exc.fix else "")) from None
+    except ValidationError as exc:
+        raise _field_error(workload_error(exc)) from None
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def advice_workload(block: dict[str, object] | None, settings: ApiSettings, trace_jsonl: str | None = None
+                    ) -> Workload:
+    """A space's workload block as the traffic (a trace only under an allowed root, read now), or an uploaded
+    trace (with the block's open-loop load, if any); neither: 8192/1024."""
+    if trace_jsonl is not None:
+        return uploaded_trace(trace_jsonl, block, settings)
     if block is None:
         return Workload.fixed(8192, 1024, concurrency=(1,))
     try:
@@ -50,7 +81,7 @@ def advice_request(body: AdviceCreate, settings: ApiSettings) -> AdviseRequest:
     model_path, model = resolve_model(body.model_path, settings, ("body", "model_path"))
     try:
         return AdviseRequest(
-            model=model, weights=str(model_path), workload=advice_workload(body.workload, settings),
+            model=model, weights=str(model_path), workload=advice_workload(body.workload, settings, body.trace_jsonl),
             hardware=body.hardware, gpus=body.gpus, request_rate=body.request_rate, arrival=body.arrival,
             sla=Sla(max_ttft_ms=body.sla.max_ttft_ms, max_itl_ms=body.sla.max_itl_ms,
                     min_tok_s_user=body.sla.min_tok_s_user, percentile=body.sla.percentile),

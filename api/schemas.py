@@ -15,6 +15,7 @@ SamplerName = Literal["auto", "guided", "gp", "tpe", "nsga2", "random"]  # auto 
 ExportFormat = Literal["vllm", "compose", "kubernetes", "dynamo", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
 MAX_TRIAL_DELAY_S = 600.0
+MAX_TRACE_UPLOAD_CHARS = 1_000_000  # under the body limit (api/limits.py): a window of a few thousand requests
 MAX_SIMULATED_WALL_S = 86_400.0  # trials x trial_delay_s: one request may not hold a runner thread for days
 
 
@@ -311,14 +312,17 @@ class AdviceCreate(_In):
     workload: dict[str, Any] | None = Field(None, description="a search space's workload block: isl/osl, "
                                             "input_tokens/output_tokens distributions, prefix, or a trace under an "
                                             "allowed root (default: isl 8192, osl 1024)")
+    trace_jsonl: str | None = Field(None, max_length=MAX_TRACE_UPLOAD_CHARS, description="an uploaded trace: the "
+                                    "mooncake JSONL itself (timestamp, input_length, output_length, hash_ids per "
+                                    "line), within the request body's limit; replaces the workload's lengths")
     sla: SlaIn = Field(default_factory=SlaIn)
     mode: Literal["both", "disagg", "agg"] = Field("both", description="which serving modes compete")
     max_mtp: int = Field(3, ge=0, le=8, description="decode MTP depths 0..N are swept (models with MTP layers)")
 
-    @field_validator("model_path")
+    @field_validator("model_path", "trace_jsonl")
     @classmethod
-    def _path(cls, value: str) -> str:
-        return _no_nul(value) or value
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value)
 
 
 class AdvicePublic(BaseModel):

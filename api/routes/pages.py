@@ -32,7 +32,7 @@ from tuner.advise import Fronts, recommend
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
 from tuner.export import simulated_label
-from tuner.frontier import binding_bound
+from tuner.frontier import ComposedPoint, binding_bound
 from tuner.hardware import default_catalog, get_gpu
 from tuner.space import WorkloadSpec
 from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
@@ -142,9 +142,26 @@ def compare_page(request: Request, session: SessionDep, a: int | None = None, b:
     """Two studies' fronts on one chart; the page reads each /v1/studies/{id}/pareto (the cached fronts)."""
     rows = session.scalars(select(StudyRecord).order_by(StudyRecord.id.desc()).limit(500)).all()
     ids = [r.id for r in rows]
+    a = a if a in ids else (ids[1] if len(ids) > 1 else None)
+    b = b if b in ids else (ids[0] if ids else None)
+    # what each compared study measured under: fronts of different traffic or SLA are not comparable point by point
+    asked = {r.id: {"traffic": _traffic(r.space), "sla": _sla_text(r.space.get("constraints", {}))}
+             for r in rows if r.id in (a, b)}
     return TEMPLATES.TemplateResponse(request, "compare.html", {
-        "studies": rows, "phase_axes": PHASE_AXES, "a": a if a in ids else (ids[1] if len(ids) > 1 else None),
-        "b": b if b in ids else (ids[0] if ids else None)})
+        "studies": rows, "phase_axes": PHASE_AXES, "a": a, "b": b, "asked": asked})
+
+
+def _load(p: ComposedPoint) -> str:
+    """The load a front point holds at, per instance: its requests/s (open loop) or its clients (closed loop)."""
+    if p.decode.offered_rps is not None and p.prefill.offered_rps is not None:
+        return f"P {p.prefill.offered_rps:.3g}, D {p.decode.offered_rps:.3g} req/s"
+    return f"P {p.prefill.concurrency}, D {p.decode.concurrency} clients"
+
+
+def _sla_text(c: dict[str, Any]) -> str:
+    bounds = [f"TTFT <= {c['max_ttft_ms']:g} ms" if c.get("max_ttft_ms") else "",
+              f"ITL <= {c['max_itl_ms']:g} ms" if c.get("max_itl_ms") else ""]
+    return (", ".join(b for b in bounds if b) or "no latency bound") + f" at {c.get('percentile') or 'p90'}"
 
 
 @router.get("/clusters", response_class=HTMLResponse)
@@ -192,6 +209,7 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
         "study": record, "snap": snap, "result": result, "phases": phase_progress(record, snap),
         "constraints": record.space.get("constraints", {}), "violations": constraint_summary(snap),
         "front": front, "recommended": recommended, "binding": binding, "traffic": _traffic(record.space),
+        "loads": [_load(p) for p in result.composed_front] if result else [],
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,

@@ -100,6 +100,8 @@ def test_the_study_page_recommends_and_numbers_its_front(client) -> None:  # typ
     row = re.search(r'<tr class="ok" id="recommended-row"[^>]*><td>(\d+) &#9733;</td>', page)
     assert row and int(row.group(1)) == best, row
     assert f"Measured: point #{best}," in page
+    loads = re.findall(r'<td class="l load">([^<]*)</td>', page)
+    assert len(loads) == len(front) and all(re.fullmatch(r"P \d+, D \d+ clients", x) for x in loads), loads
     (composed, *_) = client.get(f"/ui/studies/{sid}/figures").json()["figures"]
     labels = next(t["text"] for t in composed["data"] if t["name"] == "combined Pareto front")
     assert labels == [f"#{i}" for i in range(len(front))]
@@ -116,3 +118,33 @@ def test_the_study_page_recommends_and_numbers_its_front(client) -> None:  # typ
     direct = client.post("/v1/advice", json=asked, headers=AUTH).json()
     assert answer["advice"]["recommendation"] == direct["recommendation"]
     assert answer["advice"]["reason"] == direct["reason"] and direct["recommendation"]["winner"]
+
+
+def test_an_uploaded_trace_answers_as_the_trace_file(client, model_store: Path,  # type: ignore[no-untyped-def]
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    trace = REPO / "examples" / "traces" / "chat-multiturn.jsonl"
+    body = {"model_path": REFERENCE_MODEL, "gpus": 16, "max_mtp": 0, "arrival": "trace",
+            "trace_jsonl": trace.read_text(), "sla": {"max_ttft_ms": 1000, "max_itl_ms": 30}}
+    r = client.post("/v1/advice", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text
+    printed = _frontier([str(model_store / REFERENCE_MODEL), "--gpus", "16", "--max-mtp", "0", "--workload",
+                         str(trace), "--arrival", "trace", "--max-ttft-ms", "1000", "--max-itl-ms", "30"], capsys)
+    assert r.json()["recommendation"] == printed["recommendation"] and printed["offered_rps"] == r.json()["offered_rps"]
+    assert not list((client.app.state.settings.data_dir / "uploads").iterdir())  # nothing of it stays on disk
+
+    lines = '{"input_length": 10, "output_length": 5}\n{"input_length": -1, "output_length": 5}\n'
+    bad = {**body, "trace_jsonl": lines}
+    r = client.post("/v1/advice", json=bad, headers=AUTH)
+    assert r.status_code == 422
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "trace_jsonl"] and detail["msg"].startswith("line 2: input_length:"), detail
+    both = {**body, "workload": {"isl": 100, "osl": 10}}
+    assert client.post("/v1/advice", json=both, headers=AUTH).json()["detail"][0]["loc"] == ["body", "trace_jsonl"]
+
+
+def test_compare_says_when_the_studies_measured_different_traffic_or_sla(client) -> None:  # type: ignore[no-untyped-def]
+    same = [client.post("/v1/studies", json={**FAST_STUDY, "seed": s}, headers=AUTH).json()["id"] for s in (1, 2)]
+    other = client.post("/v1/studies", json={**FAST_STUDY, "constraints": {"max_itl_ms": 40}}, headers=AUTH).json()
+    assert 'id="compare-differs"' not in client.get(f"/ui/compare?a={same[0]}&b={same[1]}").text
+    page = client.get(f"/ui/compare?a={same[0]}&b={other['id']}").text
+    assert 'id="compare-differs"' in page and "ITL &lt;= 40 ms at p90" in page and "ITL &lt;= 50 ms at p90" in page

@@ -117,6 +117,15 @@ def test_a_browser_asks_what_to_deploy(driver, advice_server) -> None:  # type: 
     assert "carries 1.199 req/s" in driver.find_element(By.ID, "reason").text  # the trace's own rate
     assert "req/s per instance" in driver.find_element(By.CSS_SELECTOR, "#advice-table tbody tr").text
 
+    # the same trace uploaded from this machine: the same answer
+    driver.find_element(By.CSS_SELECTOR, "input[name=traffic][value=upload]").click()
+    driver.find_element(By.ID, "trace-file").send_keys(str(REPO / "examples" / "traces" / "chat-multiturn.jsonl"))
+    driver.find_element(By.ID, "upload-own-rate").click()
+    before = driver.find_element(By.ID, "reason").text
+    driver.execute_script('document.getElementById("reason").textContent = "";')
+    driver.find_element(By.ID, "ask").click()
+    assert _wait(driver, lambda d: d.find_element(By.ID, "reason").text) == before
+
 
 def test_the_study_page_shows_its_advice_and_numbered_points(driver, advice_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from selenium.webdriver.common.by import By
