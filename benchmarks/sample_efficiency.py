@@ -58,8 +58,7 @@ from typing import TextIO
 import optuna
 from optuna.trial import TrialState
 
-from tuner.backends import Backend, TrialRequest, TrialResult, TrialStatus
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import Backend, SimulatedBackend, TrialRequest, TrialResult, TrialStatus
 from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
 from tuner.deployment import Deployment
 from tuner.executors import LocalExecutor

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from tuner.backends import ExecutorNeeds, backend_class
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import ExecutorNeeds, SimulatedBackend, backend_class
 from tuner.executors import BackendSpec
 from tuner.testing import ProbeBackend
 

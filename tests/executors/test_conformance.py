@@ -65,3 +65,34 @@ def test_local_default_starts_a_token_authenticated_head_off_the_redis_port(tmp_
     info = json.loads(out.stdout.strip().splitlines()[-1])
     assert info["local"] and info["gpus"] == 8 and info["auth"] == "token" and info["per_host"] == 4
     assert not info["address"].endswith(":6379")
+
+
+def _requests(tmp_path: Path) -> list:
+    """Four trials: three that measure, one that cannot start (does not fit: a failed result, not an error)."""
+    from tuner.backends import TrialRequest
+    from tuner.deployment import Deployment
+    from tuner.topology import Role, Topology
+    from tuner.workload import Workload
+
+    layouts = ("TP8", "TEP8", "TP4DP2+EP", "TP1")
+    return [TrialRequest(trial_id=f"t{i}-{name}", model_path=str(REFERENCE_MODEL), gpu="gb300",
+                         deployment=Deployment.single(Topology.parse(name, role=Role.DECODE)),
+                         workload=Workload(isl=1024, osl=128, concurrency=(1, 8)),
+                         artifacts_dir=str(tmp_path / f"t{i}"), timeout_s=300) for i, name in enumerate(layouts)]
+
+
+def test_local_executor_conforms(tmp_path: Path) -> None:
+    from tuner.testing import check_executor
+
+    handles = check_executor(LocalExecutor(make_backend("simulated", delay_s=0.05), max_parallel=2,
+                                           num_gpus=TOTAL_GPUS), _requests(tmp_path))
+    assert [h.result.status.value for h in handles] == ["ok", "ok", "ok", "oom"]
+
+
+def test_ray_executor_conforms(ray_cluster, tmp_path: Path) -> None:
+    from tuner.executors import RayExecutor
+    from tuner.testing import check_executor
+
+    handles = check_executor(RayExecutor(BackendSpec("simulated"), gpus_per_host=GPUS_PER_HOST, max_parallel=2),
+                             _requests(tmp_path))
+    assert [h.result.status.value for h in handles] == ["ok", "ok", "ok", "oom"]

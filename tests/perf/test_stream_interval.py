@@ -58,7 +58,7 @@ def test_a_space_searches_it_and_every_config_carries_it(tmp_path, reference_mod
     and repairs (SearchSpace.params_of) and the stored trials agree."""
     import optuna
 
-    from tuner.backends._simulated import SimulatedBackend
+    from tuner.backends import SimulatedBackend
     from tuner.executors import LocalExecutor
     from tuner.space import parse_space
     from tuner.study import Campaign, TuneOptions, open_storage

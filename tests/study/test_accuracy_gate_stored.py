@@ -8,8 +8,7 @@ from pathlib import Path
 import optuna
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-from tuner.backends import AccuracyGate, Backend, TrialRequest, TrialResult
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import AccuracyGate, Backend, SimulatedBackend, TrialRequest, TrialResult
 from tuner.backends.vllm._accuracy import wilson_interval
 from tuner.executors import LocalExecutor
 from tuner.space import load_space

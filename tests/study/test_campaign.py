@@ -14,8 +14,7 @@ import pytest
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE, REPO
 from optuna.trial import TrialState
 
-from tuner.backends import Backend, TrialRequest, TrialResult
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import Backend, SimulatedBackend, TrialRequest, TrialResult
 from tuner.errors import ConfigError
 from tuner.executors import LocalExecutor
 from tuner.hardware import get_gpu
@@ -108,7 +107,7 @@ def test_same_seed_same_trials(tmp_path: Path, sampler: str) -> None:
 _DRIVER = """
 import sys
 from pathlib import Path
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import SimulatedBackend
 from tuner.executors import LocalExecutor
 from tuner.space import load_space
 from tuner.study import Campaign, TuneOptions

@@ -11,8 +11,8 @@ import optuna
 import pytest
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-from tuner.backends import Backend, TrialRequest, TrialResult
-from tuner.backends._simulated import SimulatedBackend, _noisy
+from tuner.backends import Backend, SimulatedBackend, TrialRequest, TrialResult
+from tuner.backends._simulated import _noisy
 from tuner.backends._truth import HiddenTruth, HiddenTruthBackend
 from tuner.errors import ConfigError
 from tuner.executors import LocalExecutor

@@ -12,8 +12,7 @@ import pytest
 from _support.known_risks import CRASH, fitting_configs, record_crash
 from _support.paths import MODELS
 
-from tuner.backends import Backend, TrialRequest, TrialResult
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import Backend, SimulatedBackend, TrialRequest, TrialResult
 from tuner.cluster import ClusterKey, ClusterStore, risk_key
 from tuner.executors import LocalExecutor
 from tuner.hardware import get_gpu

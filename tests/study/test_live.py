@@ -6,7 +6,7 @@ from pathlib import Path
 
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import SimulatedBackend
 from tuner.executors import LocalExecutor
 from tuner.space import load_space
 from tuner.study import Campaign, LiveCampaign, TrialEvent, TuneOptions, load_campaign

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-from tuner.backends._simulated import SimulatedBackend
+from tuner.backends import SimulatedBackend
 from tuner.backends._version_shift import SHIFT_SPREAD, SIMULATED_VLLM_VERSION, VersionShift
 from tuner.cli import main
 from tuner.errors import ConfigError

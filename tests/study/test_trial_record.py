@@ -75,7 +75,7 @@ def test_an_asked_trial_of_a_dead_driver_is_reclaimed_and_asked_again(tmp_path: 
 
     from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-    from tuner.backends._simulated import SimulatedBackend
+    from tuner.backends import SimulatedBackend
     from tuner.executors import LocalExecutor
     from tuner.space import load_space
     from tuner.study import Campaign, PhaseRun, TrialKind, TuneOptions, open_storage
@@ -108,7 +108,7 @@ def test_an_unclaimed_trial_of_a_driver_killed_inside_ask_is_reclaimed(tmp_path:
     trial asked after that driver started (another live driver inside its ask) is left alone."""
     from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-    from tuner.backends._simulated import SimulatedBackend
+    from tuner.backends import SimulatedBackend
     from tuner.executors import LocalExecutor
     from tuner.space import load_space
     from tuner.study import Campaign, PhaseRun, TuneOptions, open_storage

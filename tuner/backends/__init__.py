@@ -1,4 +1,5 @@
-"""Trial backends: one base class, one result schema, implementations in their own modules."""
+"""Trial backends: one base class, one result schema, implementations in their own modules: SimulatedBackend (the
+performance model, the default) here, VllmBackend in tuner.backends.vllm."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ if TYPE_CHECKING:  # loaded on first use (PEP 562): the vLLM backend's planner i
         TrialResult,
         TrialStatus,
     )
+    from tuner.backends._simulated import SimulatedBackend
 
 _BASE = ("AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus")
 
-__all__ = ["AccuracyGate", "Backend", "BackendConfig", "ExecutorNeeds", "HostAssignment", "SimulatedConfig",
-           "TrialRequest", "TrialResult", "TrialStatus", "VllmConfig", "backend_class", "backend_config",
-           "make_backend", "parse_backend_config", "stored_backend_config"]
+__all__ = ["AccuracyGate", "Backend", "BackendConfig", "ExecutorNeeds", "HostAssignment", "SimulatedBackend",
+           "SimulatedConfig", "TrialRequest", "TrialResult", "TrialStatus", "VllmConfig", "backend_class",
+           "backend_config", "make_backend", "parse_backend_config", "stored_backend_config"]
 
 
 def backend_class(name: str) -> type[Backend]:
@@ -67,4 +69,4 @@ def make_backend(name: str, **options: object) -> Backend:
     raise ConfigError(f"unknown backend {name!r}", field="--backend", fix="use simulated or vllm")
 
 
-__getattr__ = lazy_names(__name__, dict.fromkeys(_BASE, "_base"))
+__getattr__ = lazy_names(__name__, {**dict.fromkeys(_BASE, "_base"), "SimulatedBackend": "_simulated"})

@@ -81,7 +81,10 @@ class LocalExecutor(Executor):
 
     def cancel(self, handle: TrialHandle) -> None:
         fut = self._futures.pop(handle, None)
-        if fut is not None and not fut.cancel():  # already running: the backend stops its processes
+        if fut is None:  # finished: its result stands (as on Ray)
+            handle.result = handle.result or TrialResult.failed(TrialStatus.CRASHED, "cancelled")
+            return
+        if not fut.cancel():  # already running: the backend stops its processes
             self._backend.cancel(handle.request.trial_id)
         handle.result = TrialResult.failed(TrialStatus.CRASHED, "cancelled")
 

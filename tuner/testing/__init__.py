@@ -1,4 +1,5 @@
-"""A test kit shipped with the library (like optuna.testing): a probe backend, fault injection, a small campaign.
+"""A test kit shipped with the library (like optuna.testing): a probe backend, fault injection, a small campaign,
+and the conformance checks every backend and executor passes (check_backend, check_executor).
 
 Public API only, and no repository paths: callers pass the model and space they want, so the kit works from an
 installed package as well as from a checkout. Not user-facing; tests/ and benchmarks/ use it.
@@ -6,15 +7,20 @@ installed package as well as from a checkout. Not user-facing; tests/ and benchm
 
 from tuner.launch import alive_pids
 from tuner.testing._campaign import small_campaign, study_counts
+from tuner.testing._conformance import ConformanceError, check_backend, check_executor, check_result
 from tuner.testing._faults import KillReport, kill_runners
 from tuner.testing._probe import CHILDREN, EVENTS, ProbeBackend, peak_gpus, read_events, spawned_children
 
 __all__ = [
     "CHILDREN",
     "EVENTS",
+    "ConformanceError",
     "KillReport",
     "ProbeBackend",
     "alive_pids",
+    "check_backend",
+    "check_executor",
+    "check_result",
     "kill_runners",
     "peak_gpus",
     "read_events",
