@@ -79,11 +79,3 @@ def test_the_recommended_script_is_never_wrapped(capsys: pytest.CaptureFixture[s
     assert servers and all(c.endswith(" &") and "--max-model-len" in c for c in servers)
     assert all(len(shlex.split(c)) > 10 for c in servers)  # quotes balanced: the JSON configs stay one word
     assert all(c in ("set -euo pipefail", "wait") or c.endswith(" &") for c in commands)
-
-
-def test_frontier_writes_the_script_to_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = tmp_path / "deploy.sh"
-    assert main(["frontier", LLAMA, "-g", "h200", "--gpus", "16", "--max-itl-ms", "40", "--out", str(script)]) == 0
-    assert "#!/usr/bin/env bash" not in capsys.readouterr().out
-    text = script.read_text()
-    assert text.startswith("#!/usr/bin/env bash") and " serve " in text and text.endswith("wait\n")

@@ -313,8 +313,6 @@ def frontier(
         "--mode", help="both (PD-disaggregated and aggregated fronts side by side), disagg or agg.")] = "both",
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
     json_out: JsonOpt = False,
-    out: Annotated[Path | None, typer.Option(help="Write the recommended deployment's script to this file "
-                                                  "(`--json > FILE` keeps the whole operating point).")] = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
@@ -390,7 +388,7 @@ def frontier(
                     "winners": [asdict(w) for w in fronts.winners]})
         return
     _print_fronts(fronts, title, setting, elapsed, html)
-    _print_recommendation(pick, constraints, setting, ctx, offered_rps=rate, mode=serving, out=out)
+    _print_recommendation(pick, constraints, setting, ctx, offered_rps=rate, mode=serving)
 
 
 class _TopologyProgress:
@@ -736,7 +734,7 @@ def why_it_wins(pick: Recommendation, c: Constraints) -> str:
 
 
 def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext, *,
-                          offered_rps: float | None = None, mode: str = "both", out: Path | None = None) -> None:
+                          offered_rps: float | None = None, mode: str = "both") -> None:
     sla = ", ".join(part for part in (
         f"TTFT <= {c.max_ttft_ms:g} ms" if c.max_ttft_ms else "", f"ITL <= {c.max_itl_ms:g} ms" if c.max_itl_ms else "",
         f">= {c.min_tok_s_per_user:g} tok/s/user" if c.min_tok_s_per_user else "") if part) or "no SLA"
@@ -768,10 +766,4 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
     else:
         console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
     console.print(f"  why: {why_it_wins(pick, c)}", highlight=False, soft_wrap=True)
-    script = export_deployment(operating_deployment(winner), "vllm", ctx)
-    if out is None:
-        print("\n" + script, end="")  # a script: never wrapped
-        return
-    from tuner.cli._vllm import write_script
-
-    write_script(script, out)
+    print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), end="")  # a script: never wrapped
