@@ -158,3 +158,17 @@ def test_vllm_routers_own_parser_reads_the_router_command(text: str) -> None:
     role_selectors = [parsed["p"], parsed["d"]] if parsed["pd"] else [parsed["sel"]]
     for selector in role_selectors:
         assert selector["topotune.io/serving"] == "true" and len(selector) == 3
+
+
+@pytest.mark.parametrize("text", DEPLOYMENTS.values(), ids=DEPLOYMENTS.keys())
+def test_compose_export_matches_the_compose_specification(text: str) -> None:
+    """The exported compose file against the compose specification's JSON schema (the one docker-compose.yml is
+    checked with): the image pinned to the plan's vLLM, the weights from $MODEL_DIR at an absolute default."""
+    schema = json.loads((Path(__file__).parent / "api" / "data" / "compose-spec.schema.json").read_text())
+    compose = yaml.safe_load(export_deployment(parse_deployment(text), "compose", CTX))
+    errors = list(jsonschema.Draft201909Validator(schema).iter_errors(compose))
+    assert not errors, "\n".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+    for service in compose["services"].values():
+        assert not service["image"].endswith(":latest")
+        for volume in service.get("volumes", []):
+            assert volume.startswith("${MODEL_DIR:-/") and volume.endswith(":/models/qwen3:ro")
