@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tuner.cli._app import app, console, err_console, print_json
+from tuner.cli._knobs import knob_options
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def tiny_model(
 
 
 @app.command("plan", help="The exact commands of a deployment, per host (a dry run you can copy).")
+@knob_options(exclude=("mtp", "max_num_seqs"))  # --mtp and --max-num-seqs: the decode side's, below
 def plan(
     deployment: Annotated[str, typer.Argument(help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8.")],
     model: Annotated[str, typer.Option(help="Model path (or hub id) as vLLM should load it.")] = "MODEL",
@@ -111,6 +113,7 @@ def plan(
     cluster: Annotated[str | None, typer.Option(
         help="With --storage: the cluster's name in the store (default: every cluster of this GPU).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (warnings go to stderr).")] = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
@@ -129,7 +132,7 @@ def plan(
     from tuner.hardware import get_gpu, has_multi_node_nvlink
     from tuner.workload import served_context_tokens
 
-    dep = parse_deployment(deployment, mtp=mtp)
+    dep = parse_deployment(deployment, mtp=mtp, **knobs or {})
     if max_num_seqs is not None:
         if max_num_seqs < 1:
             raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs", fix="give a positive count")
