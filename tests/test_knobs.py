@@ -13,7 +13,7 @@ from tuner.cli import app
 from tuner.cli._knobs import option_names
 from tuner.cluster import risk_key
 from tuner.cluster._knowledge import RISK_FIELDS
-from tuner.deployment import Deployment
+from tuner.deployment import Deployment, parse_deployment
 from tuner.space import PhaseSpace, parse_space
 from tuner.topology import KNOBS, Role, Topology, knob_default
 
@@ -73,16 +73,27 @@ def test_risk_fields_are_the_knobs_that_decide_a_launch() -> None:
 
 
 @pytest.mark.parametrize(("command", "left_out"), [("simulate", set()), ("memory", set()),
-                                                   ("frontier", {"mtp"})])
+                                                   ("frontier", {"mtp"}), ("plan", {"mtp", "max_num_seqs"})])
 def test_the_cli_offers_every_knob_under_vllms_flag(command: str, left_out: set[str]) -> None:
-    """simulate, memory and frontier take every knob but the layout's (named by --topology, swept by frontier);
-    frontier sweeps MTP with --max-mtp."""
+    """simulate, memory, frontier and plan take every knob but the layout's (named by --topology or the
+    deployment, swept by frontier); frontier sweeps MTP with --max-mtp; plan's --mtp and --max-num-seqs are the
+    decode side's (its own options)."""
     click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
     opts = {opt for param in click_command.params for opt in (*param.opts, *param.secondary_opts)}
-    for name, knob in KNOBS.items():
-        offered = not knob.layout and name not in left_out
-        assert (option_names(name)[0].split("/")[0] in opts) is offered, name
+    knob_params = {param.name for param in click_command.params if param.name in KNOBS} - left_out
+    assert knob_params == {name for name, knob in KNOBS.items() if not knob.layout and name not in left_out}
+    assert all(option_names(name)[0].split("/")[0] in opts for name in knob_params)
     assert {"--enable-dbo", "--eplb-config.num_redundant_experts", "--all2all-backend"} <= opts
+    assert ("--mtp" in opts) is (command != "frontier")
+
+
+def test_a_pd_plan_puts_each_knob_on_the_side_that_has_it() -> None:
+    """`plan 1P:TP4,1D:DEP16 --enable-dbo --eplb-config.num_redundant_experts 32`: DBO and EPLB on the decode
+    side (EP over DP ranks), not on a TP4 prefill that has no all-to-all; the other knobs on both."""
+    dep = parse_deployment("1P:TP4,1D:DEP16", dbo=True, num_redundant_experts=32, kv_cache_dtype="fp8")
+    prefill, decode = (dep.group(role).topology for role in (Role.PREFILL, Role.DECODE))  # type: ignore[union-attr]
+    assert (prefill.dbo, prefill.num_redundant_experts, prefill.kv_cache_dtype) == (False, 0, "fp8")
+    assert (decode.dbo, decode.num_redundant_experts, decode.kv_cache_dtype) == (True, 32, "fp8")
 
 
 @pytest.mark.slow

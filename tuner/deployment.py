@@ -208,7 +208,8 @@ def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment
         kind = match[2].upper()
         if kind in groups:
             raise ConfigError(f"two {kind} groups", field="deployment", fix="give one P and one D group")
-        topo = Topology.parse(match[3], mtp=mtp if kind == "D" else 0, **engine)
+        layout = Topology.parse(match[3])  # each knob on the side whose layout has it (DBO: the EP-over-DP one)
+        topo = Topology.on_layout(tp=layout.tp, dp=layout.dp, ep=layout.ep, mtp=mtp if kind == "D" else 0, **engine)
         groups[kind] = (int(match[1]), topo)
     if set(groups) != {"P", "D"}:
         raise ConfigError("a disaggregated deployment needs one P and one D group", field="deployment",

@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tuner.cli._app import app, console, err_console
+from tuner.cli._knobs import knob_options
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def _refuse_with_from(given: dict[str, bool]) -> None:
 
 
 @app.command("plan", help="The exact commands of a deployment, per host (a dry run you can copy).")
+@knob_options(exclude=("mtp", "max_num_seqs"))  # --mtp and --max-num-seqs: the decode side's, below
 def plan(
     deployment: Annotated[str | None, typer.Argument(
         help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8 (or --from a frontier JSON).")] = None,
@@ -151,6 +153,7 @@ def plan(
         help="With --storage: the cluster's name in the store (default: every cluster of this GPU).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (warnings go to stderr).")] = False,
     out: Annotated[Path | None, typer.Option(help="Write the script (or the JSON) to this file.")] = None,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
@@ -195,7 +198,7 @@ def plan(
             raise ConfigError("--point needs --from", field="--point", fix="add --from FRONTIER.json")
         model_path = model or "MODEL"
         spec = model_or_none(model_path)
-        dep = parse_deployment(deployment, mtp=mtp)
+        dep = parse_deployment(deployment, mtp=mtp, **knobs or {})
         if max_num_seqs is not None:
             if max_num_seqs < 1:
                 raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs",

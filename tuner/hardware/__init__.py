@@ -1,7 +1,6 @@
 """GPU specs: a built-in catalog plus user YAML files."""
 
 from tuner.hardware._catalog import (
-    RDMA_FABRICS,
     GpuSpec,
     HardwareCatalog,
     ScaleOutNetwork,
@@ -11,5 +10,5 @@ from tuner.hardware._catalog import (
     has_multi_node_nvlink,
 )
 
-__all__ = ["RDMA_FABRICS", "GpuSpec", "HardwareCatalog", "ScaleOutNetwork", "default_catalog", "get_gpu",
+__all__ = ["GpuSpec", "HardwareCatalog", "ScaleOutNetwork", "default_catalog", "get_gpu",
            "gpu_architecture", "has_multi_node_nvlink"]

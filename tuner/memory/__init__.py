@@ -1,9 +1,9 @@
 """vLLM's memory arithmetic: weights per GPU, KV budget, hybrid pages, blocks and max concurrency."""
 
 from tuner.memory._breakdown import GIB, Line, MemoryBreakdown, MemoryInputs, compute_memory
-from tuner.memory._layout import KVLayout, attention_bytes_per_token, kv_element_bytes, kv_layout
+from tuner.memory._layout import KVLayout, kv_layout
 from tuner.memory._sweep import SweepRow, sweep_topologies
-from tuner.memory._weights import Mxfp4Backend, WeightsPerGpu, local_experts, shard_fraction, weights_per_gpu
+from tuner.memory._weights import Mxfp4Backend, WeightsPerGpu, local_experts, shard_fraction
 
 __all__ = [
     "GIB",
@@ -14,12 +14,9 @@ __all__ = [
     "Mxfp4Backend",
     "SweepRow",
     "WeightsPerGpu",
-    "attention_bytes_per_token",
     "compute_memory",
-    "kv_element_bytes",
     "kv_layout",
     "local_experts",
     "shard_fraction",
     "sweep_topologies",
-    "weights_per_gpu",
 ]

@@ -14,13 +14,11 @@ from tuner.perf._calibration import (
     Calibration,
     default_calibration,
     factor_range,
-    known_calibrations,
 )
 from tuner.perf._roofline import InstanceState, LatencyParts, Occupancy, RooflineModel, flag_cap_per_rank
 from tuner.perf._steps import DecodeStep, MixedStep, PrefillStep, accepted_tokens
 from tuner.perf._sweep import (
     DECODE_LADDER,
-    PREFILL_LADDER,
     Curves,
     LevelLimits,
     RateCurves,
@@ -34,7 +32,6 @@ __all__ = [
     "DECODE_LADDER",
     "DEFAULT_FIT_FACTORS",
     "FITTABLE_FACTORS",
-    "PREFILL_LADDER",
     "AggregatedPoint",
     "BurstRun",
     "Calibration",
@@ -59,7 +56,6 @@ __all__ = [
     "factor_range",
     "fit_calibration",
     "flag_cap_per_rank",
-    "known_calibrations",
     "mean_relative_error",
     "predict_traffic",
     "prefix_hit_share",
