@@ -103,6 +103,13 @@ class ClusterStore:
             sa.Column("status", sa.String(32), nullable=False), sa.Column("reason", sa.Text, nullable=False),
             sa.Column("study", sa.String(512), nullable=False), sa.Column("created_at", sa.Float, nullable=False),
             sa.Index(f"{prefix}failures_cluster", "cluster"))
+        # what the transfer guard (tuner.cluster._guard) decided for each new model's study, as JSON
+        self.guards = sa.Table(
+            f"{prefix}guards", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+            *[sa.Column(n, sa.String(128), nullable=False) for n in _KEY_FIELDS],
+            sa.Column("model_name", sa.String(256), nullable=False), sa.Column("study", sa.String(512), nullable=False),
+            sa.Column("verdict", sa.Text, nullable=False), sa.Column("created_at", sa.Float, nullable=False),
+            sa.Index(f"{prefix}guards_cluster", "cluster"))
         self._meta = meta
         try:
             meta.create_all(self.engine, checkfirst=True)
@@ -135,7 +142,20 @@ class ClusterStore:
                 status=failure.status.value, reason=failure.reason[:2000], study=failure.study,
                 created_at=time.time()))
 
+    def record_guard(self, key: ClusterKey, model_name: str, study: str, verdict: dict) -> None:
+        """A transfer guard's verdict (GuardVerdict.as_json) for one study."""
+        with self.engine.begin() as conn:
+            conn.execute(self.guards.insert().values(**_key_row(key), model_name=model_name, study=study,
+                                                     verdict=json.dumps(verdict), created_at=time.time()))
+
     # -- reading -----------------------------------------------------------------------------------------
+    def read_guards(self, key: ClusterKey) -> list[dict]:
+        """Every guard verdict on this cluster, oldest first (each GuardVerdict.as_json plus its study)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(self.guards).where(*_match(self.guards, key))
+                                .order_by(self.guards.c.id)).all()
+        return [{**json.loads(r.verdict), "study": r.study} for r in rows]
+
     def read_runs(self, key: ClusterKey) -> list[StoredRun]:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(self.runs).where(*_match(self.runs, key)).order_by(self.runs.c.id)).all()
