@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterStore, load_knowledge
+from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterStore, GuardVerdict, load_knowledge
 from tuner.errors import TopotuneError
 from tuner.hardware import get_gpu
 
@@ -53,6 +53,32 @@ class RiskRow:
 
 
 @dataclass(frozen=True)
+class KernelFactorRow:
+    """A kernel factor fitted for one group of kernel kinds: it transfers only to models of that group."""
+
+    name: str
+    transfers_to: str
+    default: float
+    learnt: float
+    runs: int
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GuardRow:
+    """The transfer guard's verdict for one new model: the prior against the default on its first trials."""
+
+    model: str
+    study: str
+    trials: int
+    error_prior: float | None
+    error_default: float | None
+    error_after: float | None
+    outcome: str  # "kept", "fell back: a, b", "whole prior fell back"
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ClusterView:
     key: ClusterKey
     runs: int
@@ -66,6 +92,8 @@ class ClusterView:
     offsets_total: int
     risks: list[RiskRow]
     error: str | None = None  # the cluster could not be learnt (e.g. its GPU left the catalog)
+    kernel_factors: tuple[KernelFactorRow, ...] = ()
+    guards: tuple[GuardRow, ...] = ()
 
     @property
     def anchor(self) -> str:
@@ -93,7 +121,18 @@ def view_of(k: ClusterKnowledge) -> ClusterView:
         key=k.key, runs=j["runs"], models=k.models, launch_failures=j["launch_failures"], factors=factors,
         error_before=j["error_in_sample"]["default"], error_after=j["error_in_sample"]["fitted"],
         held_out=j["held_out"], offsets=offsets, offsets_total=len(j["layout_offsets"]),
-        risks=[RiskRow(r["topology"], r["status"], tuple(r["models"]), r["reason"]) for r in j["known_risks"]])
+        risks=[RiskRow(r["topology"], r["status"], tuple(r["models"]), r["reason"]) for r in j["known_risks"]],
+        kernel_factors=tuple(KernelFactorRow(f["factor"], f["transfers_to"], f["default"], f["learnt"], f["runs"],
+                                             tuple(f["models"])) for f in j["kernel_factors"]),
+        guards=tuple(guard_row(g) for g in j["guards"]))
+
+
+def guard_row(g: dict) -> GuardRow:
+    verdict = GuardVerdict.from_json(g)
+    outcome = ("whole prior fell back" if verdict.whole_fallback else
+               f"fell back: {', '.join(verdict.fell_back)}" if verdict.fell_back else "kept")
+    return GuardRow(verdict.model, g.get("study", ""), verdict.trials, g["error_prior"], g["error_default"],
+                    g["error_after"], outcome, tuple(c.reason() for c in verdict.checks))
 
 
 Learnt = list[tuple[ClusterKey, ClusterKnowledge | TopotuneError]]

@@ -9,7 +9,7 @@ import re
 
 from _support.truth_runs import measured_runs
 
-from tuner.cluster import ClusterKey, ClusterStore, StoredFailure
+from tuner.cluster import ClusterKey, ClusterStore, GuardCheck, GuardVerdict, StoredFailure
 from tuner.hardware import get_gpu
 from tuner.topology import Topology
 from tuner.trial_status import TrialStatus
@@ -69,6 +69,15 @@ def test_cluster_page_shows_what_the_store_learnt(database_url, make_settings, c
 
     risks = [_cells(r) for r in _rows(page, "risks")]
     assert risks == [[RISKY.label(), "crashed", "minimax-m2", "NCCL error: unhandled system error"]]  # OOM: the model's
+
+    # kernel factors per group of kernel kinds, and the transfer guard's verdicts (none until a study started here)
+    kernel = [_cells(r) for r in _rows(page, "kernel-factors")]
+    assert {(c[0], c[1]) for c in kernel} == {(f["factor"], f["transfers_to"]) for f in want["kernel_factors"]}
+    assert "no study has started from this cluster's knowledge yet" in page
+    verdict = GuardVerdict("gpt-oss-120b", 3, 0.19, 0.07, 0.08, (GuardCheck("hbm_efficiency", 0.19, 0.08, False),))
+    store.record_guard(key, "gpt-oss-120b", "g/decode", verdict.as_json())
+    (guard,) = [_cells(r) for r in _rows(client.get("/ui/clusters").text, "guards")]
+    assert guard == ["gpt-oss-120b", "g/decode", "3", "19.0%", "7.0%", "8.0%", "fell back: hbm_efficiency"]
 
     held = client.get("/ui/clusters?held_out=true").text
     (row,) = [r for r in _rows(held, "errors") if "held out" in r]

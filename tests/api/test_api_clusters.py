@@ -21,8 +21,15 @@ def test_clusters_lists_what_the_store_learnt(sqlite_url, make_settings, client_
     (cluster,) = body["clusters"]
     assert cluster["cluster"] == "lab" and cluster["runs"] == 4 and cluster["models"] == ["qwen3-235b-a22b"]
     assert cluster["held_out"] is None  # not asked (and one model cannot be left out)
-    assert all(set(f) == {"default", "learnt", "moved_pct", "runs", "models"} for f in cluster["factors"].values())
-    assert all(f["runs"] >= 1 and f["models"] == 1 for f in cluster["factors"].values())
+    assert all(set(f) == {"default", "learnt", "moved_pct", "runs", "models", "transfers_to"}
+               for f in cluster["factors"].values())
+    assert all(f["runs"] >= 1 and f["models"] == 1 and f["transfers_to"] == "shared"
+               for f in cluster["factors"].values())
+    # kernel factors per group of kernel kinds (here qwen3's alone), shown apart from the shared ones (four runs:
+    # the fit keeps the defaults, as it did before kernel kinds; tests/cli/test_calibrate_cluster.py has moved ones)
+    assert all(f["models"] == ["qwen3-235b-a22b"] and "expert_weights=bf16" in f["transfers_to"]
+               for f in cluster["kernel_factors"])
+    assert cluster["guards"] == []
 
 
 def test_a_cluster_whose_gpu_left_the_catalog_is_listed_with_its_error(sqlite_url, make_settings, client_for

@@ -12,8 +12,9 @@ from tuner.errors import ConfigError
 
 def show_cluster_knowledge(storage_url: str, cluster: str | None, json_out: bool) -> None:
     """Each cluster of the store (or the one named): its learnt factors against the defaults, from how many
-    trials and models, the held-out error before and after, the per-layout offsets and the known launch risks."""
-    from tuner.cluster import ClusterStore, load_knowledge
+    trials and models (kernel factors per group of kernel kinds), the held-out error before and after, what the
+    transfer guard decided for each new model, the per-layout offsets and the known launch risks."""
+    from tuner.cluster import ClusterStore, GuardVerdict, load_knowledge
     from tuner.hardware import get_gpu
 
     store = ClusterStore(storage_url)
@@ -46,6 +47,21 @@ def show_cluster_knowledge(storage_url: str, cluster: str | None, json_out: bool
             table.add_row(name, f"{before:.4g}", f"{after:.4g}", f"{100 * (after / before - 1):+.1f}%",
                           f"{ev.runs} trials, {ev.models} model(s)" if ev else "-")
         console.print(table)
+        if k.kernel_factors:
+            kernel = Table(title="kernel factors (each transfers only to models whose kernels match)",
+                           title_justify="left")
+            for col in ("factor", "transfers to", "default", "learnt", "moved", "from"):
+                kernel.add_column(col, justify="left" if col in ("factor", "transfers to") else "right")
+            for f in k.kernel_factors:
+                kernel.add_row(f.factor, f.group, f"{f.default:.4g}", f"{f.learnt:.4g}",
+                               f"{100 * (f.learnt / f.default - 1):+.1f}%" if f.default else "-",
+                               f"{f.runs} trials of {', '.join(f.models)}")
+            console.print(kernel)
+        for g in k.guards:
+            verdict = GuardVerdict.from_json(g)
+            console.print(f"  transfer guard, study {g.get('study', '?')}: {verdict.summary()}", highlight=False)
+            for check in verdict.checks:
+                console.print(f"    {check.reason()}", highlight=False)
         if k.layout_offsets:
             worst = sorted(k.layout_offsets.items(), key=lambda kv: -abs(kv[1].log_throughput))[:8]
             console.print(f"  per-layout offsets: {len(k.layout_offsets)} layouts; largest: " + "; ".join(

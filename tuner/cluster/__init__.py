@@ -1,12 +1,14 @@
 """What a cluster teaches across models: a calibration store in the study database, and what is learnt from it."""
 
-from tuner.cluster._fit import ROLE_FACTORS, FitSample, SharedFit, fit_shared, prediction_error
+from tuner.cluster._fit import KERNEL_DEPENDENCE, ROLE_FACTORS, FitSample, SharedFit, fit_shared, prediction_error
+from tuner.cluster._guard import GUARD_TRIALS, GuardCheck, GuardVerdict, guard
 from tuner.cluster._key import ClusterKey
 from tuner.cluster._knowledge import (
     MAX_OFFSET,
     ClusterKnowledge,
     FactorEvidence,
     HeldOut,
+    KernelFactor,
     KnownRisk,
     LayoutOffset,
     RiskMatch,
@@ -27,6 +29,8 @@ from tuner.cluster._store import (
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "GUARD_TRIALS",
+    "KERNEL_DEPENDENCE",
     "MAX_OFFSET",
     "ROLE_FACTORS",
     "ClusterKey",
@@ -35,7 +39,10 @@ __all__ = [
     "ClusterStore",
     "FactorEvidence",
     "FitSample",
+    "GuardCheck",
+    "GuardVerdict",
     "HeldOut",
+    "KernelFactor",
     "KnownRisk",
     "LayoutOffset",
     "RiskMatch",
@@ -45,6 +52,7 @@ __all__ = [
     "cluster_metadata",
     "create_cluster_tables",
     "fit_shared",
+    "guard",
     "learn",
     "load_knowledge",
     "planned_risks",

@@ -9,6 +9,7 @@ and the layout+flag combinations that crashed at launch. A new study's simulator
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,16 +18,32 @@ from typing import Any
 import numpy as np
 
 from tuner.backends.vllm import VllmVersion
-from tuner.cluster._fit import FitSample, exercises, fit_shared, joint_error, prediction_error, spread
+from tuner.cluster._fit import (
+    KERNEL_DEPENDENCE,
+    FitSample,
+    SharedFit,
+    exercises,
+    factor_group,
+    fit_shared,
+    group_label,
+    joint_error,
+    layouts_for,
+    per_kind,
+    prediction_error,
+    spread,
+)
 from tuner.cluster._key import UNKNOWN, ClusterKey
 from tuner.cluster._layout import LayoutFactors, LayoutKey, LayoutTrend, layout_key
 from tuner.cluster._store import ClusterStore, StoredFailure, StoredRun
 from tuner.errors import ConfigError, TopotuneError
 from tuner.hardware import GpuSpec
-from tuner.models import ModelSpec, load_model
+from tuner.models import KernelKind, ModelSpec, load_model
 from tuner.perf import Calibration, default_calibration
 from tuner.topology import KNOBS, Role, Topology
 
+#: How much a run of a model of another kernel kind counts in the per-layout offsets a new model takes (its
+#: layout-dependent misfit of kernel factors is not the cluster's layout effect).
+OTHER_KIND_LAYOUT_WEIGHT = 0.5
 MAX_OFFSET = 0.5  # |log| cap of a transferred per-layout offset (x1.65): a prior, never a verdict
 #: The fields of a launch that decide whether it starts on a cluster (layout and engine flags, not the model): the
 #: knobs marked a risk in Topology. Every knob is one but stream_interval (the API server's output buffering: it
@@ -66,10 +83,24 @@ class KnownRisk:
 @dataclass(frozen=True)
 class FactorEvidence:
     """What moved one factor: the runs of the fit that exercise it (tuner.cluster._fit.exercises), of how many
-    models."""
+    models; for a kernel factor only those of the new model's kernel kind (`group` says which part of it)."""
 
     runs: int
     models: int
+    group: str = "shared"
+
+
+@dataclass(frozen=True)
+class KernelFactor:
+    """A kernel factor's value fitted for one group of kernel kinds (tuner.cluster._fit.KERNEL_DEPENDENCE): it
+    transfers only to models of that group."""
+
+    factor: str
+    group: str  # e.g. "expert_weights=mxfp4"
+    default: float
+    learnt: float
+    runs: int
+    models: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -98,15 +129,21 @@ class ClusterKnowledge:
     held_out: HeldOut | None = None
     trends: dict[str, LayoutTrend] = field(default_factory=dict)  # per role: the smooth part of the offsets
     evidence: dict[str, FactorEvidence] = field(default_factory=dict)  # per fitted factor
+    kind: KernelKind | None = None  # the kernel kind the calibration is for (None: shared factors only)
+    kernel_factors: tuple[KernelFactor, ...] = ()  # every kernel factor per group of kinds, whichever `kind` is
+    guards: tuple[dict[str, Any], ...] = ()  # the transfer guard's verdicts on this cluster (GuardVerdict.as_json)
 
     @property
     def empty(self) -> bool:
         return self.runs == 0 and not self.risks
 
     def moved(self) -> dict[str, tuple[float, float]]:
-        """Each fitted factor: (default, learnt)."""
+        """Each fitted factor: (default, learnt); without a kernel kind only the shared factors (the kernel ones
+        are per group of kinds: kernel_factors)."""
         out = {}
         for name in self.factors:
+            if self.kind is None and name in KERNEL_DEPENDENCE:
+                continue
             before, after = getattr(self.default, name), getattr(self.calibration, name)
             out[name] = (float(self.default.prefill_flop_efficiency if before is None else before),
                          float(self.calibration.prefill_flop_efficiency if after is None else after))
@@ -130,16 +167,22 @@ class ClusterKnowledge:
         return {
             "cluster": self.key.name, "gpu_class": self.key.gpu_class, "interconnect": self.key.interconnect,
             "vllm_version": self.key.vllm_version, "kernel_family": self.key.kernel_family,
+            "kernel_kind": None if self.kind is None else self.kind.label(),
             "runs": self.runs, "models": list(self.models), "launch_failures": self.failures,
             "factors": {n: {"default": a, "learnt": b, "moved_pct": 100.0 * (b / a - 1.0) if a else None,
                             "runs": self.evidence[n].runs if n in self.evidence else None,
-                            "models": self.evidence[n].models if n in self.evidence else None}
+                            "models": self.evidence[n].models if n in self.evidence else None,
+                            "transfers_to": self.evidence[n].group if n in self.evidence else None}
                         for n, (a, b) in self.moved().items()},
             "error_in_sample": {"default": _finite(self.error_before), "fitted": _finite(self.error_after)},
             "held_out": None if self.held_out is None else {
                 "method": self.held_out.method, "models": self.held_out.models,
                 "error_default": _finite(self.held_out.error_default),
                 "error_fitted": _finite(self.held_out.error_fitted)},
+            "kernel_factors": [{"factor": f.factor, "transfers_to": f.group, "default": f.default,
+                                "learnt": f.learnt, "runs": f.runs, "models": list(f.models)}
+                               for f in self.kernel_factors],
+            "guards": list(self.guards),
             "layout_offsets": [{"role": k[0], "tp": k[1], "dp": k[2], "ep": k[3], "mtp": k[4],
                                 "log_throughput": v.log_throughput, "log_user_speed": v.log_user_speed,
                                 "models": v.models, "runs": v.runs} for k, v in sorted(self.layout_offsets.items())],
@@ -178,9 +221,12 @@ def samples_of(runs: Sequence[StoredRun], load: ModelLoader = _load) -> list[Fit
 
 
 def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Sequence[StoredFailure] = (), *,
-          held_out: bool = False, load: ModelLoader = _load, start: Calibration | None = None) -> ClusterKnowledge:
+          held_out: bool = False, load: ModelLoader = _load, start: Calibration | None = None,
+          kind: KernelKind | None = None) -> ClusterKnowledge:
     """Fit the cluster's calibration on every run, then the per-layout offsets left over; `held_out` also scores
-    the procedure leaving each model out (one more fit per model: for `topotune calibrate`, not a study start)."""
+    the procedure leaving each model out (one more fit per model: for `topotune calibrate`, not a study start).
+    kind: the kernel kind of the model that will use it (tuner.models.kernel_kind): its kernel factors come from
+    models of its kind only (the documented default where none ran); None: every kernel factor at the default."""
     default = start or default_calibration(gpu.name)
     samples = samples_of(runs, load)
     risks = _risks(failures)
@@ -188,20 +234,40 @@ def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Se
     if not samples:
         return ClusterKnowledge(key, default, default, (), 0, models, math.nan, math.nan, {}, risks, len(failures))
     fit = fit_shared(samples, gpu, default)
-    offsets, trends = _offsets(fit.layouts)
+    offsets, trends = _offsets(layouts_for(fit, samples, gpu, kind, OTHER_KIND_LAYOUT_WEIGHT))
     scored = _held_out(samples, gpu, default) if held_out and len(models) > 1 else None
-    return ClusterKnowledge(key, default, fit.calibration, fit.factors, len(samples), models, fit.error_before,
+    return ClusterKnowledge(key, default, fit.for_kind(kind), fit.factors, len(samples), models, fit.error_before,
                             fit.error_after, offsets, risks, len(failures), scored, trends,
-                            factor_evidence(samples, fit.factors))
+                            factor_evidence(samples, fit.factors, kind), kind, kernel_factors(fit, samples))
 
 
-def factor_evidence(samples: Sequence[FitSample], factors: Sequence[str]) -> dict[str, FactorEvidence]:
-    """Per factor: the runs the fit used (tuner.cluster._fit.spread) that exercise it, and their models."""
+def kernel_factors(fit: SharedFit, samples: Sequence[FitSample]) -> tuple[KernelFactor, ...]:
+    """Each kernel factor the fit moved per group, with the runs and models of that group behind it."""
+    used = spread(samples)
+    out = []
+    for (name, group), value in fit.values.items():
+        if not group:
+            continue
+        mine = [s for s in used if exercises(s, name) and factor_group(name, s.kind) == group]
+        out.append(KernelFactor(name, group_label(name, group), fit.start.factor(name), value, len(mine),
+                                tuple(dict.fromkeys(s.model.name for s in mine))))
+    return tuple(out)
+
+
+def factor_evidence(samples: Sequence[FitSample], factors: Sequence[str],
+                    kind: KernelKind | None = None) -> dict[str, FactorEvidence]:
+    """Per factor: the runs the fit used (tuner.cluster._fit.spread) that exercise it, and their models; for a
+    kernel factor only the runs of `kind`'s group (none without a kind: it stays at the default)."""
     used = spread(samples)
     out = {}
     for name in factors:
         runs = [s for s in used if exercises(s, name)]
-        out[name] = FactorEvidence(len(runs), len({s.model.name for s in runs}))
+        group = "shared"
+        if name in KERNEL_DEPENDENCE:
+            mine = factor_group(name, kind) if kind is not None else None
+            runs = [s for s in runs if mine is not None and factor_group(name, s.kind) == mine]
+            group = group_label(name, mine) if mine is not None else "none (no kernel kind given)"
+        out[name] = FactorEvidence(len(runs), len({s.model.name for s in runs}), group)
     return out
 
 
@@ -214,8 +280,10 @@ def _held_out(samples: Sequence[FitSample], gpu: GpuSpec, default: Calibration) 
         train = [s for s in samples if s.model.name != name]
         test = [s for s in samples if s.model.name == name]
         fit = fit_shared(train, gpu, default)
+        kind = test[0].kind
         errors_default.append(prediction_error(test, gpu, default))
-        errors_fitted.append(joint_error(test, gpu, fit.calibration, fit.layouts))
+        errors_fitted.append(joint_error(test, gpu, per_kind(fit),
+                                         layouts_for(fit, train, gpu, kind, OTHER_KIND_LAYOUT_WEIGHT)))
     return HeldOut("leave-one-model-out", float(np.nanmean(errors_default)), float(np.nanmean(errors_fitted)),
                    len(names))
 
@@ -279,5 +347,6 @@ def _same_vllm(recorded: str, planned: str) -> bool:
 
 
 def load_knowledge(store: ClusterStore, key: ClusterKey, gpu: GpuSpec, *, held_out: bool = False,
-                   load: ModelLoader = _load) -> ClusterKnowledge:
-    return learn(key, gpu, store.read_runs(key), store.read_failures(key), held_out=held_out, load=load)
+                   load: ModelLoader = _load, kind: KernelKind | None = None) -> ClusterKnowledge:
+    learnt = learn(key, gpu, store.read_runs(key), store.read_failures(key), held_out=held_out, load=load, kind=kind)
+    return dataclasses.replace(learnt, guards=tuple(store.read_guards(key)))

@@ -77,10 +77,13 @@ class LayoutObservation:
     log_step: float
 
 
-def fit_layout_factors(observations: Sequence[LayoutObservation]) -> LayoutFactors:
+def fit_layout_factors(observations: Sequence[LayoutObservation],
+                       weight: dict[str, float] | None = None) -> LayoutFactors:
     """Runs of one model on one layout are one observation (they share that model's factor), centred on the
     model's mean over its layouts; per role a ridge trend over them, then each layout's mean residual over its
-    models, shrunk."""
+    models, shrunk. weight: per model, how much its observations count (1 by default; a layout's evidence is the
+    sum of its models' weights)."""
+    w = weight or {}
     per: dict[LayoutKey, dict[str, list[float]]] = {}
     topo_of: dict[LayoutKey, Topology] = {}
     runs: dict[LayoutKey, int] = {}
@@ -98,14 +101,18 @@ def fit_layout_factors(observations: Sequence[LayoutObservation]) -> LayoutFacto
     means = {k: {name: y - float(np.mean(centre[(k[0], name)])) for name, y in by.items()} for k, by in means.items()}
     trend: dict[str, np.ndarray] = {}
     for role in {k[0] for k in per}:
-        rows = [(layout_features(topo_of[k]), y) for k, by in means.items() if k[0] == role for y in by.values()]
+        rows = [(layout_features(topo_of[k]), y, w.get(name, 1.0)) for k, by in means.items() if k[0] == role
+                for name, y in by.items()]
         x = np.array([r[0] for r in rows])
         x[:, 0] = 0.0
         y = np.array([r[1] for r in rows])
-        trend[role] = np.linalg.solve(x.T @ x + TREND_RIDGE * np.eye(x.shape[1]), x.T @ y)
+        ws = np.array([r[2] for r in rows])
+        trend[role] = np.linalg.solve((x.T * ws) @ x + TREND_RIDGE * np.eye(x.shape[1]), (x.T * ws) @ y)
     own = {}
     for k, by in means.items():
         smooth = float(layout_features(topo_of[k]) @ trend[k[0]])
-        m = len(by)
-        own[k] = float(np.mean([y - smooth for y in by.values()])) * m / (m + LAYOUT_TAU)
+        weights = np.array([w.get(name, 1.0) for name in by])
+        m = float(weights.sum())
+        deviation = np.array([y - smooth for y in by.values()])
+        own[k] = float(weights @ deviation / m) * m / (m + LAYOUT_TAU) if m > 0 else 0.0
     return LayoutFactors(trend, own, {k: len(by) for k, by in per.items()}, runs)

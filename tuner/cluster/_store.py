@@ -80,8 +80,8 @@ def _engine(url: str) -> sa.Engine:
 
 
 def cluster_metadata(prefix: str = DEFAULT_PREFIX) -> sa.MetaData:
-    """The two cluster tables (runs, failures) under `prefix`: the one definition the store and the service's
-    Alembic migration both create."""
+    """The cluster tables (runs, failures, the transfer guard's verdicts) under `prefix`: the one definition the
+    store and the service's Alembic migration both create."""
     meta = sa.MetaData()
     sa.Table(
         f"{prefix}runs", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -100,6 +100,13 @@ def cluster_metadata(prefix: str = DEFAULT_PREFIX) -> sa.MetaData:
         sa.Column("status", sa.String(32), nullable=False), sa.Column("reason", sa.Text, nullable=False),
         sa.Column("study", sa.String(512), nullable=False), sa.Column("created_at", sa.Float, nullable=False),
         sa.Index(f"{prefix}failures_cluster", "cluster"))
+    # what the transfer guard (tuner.cluster._guard) decided for each new model's study, as JSON
+    sa.Table(
+        f"{prefix}guards", meta, sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        *[sa.Column(n, sa.String(128), nullable=False) for n in _KEY_FIELDS],
+        sa.Column("model_name", sa.String(256), nullable=False), sa.Column("study", sa.String(512), nullable=False),
+        sa.Column("verdict", sa.Text, nullable=False), sa.Column("created_at", sa.Float, nullable=False),
+        sa.Index(f"{prefix}guards_cluster", "cluster"))
     return meta
 
 
@@ -181,6 +188,7 @@ class ClusterStore:
         self._meta = cluster_metadata(prefix)
         self.runs = self._meta.tables[f"{prefix}runs"]
         self.failures = self._meta.tables[f"{prefix}failures"]
+        self.guards = self._meta.tables[f"{prefix}guards"]
         create_cluster_tables(self.engine, self._meta, url)
 
     def drop(self) -> None:
@@ -206,7 +214,20 @@ class ClusterStore:
                 status=failure.status.value, reason=failure.reason[:2000], study=failure.study,
                 created_at=time.time()))
 
+    def record_guard(self, key: ClusterKey, model_name: str, study: str, verdict: dict) -> None:
+        """A transfer guard's verdict (GuardVerdict.as_json) for one study."""
+        with self.engine.begin() as conn:
+            conn.execute(self.guards.insert().values(**_key_row(key), model_name=model_name, study=study,
+                                                     verdict=json.dumps(verdict), created_at=time.time()))
+
     # -- reading -----------------------------------------------------------------------------------------
+    def read_guards(self, key: ClusterKey) -> list[dict]:
+        """Every guard verdict on this cluster, oldest first (each GuardVerdict.as_json plus its study)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(self.guards).where(*_match(self.guards, key))
+                                .order_by(self.guards.c.id)).all()
+        return [{**json.loads(r.verdict), "study": r.study} for r in rows]
+
     def read_runs(self, key: ClusterKey) -> list[StoredRun]:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(self.runs).where(*_match(self.runs, key)).order_by(self.runs.c.id)).all()

@@ -8,6 +8,7 @@ from pathlib import Path
 # Importing the family modules registers them.
 from tuner.models import _deepseek, _glm4_moe, _gpt_oss, _minimax_m2, _qwen3_next, _transformer  # noqa: F401
 from tuner.models._config import read_config
+from tuner.models._kind import KernelKind, kernel_kind
 from tuner.models._registry import build_spec, supported_model_types
 from tuner.models._revision import UNKNOWN_REVISION, model_revision
 from tuner.models._safetensors import tensors_from_safetensors
@@ -28,6 +29,7 @@ from tuner.models._spec import (
 __all__ = [
     "UNKNOWN_REVISION",
     "AttentionSpec",
+    "KernelKind",
     "LayerKind",
     "LinearAttentionSpec",
     "MLASpec",
@@ -38,6 +40,7 @@ __all__ = [
     "TensorGroup",
     "WeightFormat",
     "WeightTensor",
+    "kernel_kind",
     "load_model",
     "model_revision",
     "supported_model_types",

@@ -80,6 +80,11 @@ class GuidedSampler(optuna.samplers.BaseSampler):
             self._index = self._prior.index()
         return self._prior
 
+    def refresh_prior(self) -> None:
+        """Rebuild the prior on the next ask (the transfer guard changed the calibration it starts from; the
+        candidates stay the same, so what the study measured keeps its index)."""
+        self._prior = None
+
     def reseed_rng(self) -> None:
         self._fallback.reseed_rng()
 

@@ -245,6 +245,8 @@ class PhaseRun:
             vllm_version=self.space.cluster.vllm_version)
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, request: TrialRequest, result: TrialResult) -> None:
-        if self.transfer is not None:
-            self.transfer.record(self.study_name, trial.number, request, result)
+        if self.transfer is not None and self.transfer.record(self.study_name, trial.number, request, result):
+            refresh = getattr(study.sampler, "refresh_prior", None)
+            if refresh is not None:  # the guard changed the prior: the guided sampler rebuilds it
+                refresh()
         self._recorder.tell_result(study, trial, request, result)

@@ -8,24 +8,37 @@ study retries risks), and records each finished trial back into the store, so th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.backends import TrialRequest, TrialResult
 from tuner.cluster import (
+    GUARD_TRIALS,
     ClusterKey,
     ClusterKnowledge,
     ClusterRecorder,
     ClusterStore,
+    FitSample,
+    GuardVerdict,
     KnownRisk,
+    guard,
     learn,
     load_knowledge,
 )
 from tuner.hardware import GpuSpec
-from tuner.models import ModelSpec
+from tuner.models import ModelSpec, kernel_kind
 from tuner.perf import Calibration
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._prior import SimulatorPrior
 from tuner.topology import Topology
+
+
+@dataclass
+class _Guarding:
+    """The new model's first measured trials, then what the guard kept (tuner.cluster._guard)."""
+
+    samples: list[FitSample] = field(default_factory=list)
+    knowledge: ClusterKnowledge | None = None
+    verdict: GuardVerdict | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,9 @@ class StudyTransfer:
     recorder: ClusterRecorder | None = None
     use_offsets: bool = True
     skip_risks: bool = True  # False: the study retries the cluster's known crashes (`tune --retry-risks`)
+    model: ModelSpec | None = None  # the study's model and GPU: the guard needs them (None: no guard)
+    gpu: GpuSpec | None = None
+    _guarding: _Guarding = field(default_factory=_Guarding, compare=False, repr=False)
 
     @classmethod
     def open(cls, store: ClusterStore, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
@@ -44,9 +60,20 @@ class StudyTransfer:
         """learn_from_store: start from the store (False: record only, the study starts fresh); record: add its
         trials; retry_risks: launch the known risks like any config (after a fix on the cluster)."""
         key = ClusterKey.of(gpu, vllm_version, cluster)
-        knowledge = load_knowledge(store, key, gpu) if learn_from_store else learn(key, gpu, [])
+        kind = kernel_kind(model)
+        knowledge = load_knowledge(store, key, gpu, kind=kind) if learn_from_store else learn(key, gpu, [], kind=kind)
         recorder = ClusterRecorder(store, key, model.name, model_path) if record else None
-        return cls(knowledge, recorder, skip_risks=not retry_risks)
+        return cls(knowledge, recorder, skip_risks=not retry_risks, model=model, gpu=gpu)
+
+    @property
+    def active(self) -> ClusterKnowledge:
+        """What the study's prior uses: the knowledge it started from, or what the guard kept of it."""
+        return self._guarding.knowledge or self.knowledge
+
+    @property
+    def verdict(self) -> GuardVerdict | None:
+        """The guard's decision, once the study's first GUARD_TRIALS trials are measured."""
+        return self._guarding.verdict
 
     def known_risk(self, topo: Topology) -> KnownRisk | None:
         """The known crash this config repeats on this cluster, when the study skips them (else None)."""
@@ -55,11 +82,11 @@ class StudyTransfer:
     @property
     def calibration(self) -> Calibration | None:
         """The learnt calibration; None while the cluster taught nothing (the GPU's documented one applies)."""
-        return None if self.knowledge.empty else self.knowledge.calibration
+        return None if self.knowledge.empty else self.active.calibration
 
     def prior(self, space: SearchSpace, phase: Phase, model: ModelSpec, gpu: GpuSpec) -> SimulatorPrior:
         role = phase_role(phase)
-        k = self.knowledge
+        k = self.active
         return SimulatorPrior.build(
             space, phase, model, gpu, calibration=k.calibration,
             offset=(lambda topo: k.offset(role, topo)) if self.use_offsets else None,
@@ -74,9 +101,26 @@ class StudyTransfer:
                 out.append(risk)
         return out
 
-    def record(self, study: str, trial: int, request: TrialRequest, result: TrialResult) -> None:
+    def record(self, study: str, trial: int, request: TrialRequest, result: TrialResult) -> bool:
+        """Store the trial; True when the guard has just changed the prior (the sampler rebuilds it)."""
         if self.recorder is not None:
             self.recorder.record(study, trial, request, result)
+        return self._guard(study, request, result)
+
+    def _guard(self, study: str, request: TrialRequest, result: TrialResult) -> bool:
+        g = self._guarding
+        if (self.model is None or self.gpu is None or g.verdict is not None or self.knowledge.runs == 0
+                or not result.status.ok or not result.points or len(request.deployment.groups) != 1):
+            return False
+        group = request.deployment.groups[0]
+        g.samples.append(FitSample(self.model, group.topology, group.role, request.workload, tuple(result.points)))
+        if len(g.samples) < GUARD_TRIALS:
+            return False
+        kept, g.verdict = guard(self.knowledge, g.samples, self.gpu, self.model.name)
+        g.knowledge = kept
+        if self.recorder is not None:
+            self.recorder.store.record_guard(self.recorder.key, self.model.name, study, g.verdict.as_json())
+        return g.verdict.whole_fallback or bool(g.verdict.fell_back)
 
 
 def open_transfer(storage_url: str, gpu: GpuSpec, model: ModelSpec, model_path: str, *,
