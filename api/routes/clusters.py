@@ -35,7 +35,8 @@ def _unlearnt(store: ClusterStore, key: ClusterKey, reason: str) -> dict[str, An
     return {"cluster": key.name, "gpu_class": key.gpu_class, "interconnect": key.interconnect,
             "vllm_version": key.vllm_version, "kernel_family": key.kernel_family, **counts, "factors": {},
             "error_in_sample": {"default": None, "fitted": None}, "held_out": None, "layout_offsets": [],
-            "known_risks": [], "error": f"cannot learn this cluster: {reason}"}
+            "known_risks": [], "kernel_factors": [], "kernel_kind": None, "guards": [],
+            "error": f"cannot learn this cluster: {reason}"}
 
 
 @router.get("")
