@@ -43,6 +43,8 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("trial_status", ("tuner",)),
     # what a cluster teaches sits below the studies that read and feed it
     ("cluster", ("tuner.study", "tuner.cli", "tuner.executors", "tuner.launch", "api")),
+    # the replay sits on the models, memory, perf and workload layers, below the use cases that call it
+    ("replay", ("tuner.study", "tuner.cli", "tuner.backends", "tuner.executors", "tuner.launch", "api")),
 ])
 def test_lower_layer_never_imports_a_higher_one(package: str, forbidden: tuple[str, ...]) -> None:
     assert _violations(package, forbidden) == []

@@ -80,34 +80,20 @@ class Sessions:
             raise ConfigError("think time must be >= 0 ms", field="--think-ms", fix="give milliseconds, e.g. 2000")
 
 
-def _units(prefix_keys: tuple, start_tokens: int, key: tuple, tokens: int, block_size: int) -> tuple[Unit, ...]:
-    """Units of `tokens` prompt tokens: the shared ones given, then UNIT_TOKENS-sized chunks named by `key` from
-    `start_tokens` on (the last chunk's key carries its block count: a longer chunk later is other content)."""
-    per_unit = max(1, UNIT_TOKENS // block_size)
-    units: list[Unit] = list(prefix_keys)
-    start_block = start_tokens // block_size
-    blocks = tokens // block_size - start_block
-    j = 0
-    while blocks > 0:
-        take = min(per_unit, blocks)
-        units.append(((*key, j, take), take))
-        blocks -= take
-        j += 1
-    return tuple(units)
+def _chunk_units(key: tuple, first_block: int, last_block: int, block_size: int) -> list[Unit]:
+    """Blocks first_block..last_block - 1 as units of at most UNIT_TOKENS, each keyed by where it starts."""
+    units: list[Unit] = []
+    start = first_block
+    while start < last_block:
+        take = min(max(1, UNIT_TOKENS // block_size), last_block - start)
+        units.append(((*key, start, take), take))
+        start += take
+    return units
 
 
-def _prefix_units(index: int, shared_tokens: int, block_size: int) -> tuple[tuple[Unit, ...], int]:
-    blocks = shared_tokens // block_size
-    per_unit = max(1, UNIT_TOKENS // block_size)
-    units = []
-    j = 0
-    left = blocks
-    while left > 0:
-        take = min(per_unit, left)
-        units.append((("prefix", index, j, take), take))
-        left -= take
-        j += 1
-    return tuple(units), blocks * block_size
+def _prefix_units(index: int, shared_tokens: int, block_size: int) -> list[Unit]:
+    """The full blocks of shared prefix `index` (the block its end shares with the prompt's own text is not)."""
+    return _chunk_units(("prefix", index), 0, shared_tokens // block_size, block_size)
 
 
 def trace_requests(path: Path | str, block_size: int, limit: int | None = None) -> list[RequestSpec]:
@@ -135,7 +121,8 @@ def trace_requests(path: Path | str, block_size: int, limit: int | None = None) 
 def sampled_requests(workload: Workload, count: int, block_size: int, seed: int = 0,
                      sessions: Sessions | None = None) -> list[RequestSpec]:
     """`count` requests drawn from the workload's length distributions (its 64-point samples), each prompt
-    starting with one of its shared prefixes if it has them; with `sessions`, grouped into conversations."""
+    starting with one of its shared prefixes if it has them; with `sessions`, grouped into conversations whose
+    turns re-send the history (a turn's units cover its answer too, as vLLM caches generated blocks)."""
     rng = np.random.default_rng(seed)
     inputs = workload.input_tokens.points
     outputs = workload.output_tokens.points
@@ -145,12 +132,11 @@ def sampled_requests(workload: Workload, count: int, block_size: int, seed: int 
     while len(specs) < count:
         turns = sessions.turns if sessions else 1
         history = 0
-        pre_units: tuple[Unit, ...] = ()
-        shared = 0
+        units: list[Unit] = []
         if prefix is not None:
-            pre_units, shared = _prefix_units(int(rng.integers(prefix.num_prefixes)), prefix.shared_tokens,
-                                              block_size)
+            units = _prefix_units(int(rng.integers(prefix.num_prefixes)), prefix.shared_tokens, block_size)
             history = prefix.shared_tokens
+        done_blocks = sum(b for _, b in units)  # blocks of the history already cut into units
         for turn in range(turns):
             if len(specs) >= count:
                 break
@@ -159,12 +145,13 @@ def sampled_requests(workload: Workload, count: int, block_size: int, seed: int 
             if turn == 0 and prefix is not None:
                 new = max(1, new - prefix.shared_tokens)
             prompt = history + new
-            # a session's units run over its answer too: the next turn's prompt re-sends it
             covered = prompt + out if sessions else prompt
-            units = _units(pre_units, shared, ("s", session), covered, block_size)
-            specs.append(RequestSpec(prompt_tokens=prompt, output_tokens=out, units=units,
+            mine = _chunk_units(("s", session), done_blocks, covered // block_size, block_size)
+            specs.append(RequestSpec(prompt_tokens=prompt, output_tokens=out, units=tuple(units + mine),
                                      session=session if sessions else None, turn=turn,
                                      think_ms=sessions.think_ms if sessions and turn else 0.0))
+            units += mine
+            done_blocks += sum(b for _, b in mine)
             history = prompt + out
         session += 1
     return specs
