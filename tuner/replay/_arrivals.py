@@ -129,19 +129,22 @@ def sampled_requests(workload: Workload, count: int, block_size: int, seed: int 
     prefix = workload.prefix
     specs: list[RequestSpec] = []
     session = 0
+    draws_in = inputs[rng.integers(len(inputs), size=count)].tolist()
+    draws_out = outputs[rng.integers(len(outputs), size=count)].tolist()
+    draws_prefix = rng.integers(prefix.num_prefixes, size=count).tolist() if prefix is not None else []
     while len(specs) < count:
         turns = sessions.turns if sessions else 1
         history = 0
         units: list[Unit] = []
         if prefix is not None:
-            units = _prefix_units(int(rng.integers(prefix.num_prefixes)), prefix.shared_tokens, block_size)
+            units = _prefix_units(draws_prefix[session % count], prefix.shared_tokens, block_size)
             history = prefix.shared_tokens
         done_blocks = sum(b for _, b in units)  # blocks of the history already cut into units
         for turn in range(turns):
             if len(specs) >= count:
                 break
-            new = int(inputs[rng.integers(len(inputs))])
-            out = int(outputs[rng.integers(len(outputs))])
+            new = int(draws_in[len(specs)])
+            out = int(draws_out[len(specs)])
             if turn == 0 and prefix is not None:
                 new = max(1, new - prefix.shared_tokens)
             prompt = history + new

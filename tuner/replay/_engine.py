@@ -87,6 +87,8 @@ class Engine:
         self.accepted = pricer.accepted
         self._q = 1 + limits.mtp  # tokens a decode schedules: the sampled one plus the drafts
         self._lookahead = limits.mtp
+        self._bs = limits.block_size
+        self._state = limits.state_blocks
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -116,7 +118,9 @@ class Engine:
         return -int(-(tokens - _EPS) // self.limits.block_size) if tokens > 0 else 0
 
     def _grow(self, r: ReplayRequest, slots: float) -> bool:
-        need = self._blocks_for(slots) + self.limits.state_blocks - r.blocks
+        if slots <= (r.blocks - self._state) * self._bs + _EPS and r.blocks:
+            return True
+        need = self._blocks_for(slots) + self._state - r.blocks
         if need <= 0:
             return True
         if not self.pool.take(need):
@@ -349,11 +353,11 @@ class Engine:
         a = self.accepted
         k_done = 1 << 30
         for r in running:
-            if not r.decoding or r.generated < 1:
+            if r.generated < 1 or r.prompt_tokens + r.generated - r.computed > 1.0 + _EPS:
                 return 0
-            steps = math.ceil((r.output_tokens - r.generated) / a - _EPS)
-            if steps < k_done:
-                k_done = steps
+            left = r.output_tokens - r.generated
+            if left < k_done * a:
+                k_done = math.ceil(left / a - _EPS)
         spare = self.pool.available_blocks // n
         k_blocks = int(spare * self.limits.block_size / a)
         k = min(k_done, k_blocks)
@@ -366,7 +370,7 @@ class Engine:
 
     def _stretch_prices(self, k: int) -> tuple[float, float]:
         n = len(self.running)
-        ctx = sum(r.num_tokens for r in self.running) / n
+        ctx = sum(r.prompt_tokens + r.generated for r in self.running) / n
         first = self.pricer.step_ms(n, ctx, 0.0, 0.0)
         last = self.pricer.step_ms(n, ctx + (k - 1) * self.accepted, 0.0, 0.0)
         return first, (last - first) / (k - 1) if k > 1 else 0.0
@@ -398,7 +402,7 @@ class Engine:
         lookahead = self._q + self._lookahead - self.accepted  # slots of the last step past its computed tokens
         for r in self.running:
             r.generated += gained
-            r.computed = r.num_tokens - 1.0
+            r.computed = r.prompt_tokens + r.generated - 1.0
             if not self._grow(r, r.computed + lookahead):  # bounded by _stretch_length: cannot fail
                 raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
             if r.units and r.published < len(r.units):
