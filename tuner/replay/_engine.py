@@ -87,6 +87,7 @@ class Engine:
         self.accepted = pricer.accepted
         self._q = 1 + limits.mtp  # tokens a decode schedules: the sampled one plus the drafts
         self._lookahead = limits.mtp
+        self.log: list[dict[int, float]] | None = None  # each step's batch {request id: tokens}, when set
         self._bs = limits.block_size
         self._state = limits.state_blocks
 
@@ -305,6 +306,8 @@ class Engine:
             else:
                 chunk += new
                 chunk_context += new * (r.computed + new / 2)
+        if self.log is not None:
+            self.log.append({r.rid: new for r, new, _ in scheduled})
         ms = self.pricer.step_ms(decode_n, context / decode_n if decode_n else 0.0, chunk,
                                  chunk_context / chunk if chunk else 0.0)
         self.clock += ms
@@ -394,6 +397,8 @@ class Engine:
     def _stretch(self, k: int) -> list[ReplayRequest]:
         first, slope = self._stretch_prices(k)
         ms = k * first + slope * k * (k - 1) / 2
+        if self.log is not None:
+            self.log.extend({r.rid: float(self._q) for r in self.running} for _ in range(k))
         self.clock += ms
         self.busy_ms += ms
         self.steps += k
