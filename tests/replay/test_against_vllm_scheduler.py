@@ -63,6 +63,7 @@ def _units(prompt: list[int], max_tokens: int) -> tuple:
 
 def _replay_steps(spec: dict) -> tuple[list[dict[str, int]], dict[str, int], list[list[str]]]:
     limits = SchedulerLimits(max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"],
+                             long_prefill_token_threshold=spec["long_prefill_token_threshold"],
                              block_size=BS, num_blocks=spec["num_blocks"] - 1)  # vLLM keeps one null block
     engine = Engine("rank 0", _UnitStep(), limits)  # type: ignore[arg-type]
     engine.log = []
@@ -93,13 +94,13 @@ def _replay_steps(spec: dict) -> tuple[list[dict[str, int]], dict[str, int], lis
 
 @needs_envs
 @pytest.mark.slow
-@pytest.mark.parametrize("num_blocks", [200, 16])
-def test_step_by_step_batches_match_vllms_scheduler(tmp_path: Path, num_blocks: int) -> None:
+@pytest.mark.parametrize(("num_blocks", "threshold"), [(200, 0), (16, 0), (200, 24)])
+def test_step_by_step_batches_match_vllms_scheduler(tmp_path: Path, num_blocks: int, threshold: int) -> None:
     """200 blocks: no pressure (prefix hits, chunking at the 64-token budget, 4 seqs at most); 16 blocks: the
-    cache runs out while requests decode and vLLM preempts the newest."""
+    cache runs out while requests decode and vLLM preempts the newest; a long-prefill threshold of 24 tokens."""
     model = make_tiny_model(tmp_path / "tiny")
     spec = {"block_size": BS, "max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 512,
-            "num_blocks": num_blocks, "requests": _requests()}
+            "num_blocks": num_blocks, "long_prefill_token_threshold": threshold, "requests": _requests()}
     python = default_envs_dir() / "vllm" / "bin" / "python"
     done = subprocess.run([str(python), str(DRIVER), str(model)], input=json.dumps(spec), capture_output=True,
                           text=True, timeout=600, check=False)
