@@ -96,15 +96,16 @@ def _prefix_units(index: int, shared_tokens: int, block_size: int) -> list[Unit]
     return _chunk_units(("prefix", index), 0, shared_tokens // block_size, block_size)
 
 
-def trace_requests(path: Path | str, block_size: int, limit: int | None = None) -> list[RequestSpec]:
-    """A mooncake trace's requests, with their timestamps and hash ids as units (a 512-token hash block is
+def trace_requests(path: Path | str, block_size: int, limit: int | None = None,
+                   hash_block_tokens: int = UNIT_TOKENS) -> list[RequestSpec]:
+    """A mooncake trace's requests, with their timestamps and hash ids as units (a hash block of 512 tokens is
     512 / block_size vLLM blocks; a partial last block keeps its full blocks only)."""
     specs = []
-    per_unit = max(1, UNIT_TOKENS // block_size)
+    per_unit = max(1, hash_block_tokens // block_size)
     for request in read_trace(path):
         units = []
         for index, h in enumerate(request.hash_ids):
-            tokens = min(UNIT_TOKENS, request.input_tokens - index * UNIT_TOKENS)
+            tokens = min(hash_block_tokens, request.input_tokens - index * hash_block_tokens)
             blocks = min(per_unit, tokens // block_size)
             if blocks <= 0:
                 break

@@ -127,7 +127,7 @@ def _requests(plan: ReplayPlan, block_size: int) -> tuple[list[RequestSpec], boo
     """The stream's requests, and whether their arrival times come from the trace."""
     w = plan.workload
     if w.trace is not None:
-        specs = trace_requests(w.trace.path, block_size, plan.num_requests)
+        specs = trace_requests(w.trace.path, block_size, plan.num_requests, w.trace.block_tokens)
         if plan.sessions is not None:
             raise ConfigError("a trace carries its own turns (hash_ids re-send the history)", field="--turns",
                               fix="drop --turns with a trace, or replay a distribution as sessions")
