@@ -143,3 +143,23 @@ def test_bounds_and_bad_input_name_the_option(dense: ModelSpec, h200: GpuSpec) -
             parse_deployment(text)
     with pytest.raises(ConfigError, match="--request-rate"):
         ArrivalProcess("poisson")
+
+
+def test_verification_keeps_the_first_candidate_that_meets_the_sla(dense: ModelSpec, h200: GpuSpec) -> None:
+    """At 6 req/s one TP8 replica's queue grows; the replay rejects it and the fewest GPUs that carry the rate
+    within a 1 s p90 TTFT is a larger count, whose replay meets the bound."""
+    from tuner.replay import Candidate, fewest_instances_for_rate, verify_candidates
+
+    perf = RooflineModel(dense, h200)
+    w = _fixed()
+    sla = Sla(max_ttft_ms=1000, max_itl_ms=40)
+    one = parse_deployment("TP8")
+    fewest = fewest_instances_for_rate(perf, one, w, rate_rps=6.0, sla=sla, max_gpus=64, num_requests=400)
+    assert fewest.choice is not None and fewest.choice.meets_sla
+    assert fewest.choice.report.num_gpus > 8
+    assert fewest.checked[0].meets_sla is False and fewest.checked[0].report.num_gpus == 8
+    assert fewest.choice.report.ttft_ms.p90 <= 1000
+    both = verify_candidates(perf, [Candidate(one, label="too small"), Candidate(fewest.choice.candidate.deployment)],
+                             w, sla=sla, arrival=ArrivalProcess("poisson", rate_rps=6.0), num_requests=400)
+    assert both.choice is not None and both.choice.report.num_gpus == fewest.choice.report.num_gpus
+    assert both.as_json()["checked"][0]["meets_sla"] is False

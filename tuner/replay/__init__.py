@@ -11,11 +11,13 @@ from tuner.replay._engine import Engine, Sample, SchedulerLimits
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import Percentiles, QueueTrend, ReplayReport, RequestRecord, Sla, TimelinePoint
 from tuner.replay._router import ROUTER_POLICIES, RouterPolicy, check_router
+from tuner.replay._verify import Candidate, Verified, VerifiedChoice, fewest_instances_for_rate, verify_candidates
 
 __all__ = [
     "MAX_REPLAY_REQUESTS",
     "ROUTER_POLICIES",
     "ArrivalProcess",
+    "Candidate",
     "Engine",
     "Percentiles",
     "QueueTrend",
@@ -28,7 +30,11 @@ __all__ = [
     "Sessions",
     "Sla",
     "TimelinePoint",
+    "Verified",
+    "VerifiedChoice",
     "check_router",
+    "fewest_instances_for_rate",
     "parse_deployment",
     "replay",
+    "verify_candidates",
 ]
