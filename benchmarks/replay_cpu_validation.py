@@ -81,14 +81,19 @@ def _counters() -> dict[str, float]:
 
 
 def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concurrency: int | None) -> list[dict]:
-    argv = [str(envs / "aiperf/bin/aiperf"), "profile", "--model", "tiny", "--tokenizer", str(model),
+    from tuner.backends.vllm._aiperf import tokenizer_hub_alias
+
+    hub = out.parent / "hub"  # AIPerf decodes hash-id prompts offline: the tokenizer through a hub cache
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    argv = [str(envs / "aiperf/bin/aiperf"), "profile", "--model", "tiny", "--tokenizer",
+            tokenizer_hub_alias(model, hub),
             "--url", f"http://127.0.0.1:{PORT}", "--endpoint-type", "completions", "--streaming",
             "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace", "--isl-block-size", str(BLOCK),
             "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", str(seed),
             "--ui", "none", "--no-gpu-telemetry", "--export-level", "records", "--artifact-dir", str(out),
             "--request-count", str(len(trace.read_text().splitlines()))]
     argv += ["--concurrency", str(concurrency), "--no-fixed-schedule"] if concurrency else ["--fixed-schedule"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=1800)
+    subprocess.run(argv, check=True, capture_output=True, timeout=1800, env=env)
     records = []
     for line in (out / "profile_export.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -100,7 +105,9 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
     return records
 
 
-def measure() -> None:
+def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = CLOSED,
+            rate_shares: tuple[float, ...] = RATE_SHARES) -> dict:
+    """Serve, replay the trace through AIPerf at each load, write and return the data."""
     from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
     from tuner.backends.vllm._backend import LAUNCHER
 
@@ -109,7 +116,7 @@ def measure() -> None:
     model = work / "tiny"
     subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
                    capture_output=True)
-    trace = _trace(work / "trace.jsonl")
+    trace = _trace(work / "trace.jsonl", requests)
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
     argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
             "--host", "127.0.0.1", "--port", str(PORT), "--dtype", "bfloat16", "--enforce-eager",
@@ -129,7 +136,7 @@ def measure() -> None:
                 time.sleep(2)
         runs = []
         seed = 100
-        for c in CLOSED:
+        for c in closed:
             seed += 1
             before = _counters()
             load = os.getloadavg()[0]
@@ -139,9 +146,9 @@ def measure() -> None:
                          "counters": {k: after[k] - before[k] for k in after}, "requests": records})
             print(f"closed {c}: {len(records)} requests, load {load:.1f}", flush=True)
         top = runs[-1]["requests"]
-        span_s = max(1e-9, sum(r["request_latency"] for r in top) / 1e3 / CLOSED[-1])
+        span_s = max(1e-9, sum(r["request_latency"] for r in top) / 1e3 / closed[-1])
         capacity = len(top) / span_s
-        for share in RATE_SHARES:
+        for share in rate_shares:
             seed += 1
             rate = round(share * capacity, 2)
             before = _counters()
@@ -156,13 +163,15 @@ def measure() -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    DATA.write_text(json.dumps({
+    data = {
         "source": "benchmarks/replay_cpu_validation.py measure", "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                       time.gmtime()),
         "vllm": "vllm-cpu 0.32.0, TP1, --enable-prefix-caching", "kv_cache_memory_bytes": KV_BYTES,
         "block_tokens": BLOCK, "flags": FLAGS, "cores": os.cpu_count(),
-        "trace": [json.loads(line) for line in trace.read_text().splitlines()], "runs": runs}, indent=1))
-    print(f"wrote {DATA}")
+        "trace": [json.loads(line) for line in trace.read_text().splitlines()], "runs": runs}
+    out.write_text(json.dumps(data, indent=1))
+    print(f"wrote {out}")
+    return data
 
 
 # -- analysis -----------------------------------------------------------------------------------------
@@ -207,8 +216,8 @@ def _predicted(report) -> dict[str, float]:
             "itl_p90": report.itl_ms.p90, "hit_share": report.prefix_hit_share, "preemptions": report.preemptions}
 
 
-def analyse() -> None:
-    data = json.loads(DATA.read_text())
+def analyse(data: dict | None = None) -> None:
+    data = data or json.loads(DATA.read_text())
     work = Path(tempfile.mkdtemp(prefix="replay-cpu-analyse-"))
     perf, dep, workload = _setup(data, work)
     closed = [r for r in data["runs"] if r["kind"] == "closed"]
