@@ -90,6 +90,7 @@ class Engine:
         self.log: list[dict[int, float]] | None = None  # each step's batch {request id: tokens}, when set
         self._bs = limits.block_size
         self._state = limits.state_blocks
+        self._stretch_context = 0.0
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -355,12 +356,16 @@ class Engine:
             return 0
         a = self.accepted
         k_done = 1 << 30
+        context = 0.0
         for r in running:
-            if r.generated < 1 or r.prompt_tokens + r.generated - r.computed > 1.0 + _EPS:
+            tokens = r.prompt_tokens + r.generated
+            if r.generated < 1 or tokens - r.computed > 1.0 + _EPS:
                 return 0
+            context += tokens
             left = r.output_tokens - r.generated
             if left < k_done * a:
                 k_done = math.ceil(left / a - _EPS)
+        self._stretch_context = context / n
         spare = self.pool.available_blocks // n
         k_blocks = int(spare * self.limits.block_size / a)
         k = min(k_done, k_blocks)
@@ -372,8 +377,9 @@ class Engine:
         return min(k, self._steps_until(limit_ms, k))
 
     def _stretch_prices(self, k: int) -> tuple[float, float]:
+        """(first step's time, its growth per step) of the stretch `_stretch_length` just measured."""
         n = len(self.running)
-        ctx = sum(r.prompt_tokens + r.generated for r in self.running) / n
+        ctx = self._stretch_context
         first = self.pricer.step_ms(n, ctx, 0.0, 0.0)
         last = self.pricer.step_ms(n, ctx + (k - 1) * self.accepted, 0.0, 0.0)
         return first, (last - first) / (k - 1) if k > 1 else 0.0
