@@ -180,7 +180,19 @@ class _Run:
         self.groups = groups
         self.next_group = 0
         self.warmup = math.ceil(plan.warmup_share * len(specs))
-        self.feedback = (not plan.arrival.open_loop) or plan.sessions is not None or self.pd
+        # Engines whose answers can send a request to an engine before its stretch ends: a PD decode rank hears
+        # from the prefill ranks; with a closed loop or sessions, an answer anywhere sends the next request
+        # through the router, so the router's engines hear from every answering engine.
+        front_engines = [e for i in self.front for e in i.engines]
+        back_engines = [e for i in self.back for e in i.engines]
+        answering = back_engines if self.pd else front_engines
+        loops = (not plan.arrival.open_loop) or plan.sessions is not None
+        self.feeds: dict[int, list[Engine]] = {}
+        for e in self.engines:
+            sources = list(front_engines) if e in back_engines else []
+            if loops and e in front_engines:
+                sources += answering
+            self.feeds[id(e)] = [s for s in sources if s is not e]
         self.horizon_ms = math.inf
         self.last_send_ms = 0.0
 
@@ -276,10 +288,9 @@ class _Run:
             if busy.clock > self.horizon_ms:
                 self._stop(busy.clock)
             limit = t_next
-            if self.feedback:
-                for e in engines:
-                    if e is not busy and e.has_work and e.clock < limit:
-                        limit = e.clock
+            for e in self.feeds[id(busy)]:
+                if e.has_work and e.clock < limit:
+                    limit = e.clock
             for r in busy.advance(limit):
                 self._finished(busy, r)
         return self._report()
