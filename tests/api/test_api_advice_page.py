@@ -127,6 +127,18 @@ def test_a_browser_asks_what_to_deploy(driver, advice_server) -> None:  # type: 
     assert _wait(driver, lambda d: d.find_element(By.ID, "reason").text) == before
 
 
+def test_pasted_yaml_does_not_claim_unbounded_slas(driver, advice_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    base, _ = advice_server
+    driver.get(f"{base}/ui/new")
+    ttft = driver.find_element(By.ID, "max-ttft-ms")
+    assert ttft.get_attribute("placeholder") == "2000"  # the default space's own bound
+    driver.find_element(By.CSS_SELECTOR, "input[name=space-kind][value=yaml]").click()
+    assert ttft.get_attribute("placeholder") == "the pasted space's"
+    assert driver.find_element(By.ID, "min-accuracy").get_attribute("placeholder") == "the pasted space's"
+
+
 def test_the_study_page_shows_its_advice_and_numbered_points(driver, advice_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from selenium.webdriver.common.by import By
 
