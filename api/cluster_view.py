@@ -2,12 +2,18 @@
 
 Built from tuner.cluster's ClusterKnowledge (the same learning `topotune calibrate` and GET /v1/clusters show).
 The held-out error is one more calibration fit per model, so it is computed only when the page asks for it.
+Learning refits the calibration (over a second per cluster), so what was learnt is kept until the store changes:
+its tables only grow, so (rows, largest id) of each is the version a cached fit is checked against, one cheap query
+per request.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
+
+import sqlalchemy as sa
 
 from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterStore, load_knowledge
 from tuner.errors import TopotuneError
@@ -90,13 +96,39 @@ def view_of(k: ClusterKnowledge) -> ClusterView:
         risks=[RiskRow(r["topology"], r["status"], tuple(r["models"]), r["reason"]) for r in j["known_risks"]])
 
 
-def cluster_views(storage_url: str, *, held_out: bool) -> list[ClusterView]:
-    """Every cluster of the study database; one that cannot be learnt is listed with its error, not a 500."""
+Learnt = list[tuple[ClusterKey, ClusterKnowledge | TopotuneError]]
+_LEARNT: dict[tuple[str, bool], tuple[tuple[object, ...], Learnt]] = {}
+_LEARNT_LOCK = threading.Lock()
+
+
+def store_version(store: ClusterStore) -> tuple[object, ...]:
+    """(rows, largest id) of the runs and the failures: changes with every trial recorded (the tables only grow)."""
+    with store.engine.connect() as conn:
+        return tuple(value for table in (store.runs, store.failures)
+                     for value in conn.execute(sa.select(sa.func.count(), sa.func.max(table.c.id))).one())
+
+
+def learnt(storage_url: str, *, held_out: bool) -> Learnt:
+    """Each cluster's knowledge (or why it cannot be learnt), refitted only when the store changed since."""
     store = ClusterStore(storage_url)
-    out = []
+    version = store_version(store)
+    with _LEARNT_LOCK:
+        cached = _LEARNT.get((storage_url, held_out))
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    out: Learnt = []
     for key in store.clusters():
         try:
-            out.append(view_of(load_knowledge(store, key, get_gpu(key.gpu_class), held_out=held_out)))
+            out.append((key, load_knowledge(store, key, get_gpu(key.gpu_class), held_out=held_out)))
         except TopotuneError as exc:
-            out.append(ClusterView(key, 0, (), 0, [], None, None, None, [], 0, [], error=exc.user_message()))
+            out.append((key, exc))
+    with _LEARNT_LOCK:
+        _LEARNT[(storage_url, held_out)] = (version, out)
     return out
+
+
+def cluster_views(storage_url: str, *, held_out: bool) -> list[ClusterView]:
+    """Every cluster of the study database; one that cannot be learnt is listed with its error, not a 500."""
+    return [view_of(k) if isinstance(k, ClusterKnowledge) else
+            ClusterView(key, 0, (), 0, [], None, None, None, [], 0, [], error=k.user_message())
+            for key, k in learnt(storage_url, held_out=held_out)]

@@ -95,6 +95,13 @@ class ApiSettings(TunerSettings):
         return self.storage_url
 
     @property
+    def space_roots(self) -> list[Path]:
+        """Where a `space_path` may lie: the allowed roots, and always the service's own folder of spaces (the one
+        the new-study form offers), even when TOPOTUNE_ALLOWED_ROOTS leaves it out."""
+        own = self.default_space.parent
+        return self.allowed_roots if own in self.allowed_roots else [*self.allowed_roots, own]
+
+    @property
     def model_store(self) -> Path:
         assert self.models_dir is not None  # set by the validator
         return self.models_dir

@@ -84,7 +84,7 @@ def in_flight(record: StudyRecord, storage_url: str, artifacts_root: Path) -> li
     storage = open_storage(storage_url)
     now = time.time()
     out: list[InFlightTrial] = []
-    for phase in record.backend_options.get("phases") or list(record.space.get("phases", {})):
+    for phase in record.phases:
         try:
             study_id = storage.get_study_id_from_name(f"{record.campaign}/{phase}")
         except KeyError:  # the phase has not started yet

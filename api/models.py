@@ -9,6 +9,10 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from tuner.backends import stored_backend_config
+from tuner.space import SearchSpace
+from tuner.tune import TuneRequest
+
 SCHEMA_VERSION = "0001"  # the head of api/migrations/versions; tests check the two agree
 
 
@@ -55,7 +59,10 @@ class StudyRecord(Base):
     space: Mapped[dict[str, Any]] = mapped_column()  # the validated SearchSpace, as JSON
     space_name: Mapped[str] = mapped_column(String(256))
     backend: Mapped[str] = mapped_column(String(32))
-    backend_options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The study's TuneRequest (tuner.tune) as JSON: what the runner runs, on resume too. The column keeps its first
+    # name: a row stored before requests were typed holds the backend's options dict there (with the study's phases
+    # and retry flag), which `tune_request` still reads.
+    request_json: Mapped[dict[str, Any]] = mapped_column("backend_options", default=dict)
     trials_per_phase: Mapped[int] = mapped_column(Integer)
     sampler: Mapped[str] = mapped_column(String(16))
     seed: Mapped[int] = mapped_column(Integer)
@@ -70,6 +77,24 @@ class StudyRecord(Base):
 
     events: Mapped[list[EventRecord]] = relationship(back_populates="study", cascade="all, delete-orphan",
                                                      order_by="EventRecord.id")
+
+    @property
+    def tune_request(self) -> TuneRequest:
+        """The request this study runs: the stored one, or one rebuilt from an older row's columns and options."""
+        data = self.request_json or {}
+        if "model_path" in data and "space" in data:
+            return TuneRequest.model_validate(data)
+        space = SearchSpace.model_validate(self.space)  # an older row's space already has its SLA applied
+        return TuneRequest(model_path=self.model_path, space=space,
+                           backend=stored_backend_config(self.backend, data, gpu=space.cluster.gpu),
+                           trials=self.trials_per_phase, sampler=self.sampler, seed=self.seed,
+                           warm_start=self.warm_start, phases=tuple(data["phases"]) if data.get("phases") else None,
+                           retry_risks=bool(data.get("retry_risks")))
+
+    @property
+    def phases(self) -> list[str]:
+        """The phases the study runs, in order."""
+        return list(self.tune_request.phases or self.space.get("phases", {}))
 
 
 class ModelRecord(Base):

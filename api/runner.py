@@ -25,20 +25,11 @@ from api.metrics import ServiceMetrics
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
 from api.schemas import ReverifyCreate
 from api.service import confine_model_path
+from tuner.backends import SimulatedConfig
 from tuner.errors import TopotuneError
-from tuner.executors import make_executor
-from tuner.space import SearchSpace
-from tuner.study import (
-    Campaign,
-    NoiseTest,
-    ReverifyOptions,
-    StopReason,
-    StopSignal,
-    TrialEvent,
-    TuneOptions,
-    request_cancel,
-    reverify_study,
-)
+from tuner.reverify import ReverifyRequest, reverify
+from tuner.study import StopReason, StopSignal, TrialEvent, request_cancel
+from tuner.tune import tune
 
 log = logging.getLogger("topotune.api.runner")
 
@@ -226,33 +217,21 @@ class StudyRunner:
         except FieldError as exc:
             self._finish(study_id, StudyStatus.FAILED, f"model_path: {exc.message}")
             return
-        space = SearchSpace.model_validate(record.space)
-        options = dict(record.backend_options)
-        phases = tuple(options.pop("phases", None) or space.phases)
-        retry_risks = bool(options.pop("retry_risks", False))  # the study's, not the backend's
-        if record.backend == "simulated":
-            options = {k: v for k, v in options.items() if k in ("noise", "delay_s") and v}
-        executor = None
         try:
-            executor = make_executor(self.settings.executor, settings=self.settings, cluster=space.cluster,
-                                     backend_name=record.backend, backend_options=options,
-                                     max_parallel=self.settings.max_parallel_trials)
-            campaign = Campaign(
-                model_path=record.model_path, space=space, backend_name=record.backend, executor=executor,
-                storage_url=self.settings.database_url,
-                options=TuneOptions(trials=record.trials_per_phase, sampler=record.sampler, seed=record.seed,
-                                    warm_start=record.warm_start),
-                artifacts_dir=self.settings.artifacts_dir, on_event=self._event_recorder(study_id), stop=stop,
-                phases=phases, name=record.campaign, retry_risks=retry_risks)
-            self._event(study_id, "started", f"campaign {campaign.name}")
-            result = campaign.run()
+            request = record.tune_request
+        except ValueError as exc:  # a stored request this version cannot read: the study's failure, not the runner's
+            self._finish(study_id, StudyStatus.FAILED, f"stored request: {exc}")
+            return
+        try:
+            self._event(study_id, "started", f"campaign {record.campaign}")
+            result = tune(request, self.settings, executor=self.settings.executor,
+                          max_parallel=self.settings.max_parallel_trials, on_event=self._event_recorder(study_id),
+                          stop=stop, name=record.campaign)
         except TopotuneError as exc:
             self._finish(study_id, StudyStatus.CANCELLED if stop.cancelled else StudyStatus.FAILED,
                          exc.user_message())
             return
         finally:
-            if executor is not None:
-                executor.shutdown()
             with self._lock:
                 self._stops.pop(study_id, None)
         if stop.reason is StopReason.INTERRUPT:
@@ -276,14 +255,13 @@ class StudyRunner:
         if record.status.active:
             raise FieldError(("path", "study_id"), f"the study is {record.status.value}: re-verify it once it has "
                              "finished", status_code=409, kind="conflict")
-        options = {k: v for k, v in record.backend_options.items() if k == "noise" and v}
-        if body.emulate_vllm:
-            if record.backend != "simulated":
-                raise FieldError(("body", "emulate_vllm"), "only a simulated study emulates a vLLM version; a real "
-                                 "one re-runs on the vLLM the hosts run")
-            options["vllm_version"] = body.emulate_vllm
-        reverify_options = ReverifyOptions(budget=body.budget, repeats=body.repeats, reopen=body.reopen,
-                                           test=NoiseTest(noise_floor=body.noise_floor, alpha=body.alpha))
+        if body.emulate_vllm and record.backend != "simulated":
+            raise FieldError(("body", "emulate_vllm"), "only a simulated study emulates a vLLM version; a real "
+                             "one re-runs on the vLLM the hosts run")
+        backend = record.tune_request.backend
+        request = ReverifyRequest(study=record.campaign, budget=body.budget, repeats=body.repeats, reopen=body.reopen,
+                                  noise_floor=body.noise_floor, alpha=body.alpha, emulate_vllm=body.emulate_vllm,
+                                  noise=backend.noise if isinstance(backend, SimulatedConfig) else 0.0)
         with self._lock:
             if record.id in self._reverifying:
                 raise FieldError(("path", "study_id"), "a re-verification of this study is already running",
@@ -293,21 +271,15 @@ class StudyRunner:
         session.add(EventRecord(study_id=record.id, kind="reverify", message=f"re-verification started "
                                 f"({body.reason}): {body.budget} configs x {body.repeats} runs"))
         session.commit()
-        space = SearchSpace.model_validate(record.space)
         thread = threading.Thread(target=self._reverify_run, name=f"topotune-reverify-{record.id}", daemon=True,
-                                  args=(record.id, record.campaign, record.backend, space, options, reverify_options))
+                                  args=(record.id, request))
         thread.start()
         return thread
 
-    def _reverify_run(self, study_id: int, campaign: str, backend: str, space: SearchSpace,
-                      options: dict[str, object], reverify_options: ReverifyOptions) -> None:
-        executor = None
+    def _reverify_run(self, study_id: int, request: ReverifyRequest) -> None:
         try:
-            executor = make_executor(self.settings.executor, settings=self.settings, cluster=space.cluster,
-                                     backend_name=backend, backend_options=options,
-                                     max_parallel=self.settings.max_parallel_trials)
-            report = reverify_study(self.settings.database_url, campaign, executor, reverify_options,
-                                    artifacts_dir=self.settings.artifacts_dir)
+            report = reverify(request, self.settings, executor=self.settings.executor,
+                              max_parallel=self.settings.max_parallel_trials)
             counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
             self._event(study_id, "reverified", f"on {report.to_version}: {counts}; "
                                                 f"{len(report.enqueued)} neighbours enqueued")
@@ -318,7 +290,5 @@ class StudyRunner:
             self.reverify_errors[study_id] = message
             self._event(study_id, "reverify_failed", message)
         finally:
-            if executor is not None:
-                executor.shutdown()
             with self._lock:
                 self._reverifying.discard(study_id)

@@ -15,6 +15,7 @@ SamplerName = Literal["auto", "guided", "gp", "tpe", "nsga2", "random"]  # auto 
 ExportFormat = Literal["vllm", "compose", "srt-slurm"]
 MAX_INLINE_SPACE_CHARS = 200_000
 MAX_TRIAL_DELAY_S = 600.0
+MAX_TRACE_UPLOAD_CHARS = 1_000_000  # under the body limit (api/limits.py): a window of a few thousand requests
 MAX_SIMULATED_WALL_S = 86_400.0  # trials x trial_delay_s: one request may not hold a runner thread for days
 
 
@@ -51,6 +52,9 @@ class StudyCreate(_In):
     retry_risks: bool = Field(False, description="launch configs that crashed on this cluster for another model "
                               "(its known risks, /ui/clusters); by default no sampler launches them")
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=3, description="default: every phase")
+    workload: dict[str, Any] | None = Field(None, description="a workload block replacing the space's (isl/osl, "
+                                            "input_tokens/output_tokens distributions, prefix, or a trace under an "
+                                            "allowed root); the phases' own fixed lengths stay")
     constraints: ConstraintsIn | None = Field(None, description="SLA bounds replacing the space's, field by field: "
                                             "max_ttft_ms, max_itl_ms, percentile, min_accuracy (null: unbounded)")
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")
@@ -282,3 +286,73 @@ class ReverifyReports(BaseModel):
     running: bool
     error: str | None = None
     reports: list[dict[str, Any]] = Field(description="every re-verification, oldest first (ReverifyReport JSON)")
+
+
+class SlaIn(_In):
+    """The service level a deployment must hold (null: no bound); latencies are read at `percentile`."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    max_ttft_ms: float | None = Field(None, gt=0, description="TTFT bound (prefill + decode-side wait)")
+    max_itl_ms: float | None = Field(None, gt=0, description="inter-token latency bound")
+    min_tok_s_user: float | None = Field(None, gt=0, description="per-user speed floor (tokens/s each user sees)")
+    percentile: Literal["p50", "p90", "p99"] = "p90"
+
+
+class AdviceCreate(_In):
+    """POST /v1/advice: what to deploy for this traffic and SLA, from the performance model (no trial runs)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model_path: str = Field(min_length=1, max_length=4096, description="model folder or config.json, under an "
+                            "allowed root; relative paths are taken from the models directory")
+    hardware: str = Field("gb300", min_length=1, max_length=64, description="GPU from the catalog")
+    gpus: int = Field(72, ge=1, le=4096, description="GPU budget of the whole deployment (prefill + decode)")
+    request_rate: float | None = Field(None, gt=0, le=1e6, description="open loop: the requests/s the deployment "
+                                       "must carry (the answer is the fewest GPUs that do, up to `gpus`)")
+    arrival: Literal["poisson", "trace"] | None = Field(None, description="open-loop arrivals; `trace` alone runs "
+                                                        "at the workload trace's own rate")
+    workload: dict[str, Any] | None = Field(None, description="a search space's workload block: isl/osl, "
+                                            "input_tokens/output_tokens distributions, prefix, or a trace under an "
+                                            "allowed root (default: isl 8192, osl 1024)")
+    trace_jsonl: str | None = Field(None, max_length=MAX_TRACE_UPLOAD_CHARS, description="an uploaded trace: the "
+                                    "mooncake JSONL itself (timestamp, input_length, output_length, hash_ids per "
+                                    "line), within the request body's limit; replaces the workload's lengths")
+    sla: SlaIn = Field(default_factory=SlaIn)
+    mode: Literal["both", "disagg", "agg"] = Field("both", description="which serving modes compete")
+    max_mtp: int = Field(3, ge=0, le=8, description="decode MTP depths 0..N are swept (models with MTP layers)")
+
+    @field_validator("model_path", "trace_jsonl")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value)
+
+
+class AdvicePublic(BaseModel):
+    """The advice: `recommendation` is the object `topotune frontier --json` prints (same keys), `front` and
+    `aggregated_front` both fronts (throughput end first), `commands` the winner's `vllm serve` lines."""
+
+    model: str
+    gpu: str
+    gpus: int
+    isl: int
+    osl: int
+    mode: str
+    workload: str
+    offered_rps: float | None = None
+    arrival: str | None = None
+    offered_tok_s: float | None = None
+    constraints: dict[str, Any]
+    recommendation: dict[str, Any]
+    reason: str
+    setting: str = Field(description="what was asked, in one line (model, budget, traffic, offered rate)")
+    operating_deployment: str | None
+    commands: str | None
+    front: list[dict[str, Any]]
+    aggregated_front: list[dict[str, Any]]
+    winners: list[dict[str, Any]]
+    num_topologies: int
+    num_instance_points: int
+    num_deployments: int
+    elapsed_s: float
+    calibration: dict[str, Any]

@@ -12,9 +12,9 @@ import threading
 import uuid
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import yaml
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -24,12 +24,15 @@ from api.errors import FieldError
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
 from api.paths import confine
 from api.schemas import StudyCreate
+from tuner.backends import backend_config
 from tuner.errors import ConfigError, TopotuneError, UnsupportedModelError
 from tuner.hardware import get_gpu
 from tuner.memory import MemoryInputs, sweep_topologies
 from tuner.models import ModelSpec, load_model
-from tuner.space import SearchSpace, load_space, parse_space
+from tuner.space import SearchSpace, WorkloadSpec, load_space, parse_space
 from tuner.study import campaign_name
+from tuner.tune import SlaOverride, TuneRequest
+from tuner.workload import workload_error
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
@@ -103,7 +106,7 @@ def check_space(space: SearchSpace, model_path: Path, phases: tuple[str, ...]) -
 def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
     try:
         if body.space_path is not None:
-            path = confine(body.space_path, settings.allowed_roots, base=settings.default_space.parent,
+            path = confine(body.space_path, settings.space_roots, base=settings.default_space.parent,
                            loc=("body", "space_path"))
             if not path.is_file():
                 raise FieldError(("body", "space_path"), "no such space file")
@@ -137,6 +140,23 @@ def _with_trace(space: SearchSpace, base: Path, settings: ApiSettings, loc: tupl
     return confined
 
 
+def with_workload(space: SearchSpace, body: StudyCreate, settings: ApiSettings) -> SearchSpace:
+    """The space with the request's workload block in place of its own (a trace confined and read now)."""
+    if body.workload is None:
+        return space
+    loc = ("body", "workload")
+    try:
+        block = WorkloadSpec.model_validate(body.workload)
+        changed = SearchSpace.model_validate({**json.loads(space.model_dump_json()),
+                                              "workload": block.model_dump(mode="json", exclude_none=True)})
+    except ValidationError as exc:
+        error = workload_error(exc, "workload")
+        raise FieldError(("body", *(error.field or "workload").split(".")), error.user_message()) from None
+    if block.trace is None:
+        return changed.with_base_dir(settings.default_space.parent)
+    return _with_trace(changed, settings.default_space.parent, settings, (*loc, "trace"))
+
+
 def confine_model_path(raw: str | Path, settings: ApiSettings, loc: tuple[str, ...]) -> Path:
     """THE check of every model path the service acts on, whoever found it (a request, the watcher, the runner):
     resolved with symlinks followed, it must lie under an allowed root."""
@@ -153,13 +173,13 @@ def resolve_model(raw: str, settings: ApiSettings, loc: tuple[str, ...]) -> tupl
         raise FieldError(loc, exc.user_message()) from exc
 
 
-def new_study(session: Session, *, model_path: Path, model: ModelSpec, space: SearchSpace, backend: str,
-              trials: int, sampler: str, seed: int, warm_start: bool, phases: tuple[str, ...] | None,
-              backend_options: dict[str, Any]) -> StudyRecord:
-    """Insert a queued study request (the runner picks it up after commit)."""
-    chosen = tuple(p for p in (phases or tuple(space.phases)) if p in space.phases)
+def new_study(session: Session, *, model_path: Path, model: ModelSpec, request: TuneRequest) -> StudyRecord:
+    """Insert a queued study request (the runner picks it up after commit); the record stores `request` itself."""
+    space = request.constrained_space
+    chosen = tuple(p for p in (request.phases or tuple(space.phases)) if p in space.phases)
     if not chosen:
         raise FieldError(("body", "phases"), f"the space has only {', '.join(space.phases)}")
+    request = request.model_copy(update={"phases": chosen})
     try:
         gpu = get_gpu(space.cluster.gpu)
         check_space(space, model_path, chosen)
@@ -167,33 +187,47 @@ def new_study(session: Session, *, model_path: Path, model: ModelSpec, space: Se
         raise FieldError(("body", "space"), exc.user_message()) from exc
     record = StudyRecord(campaign=f"pending-{uuid.uuid4().hex}", model_name=model.name,
                          model_path=str(model_path), space=json.loads(space.model_dump_json()), space_name=space.name,
-                         backend=backend, backend_options={**backend_options, "phases": list(chosen)},
-                         trials_per_phase=trials, sampler=sampler, seed=seed, warm_start=warm_start,
-                         status=StudyStatus.QUEUED, resumes=0)
+                         backend=request.backend.kind, request_json=json.loads(request.model_dump_json()),
+                         trials_per_phase=request.trials, sampler=request.sampler, seed=request.seed,
+                         warm_start=request.warm_start, status=StudyStatus.QUEUED, resumes=0)
     session.add(record)
     session.flush()
     record.campaign = request_campaign(model.name, gpu.name, space, record.id)
-    session.add(EventRecord(study_id=record.id, kind="queued", message=f"{trials} trials per phase, {backend}"))
+    session.add(EventRecord(study_id=record.id, kind="queued",
+                            message=f"{request.trials} trials per phase, {request.backend.kind}"))
     return record
 
 
-def with_constraints(space: SearchSpace, body: StudyCreate) -> SearchSpace:
-    """The space with the request's constraint fields (only those it gave) in place of the space's own."""
+def sla_override(body: StudyCreate) -> SlaOverride:
+    """The request's constraint fields (only those it gave) as the override of the space's own."""
     if body.constraints is None:
-        return space
-    given = body.constraints.model_dump(exclude_unset=True)
-    return space.model_copy(update={"constraints": space.constraints.model_copy(update=given)})
+        return SlaOverride()
+    return SlaOverride.model_validate(body.constraints.model_dump(exclude_unset=True))
+
+
+def tune_request(settings: ApiSettings, body: StudyCreate, model_path: Path, space: SearchSpace) -> TuneRequest:
+    """The body as the library's request: one backend builder for the service and the CLI (a CPU cluster's vllm
+    backend plans vllm-cpu)."""
+    try:
+        backend = backend_config(body.backend, gpu=space.cluster.gpu, noise=body.noise, delay_s=body.trial_delay_s)
+        return TuneRequest.create(model_path=str(model_path), space=space, backend=backend, sla=sla_override(body),
+                                  trials=body.trials, sampler=body.sampler, seed=body.seed,
+                                  warm_start=body.warm_start, phases=tuple(body.phases) if body.phases else None,
+                                  retry_risks=body.retry_risks)
+    except TopotuneError as exc:
+        named = exc.renamed(STUDY_FIELDS)
+        raise FieldError(("body", *(named.field or "backend").split(".")), named.user_message()) from exc
+
+
+# The library request's fields under their StudyCreate body names (an error's loc and text).
+STUDY_FIELDS = {"backend.kind": "backend", "backend.noise": "noise", "backend.delay_s": "trial_delay_s",
+                "sla": "constraints"}
 
 
 def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:
     model_path, model = resolve_model(body.model_path, settings, ("body", "model_path"))
-    space = with_constraints(resolve_space(body, settings), body)
-    options: dict[str, Any] = {"retry_risks": True} if body.retry_risks else {}
-    if body.backend == "simulated":
-        options |= {"noise": body.noise, "delay_s": body.trial_delay_s}
-    record = new_study(session, model_path=model_path, model=model, space=space, backend=body.backend,
-                       trials=body.trials, sampler=body.sampler, seed=body.seed, warm_start=body.warm_start,
-                       phases=tuple(body.phases) if body.phases else None, backend_options=options)
+    request = tune_request(settings, body, model_path, with_workload(resolve_space(body, settings), body, settings))
+    record = new_study(session, model_path=model_path, model=model, request=request)
     session.commit()
     return record
 
@@ -268,9 +302,10 @@ def _screen_and_queue(session: Session, settings: ApiSettings, record: ModelReco
         if reason is not None:
             record.status, record.reason = ModelStatus.DOES_NOT_FIT, reason
         elif auto_tune:
-            study = new_study(session, model_path=path, model=model, space=space, backend=settings.default_backend,
-                              trials=settings.default_trials, sampler=settings.default_sampler, seed=0,
-                              warm_start=True, phases=None, backend_options={})
+            request = TuneRequest(model_path=str(path), space=space, trials=settings.default_trials,
+                                  sampler=settings.default_sampler,
+                                  backend=backend_config(settings.default_backend, gpu=space.cluster.gpu))
+            study = new_study(session, model_path=path, model=model, request=request)
             record.status, record.study_id = ModelStatus.TUNING, study.id
     except FieldError as exc:
         record.status, record.reason = ModelStatus.UNSUPPORTED, exc.message

@@ -221,7 +221,7 @@ def dashboard_url(study_id: int | None) -> str | None:
 def phase_progress(record: StudyRecord, snap: Snapshot) -> dict[str, PhaseProgress]:
     if snap.result is None and snap.restored is not None:
         return {p: PhaseProgress.model_validate(v) for p, v in snap.restored["progress"].items()}
-    phases = record.backend_options.get("phases") or list(record.space.get("phases", {}))
+    phases = record.phases
     out = {}
     for phase in phases:
         pr = snap.result.phases.get(phase) if snap.result else None

@@ -105,10 +105,10 @@ def test_constraints_name_what_removed_everything() -> None:
         compose_disaggregated(prefill, decode, Constraints(max_gpus=72, max_ttft_ms=50))
     with pytest.raises(InfeasibleError, match=r"no decode point meets ITL <= 5 ms .*best ITL is 10.0") as info:
         compose_disaggregated(prefill, decode, Constraints(max_gpus=72, max_itl_ms=5))
-    assert info.value.field == "--max-itl-ms"
+    assert info.value.field == "sla.max_itl_ms"  # the request field; the CLI maps it to --max-itl-ms
     with pytest.raises(InfeasibleError, match="smallest 1P1D pair needs 12 GPUs") as info:
         compose_disaggregated(prefill, decode, Constraints(max_gpus=10))
-    assert info.value.field == "--gpus"
+    assert info.value.field == "gpus"
     with pytest.raises(InfeasibleError, match="once the decode side"):
         compose_disaggregated(prefill, decode, Constraints(max_gpus=72, max_ttft_ms=102))
     with pytest.raises(InfeasibleError, match="pairs"):

@@ -6,6 +6,14 @@ Every error names the field that is wrong and the fix, so the CLI and the API ca
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Mapping
+
+# A request field named inside a message or a fix, written `like.this`: each face renders it under its own name
+# (the CLI as its flag, the API as its body field) through `TopotuneError.renamed`.
+_FIELD_REF = re.compile(r"`([A-Za-z_][\w.]*)`")
+
 
 class TopotuneError(Exception):
     """Base of every error topotune raises on purpose."""
@@ -20,10 +28,37 @@ class TopotuneError(Exception):
         parts = []
         if self.field:
             parts.append(f"{self.field}: ")
-        parts.append(self.message)
+        parts.append(_plain(self.message))
         if self.fix:
-            parts.append(f" (fix: {self.fix})")
+            parts.append(f" (fix: {_plain(self.fix)})")
         return "".join(parts)
+
+    def renamed(self, names: Mapping[str, str]) -> TopotuneError:
+        """The same error with request fields under a face's names (the CLI's flags, the API's body fields):
+        the field itself (a nested field keeps its tail: `calibration.x` -> `--calibration: x`) and every
+        `field` the message and the fix name. A name missing from `names` stays as it is."""
+        out = copy.copy(self)
+        out.field = rename_field(self.field, names) if self.field else self.field
+        out.message = _FIELD_REF.sub(lambda m: rename_field(m.group(1), names), self.message)
+        out.fix = _FIELD_REF.sub(lambda m: rename_field(m.group(1), names), self.fix) if self.fix else self.fix
+        out.args = (out.user_message(),)
+        return out
+
+
+def _plain(text: str) -> str:
+    return _FIELD_REF.sub(lambda m: m.group(1), text)
+
+
+def rename_field(field: str, names: Mapping[str, str]) -> str:
+    """`field` under a face's name: exact, else its longest named prefix and the rest after ": "."""
+    if field in names:
+        return names[field]
+    parts = field.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:cut])
+        if head in names:
+            return f"{names[head]}: {'.'.join(parts[cut:])}"
+    return field
 
 
 class ConfigError(TopotuneError):

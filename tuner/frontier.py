@@ -71,17 +71,17 @@ class Constraints:
 
     def __post_init__(self) -> None:
         if self.max_gpus < 1:
-            raise ConfigError(f"GPU budget must be >= 1, got {self.max_gpus}", field="--gpus", fix="give >= 1")
+            raise ConfigError(f"GPU budget must be >= 1, got {self.max_gpus}", field="gpus", fix="give >= 1")
         for name in ("max_ttft_ms", "max_itl_ms"):
             value = getattr(self, name)
             if value is not None and value <= 0:
-                raise ConfigError(f"must be positive, got {value}", field=f"--{name.replace('_', '-')}",
+                raise ConfigError(f"must be positive, got {value}", field=f"sla.{name}",
                                   fix="give a positive limit in milliseconds, or omit it")
         if self.min_tok_s_per_user is not None and self.min_tok_s_per_user <= 0:
-            raise ConfigError(f"must be positive, got {self.min_tok_s_per_user}", field="--min-tok-s-user",
+            raise ConfigError(f"must be positive, got {self.min_tok_s_per_user}", field="sla.min_tok_s_user",
                               fix="give a per-user speed in tokens/s, or omit it")
         if self.percentile not in PERCENTILES:
-            raise ConfigError(f"unknown percentile {self.percentile!r}", field="--percentile",
+            raise ConfigError(f"unknown percentile {self.percentile!r}", field="sla.percentile",
                               fix="use p50, p90 or p99")
 
     @property
@@ -161,7 +161,7 @@ def _check_curves(prefill: Sequence[CurvePoint], decode: Sequence[CurvePoint], c
         best = min(_ttft(m, c.percentile) for _, m in prefill)
         if best > c.max_ttft_ms:
             raise _fail(f"no prefill point meets TTFT <= {c.max_ttft_ms:g} ms ({c.percentile}); the best TTFT is "
-                        f"{best:,.0f} ms", "--max-ttft-ms", f"raise the TTFT limit to at least {math.ceil(best)} ms")
+                        f"{best:,.0f} ms", "sla.max_ttft_ms", f"raise the TTFT limit to at least {math.ceil(best)} ms")
     bound = c.max_itl_for_users_ms
     if bound is not None:
         best = min(_itl(m, c.percentile) for _, m in decode)
@@ -169,10 +169,10 @@ def _check_curves(prefill: Sequence[CurvePoint], decode: Sequence[CurvePoint], c
             field, what = _itl_bound_names(c)
             raise _fail(f"no decode point meets ITL <= {bound:g} ms ({c.percentile}; {what}); the best ITL is "
                         f"{best:.1f} ms ({1000 / best:.1f} tok/s/user)", field,
-                        f"relax {field} (the best decode point gives {best:.1f} ms)")
+                        f"relax `{field}` (the best decode point gives {best:.1f} ms)")
     smallest = min(t.num_gpus for t, _ in prefill) + min(t.num_gpus for t, _ in decode)
     if smallest > c.max_gpus:
-        raise _fail(f"the smallest 1P1D pair needs {smallest} GPUs but the budget is {c.max_gpus}", "--gpus",
+        raise _fail(f"the smallest 1P1D pair needs {smallest} GPUs but the budget is {c.max_gpus}", "gpus",
                     f"allow at least {smallest} GPUs or add smaller topologies")
 
 
@@ -293,18 +293,18 @@ def binding_bound(ttft_ms: float, itl_ms: float, *, max_ttft_ms: float | None,
 
 
 def _itl_bound_names(c: Constraints) -> tuple[str, str]:
-    """The flag whose bound binds the ITL, and what it says."""
+    """The SLA field whose bound binds the ITL, and what it says."""
     floor = 1000.0 / c.min_tok_s_per_user if c.min_tok_s_per_user else None
     if floor is not None and (c.max_itl_ms is None or floor < c.max_itl_ms):
-        return "--min-tok-s-user", f"the floor of {c.min_tok_s_per_user:g} tok/s/user"
-    return "--max-itl-ms", "the SLA"
+        return "sla.min_tok_s_user", f"the floor of {c.min_tok_s_per_user:g} tok/s/user"
+    return "sla.max_itl_ms", "the SLA"
 
 
 def _explain(reasons: dict[str, int], num_decode: int, c: Constraints, refusals: dict[str, int]
              ) -> InfeasibleError:
     if reasons["itl"] == num_decode:
         field, what = _itl_bound_names(c)
-        return _fail(f"no decode point meets ITL <= {c.max_itl_for_users_ms:g} ms ({what})", field, f"relax {field}")
+        return _fail(f"no decode point meets ITL <= {c.max_itl_for_users_ms:g} ms ({what})", field, f"relax `{field}`")
     worst = max(reasons, key=lambda k: reasons[k])
     if worst == "pairing":
         rules = ", ".join(f"{k} x{n}" for k, n in sorted(refusals.items(), key=lambda kv: -kv[1]))
@@ -312,8 +312,8 @@ def _explain(reasons: dict[str, int], num_decode: int, c: Constraints, refusals:
                      "topologies", "sweep prefill topologies with the decode topologies' TP and MTP")
     if worst == "ttft":
         return _fail(f"no prefill + decode pair meets TTFT <= {c.max_ttft_ms:g} ms once the decode side's queueing "
-                     "and KV transfer are added", "--max-ttft-ms", "raise the TTFT limit or lower the concurrency")
-    return _fail(f"no xPyD deployment fits in {c.max_gpus} GPUs", "--gpus", "allow more GPUs")
+                     "and KV transfer are added", "sla.max_ttft_ms", "raise the TTFT limit or lower the concurrency")
+    return _fail(f"no xPyD deployment fits in {c.max_gpus} GPUs", "gpus", "allow more GPUs")
 
 
 def combined_front(points: Sequence[ComposedPoint]) -> list[ComposedPoint]:

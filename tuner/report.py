@@ -24,9 +24,10 @@ FRONT_LINE = {"width": 3, "color": "#d62728"}
 
 
 def composed_front_figure(points: list[ComposedPoint], front: list[ComposedPoint], title: str,
-                          aggregated: Sequence[AggregatedPoint] = ()) -> go.Figure:
+                          aggregated: Sequence[AggregatedPoint] = (), *, numbered: bool = False) -> go.Figure:
     """Every deployment family's curve faint, the combined front bold, the aggregated front (replicas serving
-    prefill and decode together) beside it, the deployment on hover."""
+    prefill and decode together) beside it, the deployment on hover. `numbered`: each front point labelled #i, its
+    index in `front` (the `point` of a study's front table and of /export)."""
     import plotly.graph_objects as go
 
     xs: list[float | None] = []
@@ -45,9 +46,12 @@ def composed_front_figure(points: list[ComposedPoint], front: list[ComposedPoint
                              line=FAINT_LINE, marker=FAINT_MARKER))
     fig.add_trace(go.Scatter(
         x=[p.tok_s_per_user for p in front], y=[p.total_tok_s_per_gpu for p in front], hoverinfo="text",
-        text=[f"<b>{p.name}</b><br>{p.total_tok_s_per_gpu:,.0f} tok/s/GPU, {p.tok_s_per_user:.1f} tok/s/user<br>"
-              f"{p.num_gpus} GPUs, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.1f} ms" for p in front],
-        mode="lines+markers", name="combined Pareto front", line=FRONT_LINE, marker={"size": 8}))
+        hovertext=[f"<b>{f'#{i} ' if numbered else ''}{p.name}</b><br>{p.total_tok_s_per_gpu:,.0f} tok/s/GPU, "
+                   f"{p.tok_s_per_user:.1f} tok/s/user<br>{p.num_gpus} GPUs, TTFT {p.ttft_ms:,.0f} ms, "
+                   f"ITL {p.itl_ms:.1f} ms" for i, p in enumerate(front)],
+        text=[f"#{i}" for i in range(len(front))] if numbered else None, textposition="top right",
+        mode="lines+markers+text" if numbered else "lines+markers", name="combined Pareto front", line=FRONT_LINE,
+        marker={"size": 8}))
     if aggregated:
         fig.add_trace(go.Scatter(
             x=[p.tok_s_per_user for p in aggregated], y=[p.total_tok_s_per_gpu for p in aggregated],
@@ -115,7 +119,7 @@ def campaign_figures(result: CampaignResult, composed_title: str, *, hypervolume
 
     figures = []
     if result.composed_front:
-        figures.append(composed_front_figure(result.composed, result.composed_front, composed_title))
+        figures.append(composed_front_figure(result.composed, result.composed_front, composed_title, numbered=True))
     for phase, pr in result.phases.items():
         figures.append(phase_figure(pr, PHASE_AXES[phase]))
         if hypervolume:

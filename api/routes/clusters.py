@@ -7,17 +7,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
+from api.cluster_view import learnt
 from api.deps import SettingsDep
-from tuner.cluster import ClusterStore, load_knowledge
-from tuner.hardware import get_gpu
+from tuner.errors import TopotuneError
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
 
 
 def _knowledge(storage_url: str, held_out: bool) -> dict[str, Any]:
-    store = ClusterStore(storage_url)
-    return {"clusters": [load_knowledge(store, key, get_gpu(key.gpu_class), held_out=held_out).as_json()
-                         for key in store.clusters()]}
+    out = []
+    for _key, knowledge in learnt(storage_url, held_out=held_out):  # refitted only when the store changed
+        if isinstance(knowledge, TopotuneError):
+            raise knowledge
+        out.append(knowledge.as_json())
+    return {"clusters": out}
 
 
 @router.get("")

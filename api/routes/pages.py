@@ -20,17 +20,19 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
-from api.choices import model_choices, space_choices
+from api.advice import study_advice
+from api.choices import model_choices, space_choices, trace_choices, trace_summary
 from api.cluster_view import anchor_of, cluster_views
 from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
-from api.schemas import ReverifyCreate, StudyCreate
+from api.schemas import AdviceCreate, ReverifyCreate, StudyCreate
 from api.views import Snapshot, dashboard_url, exportable, phase_progress
+from tuner.advise import Fronts, recommend
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
-from tuner.frontier import binding_bound
-from tuner.hardware import get_gpu
+from tuner.frontier import ComposedPoint, binding_bound
+from tuner.hardware import default_catalog, get_gpu
 from tuner.space import WorkloadSpec
 from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
 
@@ -119,9 +121,26 @@ def new_study_page(request: Request, session: SessionDep, settings: SettingsDep)
     fields = StudyCreate.model_fields
     return TEMPLATES.TemplateResponse(request, "new.html", {
         "models": model_choices(session, settings), "spaces": space_choices(settings),
+        "traces": trace_choices(settings),
         "defaults": {name: f.default for name, f in fields.items()},
         "samplers": get_args(fields["sampler"].annotation), "backends": get_args(fields["backend"].annotation),
         "max_trials": next(m.le for m in fields["trials"].metadata if hasattr(m, "le"))})
+
+
+@router.get("/advice", response_class=HTMLResponse)
+def advice_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    """"What should I deploy?": the form posts AdviceCreate's JSON to /v1/advice and draws the answer."""
+    fields = AdviceCreate.model_fields
+    return TEMPLATES.TemplateResponse(request, "advice.html", {
+        "models": model_choices(session, settings), "traces": trace_choices(settings),
+        "hardware": default_catalog().names(), "defaults": {name: f.default for name, f in fields.items()},
+        "modes": get_args(fields["mode"].annotation)})
+
+
+@router.get("/traces/summary")
+def trace_summary_json(settings: SettingsDep, path: str) -> JSONResponse:
+    """What a trace the forms' pickers offer holds: lengths, arrival rate, prefix reuse."""
+    return JSONResponse(trace_summary(path, settings))
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -129,9 +148,26 @@ def compare_page(request: Request, session: SessionDep, a: int | None = None, b:
     """Two studies' fronts on one chart; the page reads each /v1/studies/{id}/pareto (the cached fronts)."""
     rows = session.scalars(select(StudyRecord).order_by(StudyRecord.id.desc()).limit(500)).all()
     ids = [r.id for r in rows]
+    a = a if a in ids else (ids[1] if len(ids) > 1 else None)
+    b = b if b in ids else (ids[0] if ids else None)
+    # what each compared study measured under: fronts of different traffic or SLA are not comparable point by point
+    asked = {r.id: {"traffic": _traffic(r.space), "sla": _sla_text(r.space.get("constraints", {}))}
+             for r in rows if r.id in (a, b)}
     return TEMPLATES.TemplateResponse(request, "compare.html", {
-        "studies": rows, "phase_axes": PHASE_AXES, "a": a if a in ids else (ids[1] if len(ids) > 1 else None),
-        "b": b if b in ids else (ids[0] if ids else None)})
+        "studies": rows, "phase_axes": PHASE_AXES, "a": a, "b": b, "asked": asked})
+
+
+def _load(p: ComposedPoint) -> str:
+    """The load a front point holds at, per instance: its requests/s (open loop) or its clients (closed loop)."""
+    if p.decode.offered_rps is not None and p.prefill.offered_rps is not None:
+        return f"P {p.prefill.offered_rps:.3g}, D {p.decode.offered_rps:.3g} req/s"
+    return f"P {p.prefill.concurrency}, D {p.decode.concurrency} clients"
+
+
+def _sla_text(c: dict[str, Any]) -> str:
+    bounds = [f"TTFT <= {c['max_ttft_ms']:g} ms" if c.get("max_ttft_ms") else "",
+              f"ITL <= {c['max_itl_ms']:g} ms" if c.get("max_itl_ms") else ""]
+    return (", ".join(b for b in bounds if b) or "no latency bound") + f" at {c.get('percentile') or 'p90'}"
 
 
 @router.get("/clusters", response_class=HTMLResponse)
@@ -169,13 +205,17 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
     result = snap.result
     front = result.front_table() if result else []
     limits = record.space.get("constraints", {})
-    top = max(front, key=lambda r: r.total_tok_s_per_gpu, default=None)
+    # the measured recommendation: the library's pick over the composed front (every point of it meets the SLA)
+    best = recommend(Fronts(result.composed, result.composed_front, [], [])).disaggregated if result else None
+    recommended = result.composed_front.index(best) if result and best is not None else None
+    top = front[recommended] if recommended is not None else None
     binding = binding_bound(top.ttft_ms, top.itl_ms, max_ttft_ms=limits.get("max_ttft_ms"),
                             max_itl_ms=limits.get("max_itl_ms")) if top else None
     return TEMPLATES.TemplateResponse(request, "study.html", {
         "study": record, "snap": snap, "result": result, "phases": phase_progress(record, snap),
         "constraints": record.space.get("constraints", {}), "violations": constraint_summary(snap),
-        "front": front, "binding": binding, "traffic": _traffic(record.space),
+        "front": front, "recommended": recommended, "binding": binding, "traffic": _traffic(record.space),
+        "loads": [_load(p) for p in result.composed_front] if result else [],
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
         if result else {},
         "exportable": len(exportable(result)) if result else 0, "events": events,
@@ -210,6 +250,16 @@ def _traffic(space: dict) -> str:
         return WorkloadSpec.model_validate(space.get("workload", {})).describe()
     except (ValueError, TopotuneError) as exc:
         return f"unreadable workload block ({exc})"
+
+
+@router.get("/studies/{study_id}/advice")
+def study_advice_json(record: StudyDep, settings: SettingsDep) -> JSONResponse:
+    """The advice for the study's traffic and SLA (POST /v1/advice's answer for what the study asks), or why there
+    is none; the study page loads it after it renders (the first one takes about a second)."""
+    answer = study_advice(record, settings)
+    if isinstance(answer, str):
+        return JSONResponse({"advice": None, "error": answer})
+    return JSONResponse({"advice": answer.model_dump(), "error": None})
 
 
 @router.get("/studies/{study_id}/live")

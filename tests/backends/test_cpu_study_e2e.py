@@ -27,6 +27,7 @@ from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 from _support.paths import REPO
 from _support.processes import processes_mentioning
 
+from tuner.backends import VllmConfig
 from tuner.executors._factory import make_executor
 from tuner.settings import TunerSettings
 from tuner.space import load_space
@@ -55,11 +56,11 @@ def _space(tmp_path: Path) -> Path:
 def test_real_study_with_an_impossible_trial(tiny_model: Path, tmp_path: Path) -> None:
     space = load_space(_space(tmp_path))
     settings = TunerSettings(data_dir=tmp_path / "data")
-    options = {"device": "cpu", "accuracy_questions": CPU_SETTINGS.accuracy_questions,
-               "accuracy_max_tokens": CPU_SETTINGS.accuracy_max_tokens, "cpu_kv_cache_gib": None,
-               "extra_vllm_flags": (*CPU_SETTINGS.extra_vllm_flags, "--kv-cache-memory-bytes", str(KV_BUDGET_BYTES))}
-    runner = make_executor(EXECUTOR, settings=settings, cluster=space.cluster, backend_name="vllm",
-                           backend_options=options, max_parallel=1)
+    backend = VllmConfig(device="cpu", settings={
+        "accuracy_questions": CPU_SETTINGS.accuracy_questions, "accuracy_max_tokens": CPU_SETTINGS.accuracy_max_tokens,
+        "cpu_kv_cache_gib": None,
+        "extra_vllm_flags": (*CPU_SETTINGS.extra_vllm_flags, "--kv-cache-memory-bytes", str(KV_BUDGET_BYTES))})
+    runner = make_executor(EXECUTOR, settings=settings, cluster=space.cluster, backend=backend, max_parallel=1)
     try:
         campaign = Campaign(model_path=str(tiny_model), space=space, backend_name="vllm", executor=runner,
                             storage_url=settings.storage_url, artifacts_dir=settings.artifacts_dir,

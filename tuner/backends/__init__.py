@@ -5,6 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuner._lazy import lazy_names
+from tuner.backends._config import (
+    BackendConfig,
+    SimulatedConfig,
+    VllmConfig,
+    backend_config,
+    parse_backend_config,
+    stored_backend_config,
+)
 
 if TYPE_CHECKING:  # loaded on first use (PEP 562): the vLLM backend's planner is read without the trial schema
     from tuner.backends._base import (
@@ -19,8 +27,9 @@ if TYPE_CHECKING:  # loaded on first use (PEP 562): the vLLM backend's planner i
 
 _BASE = ("AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus")
 
-__all__ = ["AccuracyGate", "Backend", "ExecutorNeeds", "HostAssignment", "TrialRequest", "TrialResult", "TrialStatus",
-           "backend_class", "make_backend"]
+__all__ = ["AccuracyGate", "Backend", "BackendConfig", "ExecutorNeeds", "HostAssignment", "SimulatedConfig",
+           "TrialRequest", "TrialResult", "TrialStatus", "VllmConfig", "backend_class", "backend_config",
+           "make_backend", "parse_backend_config", "stored_backend_config"]
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -2,52 +2,25 @@
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
-from pydantic import ValidationError
 from rich.table import Table
 
+from tuner.advise import Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
 from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
-from tuner.deployment import Deployment
-from tuner.errors import ConfigError, InfeasibleError
-from tuner.export import RecipeContext, export_deployment
-from tuner.frontier import (
-    PERCENTILES,
-    AggregatedPoint,
-    ComposedPoint,
-    Constraints,
-    Winner,
-    combined_front,
-    compose_aggregated,
-    compose_disaggregated,
-    compose_rate_aggregated,
-    compose_rate_disaggregated,
-    pareto_front,
-    which_wins,
-)
+from tuner.errors import ConfigError, TopotuneError
+from tuner.frontier import AggregatedPoint
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
-from tuner.models import ModelSpec, load_model
-from tuner.perf import (
-    Calibration,
-    Curves,
-    LevelLimits,
-    RateCurves,
-    RooflineModel,
-    candidate_topologies,
-    default_calibration,
-    predict_traffic,
-    sweep_curves,
-    sweep_rate_curves,
-)
+from tuner.models import load_model
+from tuner.perf import Calibration, RooflineModel, predict_traffic
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import (
     DEFAULT_ALL2ALL_BACKEND,
@@ -57,7 +30,6 @@ from tuner.topology import (
     Role,
     Topology,
 )
-from tuner.workload import Workload
 
 CalibrationOpt = Annotated[Path | None, typer.Option(
     help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
@@ -79,10 +51,10 @@ def _positive(**values: int | float | None) -> None:
                               fix="give a positive number")
 
 
-def _calibration(gpu_name: str, path: Path | None) -> Calibration:
-    base = default_calibration(gpu_name)
+def _calibration_factors(path: Path | None) -> dict[str, float] | None:
+    """--calibration's factors (a YAML/JSON mapping), None without the option."""
     if path is None:
-        return base
+        return None
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except OSError as exc:
@@ -93,13 +65,12 @@ def _calibration(gpu_name: str, path: Path | None) -> Calibration:
     if not isinstance(data, dict):
         raise ConfigError("expected a mapping of factor: value", field="--calibration",
                           fix="write e.g. `hbm_efficiency: 0.8`")
-    try:
-        return Calibration.model_validate({**base.model_dump(), **data})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ConfigError(f"{err['msg']} (got {err.get('input')!r})",
-                          field=f"--calibration: {'.'.join(str(p) for p in err['loc'])}",
-                          fix="see the factor list in docs/perf-model.md") from exc
+    return data
+
+
+def _calibration(gpu_name: str, path: Path | None) -> Calibration:
+    with _as_flags():
+        return calibrated(gpu_name, _calibration_factors(path))
 
 
 def _levels(text: str) -> list[int]:
@@ -253,25 +224,24 @@ def simulate(
                   "past that, requests queue (TTFT grows, throughput stays).", highlight=False)
 
 
-def _point_dict(p: ComposedPoint) -> dict[str, object]:
-    return {"deployment": p.name, "num_gpus": p.num_gpus, "prefill_topology": p.prefill_topology.name,
-            "num_prefill": p.num_prefill, "prefill_concurrency": p.prefill.concurrency,
-            "decode_topology": p.decode_topology.name, "decode_mtp": p.decode_topology.mtp,
-            "num_decode": p.num_decode, "decode_concurrency": p.decode.concurrency,
-            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1),
-            "output_tok_s_per_gpu": round(p.output_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
-            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3), **_rates_per_instance(
-                prefill_rps_per_instance=p.prefill.offered_rps, decode_rps_per_instance=p.decode.offered_rps)}
+# The request fields `advise` names in its errors, as `frontier`'s flags: the one table an error goes through.
+ADVISE_FLAGS: dict[str, str] = {
+    "model": "MODEL", "workload": "--workload", "hardware": "--hardware", "hardware_file": "--hardware-file",
+    "gpus": "--gpus", "request_rate": "--request-rate", "arrival": "--arrival", "weights": "--weights",
+    "calibration": "--calibration", "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms",
+    "sla.min_tok_s_user": "--min-tok-s-user", "sla.percentile": "--percentile", "serve.mode": "--mode",
+    "serve.max_mtp": "--max-mtp", "serve.vllm_version": "--vllm-version",
+    **{f"serve.{name}": "--" + name.replace("_", "-") for name in ServeOptions().engine()},
+}
 
 
-def _rates_per_instance(**rates: float | None) -> dict[str, float]:
-    """Open loop: the request rate each instance is offered (its side's share of the whole rate)."""
-    return {k: round(v, 4) for k, v in rates.items() if v is not None}
-
-
-def _write_html(path: Path, title: str, points: list[ComposedPoint], front: list[ComposedPoint],
-                aggregated: list[AggregatedPoint]) -> None:
-    write_figures(path, title, [composed_front_figure(points, front, title, aggregated)])
+@contextmanager
+def _as_flags() -> Iterator[None]:
+    """An error of the library, its request fields named as this command's flags."""
+    try:
+        yield
+    except TopotuneError as exc:
+        raise exc.renamed(ADVISE_FLAGS) from None
 
 
 @app.command(help="Sweep topologies as PD prefill/decode and as aggregated instances; print both "
@@ -314,81 +284,37 @@ def frontier(
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Long only by its typer options (one per line with their help, as typer declares them); the body is
-    short. Its help text is the decorator's `help=`."""
-    _positive(gpus=gpus, isl=isl, osl=osl)
-    if serving not in ("both", "disagg", "agg"):
-        raise ConfigError(f"unknown mode {serving!r}", field="--mode", fix="use both, disagg or agg")
-    if not 0 <= max_mtp <= 8:
-        raise ConfigError(f"must be 0..8, got {max_mtp}", field="--max-mtp", fix="give 0 (off) to 8")
-    if percentile not in PERCENTILES:
-        raise ConfigError(f"unknown percentile {percentile!r}", field="--percentile", fix="use p50, p90 or p99")
-    started = time.perf_counter()
-    traffic = _frontier_traffic(workload, isl=isl, osl=osl, request_rate=request_rate, arrival=arrival)
-    isl, osl = traffic.isl, traffic.osl
-    spec = load_model(model)
-    gpu = get_gpu(hardware, hardware_file)
-    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
-    from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
-
-    rules = launch_rules(vllm_version)
-    pairing = pairing_predicate(rules, PairingContext(model=spec, architecture=gpu.architecture))
-    constraints = Constraints(max_gpus=gpus, max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms,
-                              min_tok_s_per_user=min_tok_s_user, percentile=percentile,  # type: ignore[arg-type]
-                              pairing=pairing)
-    depths = tuple(range(max_mtp + 1)) if spec.num_mtp_layers else (0,)
-    engine = {"gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-              "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
-              "stream_interval": stream_interval, "all2all_backend": all2all_backend}
-    Topology.create(**engine)  # one clear message for bad engine flags
-    topologies = candidate_topologies(perf, gpus, mtp_depths=depths, **engine)
-    if not topologies:
-        raise ConfigError(f"no topology of up to {gpus} GPUs is valid for {spec.name}", field="--gpus",
-                          fix="allow more GPUs")
-    with _TopologyProgress(len(topologies), shown=not json_out and err_console.is_terminal) as progress:
-        if traffic.open_loop:
-            curves, fronts = _rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress.advance)
-        else:
-            curves, fronts = _closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths,
-                                                 progress.advance, progress.restart)
-    pick = recommend(fronts)
-    elapsed = time.perf_counter() - started
-    rate = traffic.request_rates[0] if traffic.open_loop else None
-    setting = f"{spec.name} on up to {gpus} x {gpu.name}, {traffic.describe(load=False)}" + (
-        f", {rate:.4g} req/s offered ({traffic.arrival} arrivals)" if rate is not None else "")
-    title = (f"{spec.name} on up to {gpus} x {gpu.name}, {isl}/{osl}"
-             + (f" at {rate:.4g} req/s" if rate is not None else "") + ": combined PD Pareto front "
-             f"({len(topologies)} topologies, {curves.num_points} instance points, {len(fronts.points)} deployments)")
+    """Long only by its typer options (one per line with their help, as typer declares them); the body parses
+    them into an AdviseRequest and renders the Advice. Its help text is the decorator's `help=`."""
+    _positive(isl=isl, osl=osl)
+    with _as_flags():
+        serve = ServeOptions(mode=serving, max_mtp=max_mtp, vllm_version=vllm_version,  # type: ignore[arg-type]
+                             gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype,
+                             stream_interval=stream_interval, all2all_backend=all2all_backend)
+        sla = Sla(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, min_tok_s_user=min_tok_s_user,
+                  percentile=percentile)  # type: ignore[arg-type]
+        traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
+        request = AdviseRequest(model=model, workload=traffic, hardware=hardware, hardware_file=hardware_file,
+                                gpus=gpus, request_rate=request_rate, arrival=arrival,  # type: ignore[arg-type]
+                                sla=sla, serve=serve, calibration=_calibration_factors(calibration),
+                                weights=weights)
+        with _TopologyProgress(shown=not json_out and err_console.is_terminal) as progress:
+            advice = advise(request, progress=progress)
     if html is not None:
-        _write_html(html, title, fronts.points, fronts.front, fronts.aggregated)
+        write_figures(html, advice.title, [composed_front_figure(advice.fronts.points, advice.fronts.front,
+                                                                 advice.title, advice.fronts.aggregated)])
     if json_out:
-        load: dict[str, object] = {}
-        if rate is not None:
-            load = {"offered_rps": rate, "arrival": traffic.arrival, "offered_tok_s": round(rate * (isl + osl), 1)}
-        print_json({"model": spec.name, "gpu": gpu.name, "gpus": gpus, "isl": isl, "osl": osl, "mode": serving,
-                    "workload": traffic.describe(), **load,
-                    "constraints": {"max_ttft_ms": max_ttft_ms, "max_itl_ms": max_itl_ms, "percentile": percentile,
-                                    "min_tok_s_per_user": min_tok_s_user,
-                                    "pairing": f"vLLM {rules.version} NIXL rules"},
-                    "recommendation": pick.as_json(),
-                    "calibration": perf.calibration.model_dump(), "num_topologies": len(topologies),
-                    "num_instance_points": curves.num_points, "num_deployments": len(fronts.points),
-                    "elapsed_s": round(elapsed, 3), "front": [_point_dict(p) for p in reversed(fronts.front)],
-                    "aggregated_front": [_agg_dict(p) for p in reversed(fronts.aggregated)],
-                    "winners": [asdict(w) for w in fronts.winners]})
+        print_json(advice.as_json())
         return
-    _print_fronts(fronts, title, setting, elapsed, html)
-    _print_recommendation(pick, constraints, setting, RecipeContext(
-        model_path=weights or str(model), model_name=spec.name, gpu=gpu.name, gpus_per_host=gpu.gpus_per_host,
-        isl=traffic.input_tokens.longest, osl=traffic.output_tokens.longest,
-        prefix_caching=traffic.trace is not None or traffic.prefix is not None,
-        model=spec if weights is None else None), offered_rps=rate)
+    _print_fronts(advice, html)
+    _print_recommendation(advice)
 
 
 class _TopologyProgress:
     """The sweep's transient progress bar on a terminal; nothing (and no import of rich.progress) otherwise."""
 
-    def __init__(self, total: int, *, shown: bool) -> None:
+    def __init__(self, *, shown: bool) -> None:
         self._progress: Any = None
         self._task: Any = None
         if shown:
@@ -397,7 +323,7 @@ class _TopologyProgress:
             self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                       TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                                       console=err_console, transient=True)
-            self._task = self._progress.add_task("predicting topologies", total=total)
+            self._task = self._progress.add_task("predicting topologies", total=None)
 
     def __enter__(self) -> _TopologyProgress:
         if self._progress is not None:
@@ -408,6 +334,10 @@ class _TopologyProgress:
         if self._progress is not None:
             self._progress.__exit__(*exc)
 
+    def start(self, total: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=total)
+
     def advance(self, topo: Topology) -> None:
         if self._progress is not None:
             self._progress.update(self._task, advance=1, description=f"predicting {topo.name:<12}")
@@ -417,155 +347,11 @@ class _TopologyProgress:
             self._progress.reset(self._task)
 
 
-def _frontier_traffic(path: Path | None, *, isl: int, osl: int, request_rate: float | None,
-                      arrival: str | None) -> Workload:
-    """The workload `frontier` answers for: closed loop (its own ladder), or open loop at one rate: --request-rate,
-    --arrival trace alone (the trace's own rate), or a workload file's one request rate."""
-    if request_rate is not None and not request_rate > 0:
-        raise ConfigError(f"must be positive, got {request_rate:g}", field="--request-rate",
-                          fix="give the requests/s the deployment must carry, e.g. 2.5")
-    if arrival is not None and arrival not in ("poisson", "trace"):
-        raise ConfigError(f"unknown arrival {arrival!r}", field="--arrival", fix="use poisson or trace")
-    if request_rate is not None:
-        return load_workload(path, isl=isl, osl=osl, concurrency=(1,), request_rate=f"{request_rate!r}",
-                             arrival=arrival or "poisson")
-    traffic = load_workload(path, isl=isl, osl=osl, concurrency=(1,))
-    if arrival == "trace":
-        own = traffic.trace.arrival_rps if traffic.trace is not None else None
-        if not own:
-            raise ConfigError("--arrival trace needs a trace with timestamps (its own rate)", field="--arrival",
-                              fix="give --workload a JSONL trace with timestamps, or a --request-rate")
-        return traffic.model_copy(update={"arrival": "trace", "request_rates": (own,)})
-    if arrival == "poisson":
-        raise ConfigError("--arrival poisson needs a rate", field="--request-rate",
-                          fix="give --request-rate R (requests/s)")
-    if traffic.open_loop and len(traffic.request_rates) > 1:
-        rates = ", ".join(f"{r:g}" for r in traffic.request_rates)
-        raise ConfigError(f"the workload offers several request rates ({rates}); a frontier answers for one",
-                          field="--request-rate", fix="give the one rate to carry with --request-rate")
-    return traffic
-
-
-def _swept_mtp_depths(spec: ModelSpec, serving: str, depths: tuple[int, ...]
-                      ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(prefill, aggregated) MTP depths a sweep predicts: a hybrid model's prefill at every depth, another's once at
-    0 (_at_decode_depths relabels it); none for a mode left out by --mode."""
-    prefill = (depths if spec.is_hybrid else (0,)) if serving != "agg" else ()
-    return prefill, depths if serving != "disagg" else ()
-
-
-def _at_decode_depths(prefill: list[tuple], depths: tuple[int, ...]) -> list[tuple]:
-    """NIXL compares both sides' speculative config, so a prefill instance runs its decode's MTP depth: the
-    point predicted at depth 0, once per depth (the first item of each entry is the topology)."""
-    return [(t.model_copy(update={"mtp": d}), *rest) for t, *rest in prefill for d in depths]
-
-
-def _closed_loop_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,
-                        serving: str, depths: tuple[int, ...], advance: Callable[[Topology], None],
-                        restart: Callable[[], None]) -> tuple[Curves, _Fronts]:
-    """The concurrency ladder of every topology, composed."""
-    spec, c = perf.model, constraints
-
-    prefill_depths, aggregated_depths = _swept_mtp_depths(spec, serving, depths)
-
-    def sweep(limits: LevelLimits | None) -> Curves:
-        curves = sweep_curves(perf, topologies, isl=traffic.isl, osl=traffic.osl, prefill_mtp_depths=prefill_depths,
-                              aggregated_mtp_depths=aggregated_depths, on_topology=advance, workload=traffic,
-                              limits=limits)
-        return curves if spec.is_hybrid else replace(curves, prefill=_at_decode_depths(curves.prefill, depths))
-
-    # Under an SLA each ladder stops at its first level past a bound (same fronts, a fraction of the points);
-    # when nothing meets the SLA the full sweep runs again, so the error names what the full one would.
-    limits = LevelLimits(max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms, min_tok_s_per_user=c.min_tok_s_per_user,
-                         percentile=c.percentile)
-    curves = sweep(limits)
-    try:
-        return curves, _fronts(curves, constraints, serving)
-    except InfeasibleError:
-        if not limits.active:
-            raise
-    restart()
-    curves = sweep(None)
-    return curves, _fronts(curves, constraints, serving)
-
-
-def _rate_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,
-                 serving: str, depths: tuple[int, ...], advance: Callable[[Topology], None]
-                 ) -> tuple[RateCurves, _Fronts]:
-    """Open loop: every instance count of every topology that carries the rate, composed; when none does, an
-    error that says how many GPUs would, and when none meets the SLA, the best latency that can be had."""
-    spec, c = perf.model, constraints
-    prefill_depths, aggregated_depths = _swept_mtp_depths(spec, serving, depths)
-    curves = sweep_rate_curves(perf, topologies, traffic, max_gpus=c.max_gpus, prefill_mtp_depths=prefill_depths,
-                               aggregated_mtp_depths=aggregated_depths, on_topology=advance)
-    if not spec.is_hybrid:
-        curves = replace(curves, prefill=_at_decode_depths(curves.prefill, depths))
-
-    def compose(limits: Constraints) -> tuple[list[ComposedPoint], list[AggregatedPoint]]:
-        rate = curves.offered_rps
-        points = (compose_rate_disaggregated(curves.prefill, curves.decode, limits, offered_rps=rate)
-                  if serving != "agg" else [])
-        aggregated = (compose_rate_aggregated(curves.aggregated, limits, offered_rps=rate)
-                      if serving != "disagg" else [])
-        return points, aggregated
-
-    points, aggregated = compose(c)
-    if not points and not aggregated:
-        raise _rate_failure(curves, c, serving, *compose(Constraints(max_gpus=c.max_gpus, percentile=c.percentile,
-                                                                     pairing=c.pairing)))
-    front = combined_front(points)
-    agg_front = pareto_front(aggregated, x="total_tok_s_per_gpu", y="tok_s_per_user")
-    return curves, _Fronts(points, front, agg_front, which_wins(front, agg_front))
-
-
-def _rate_failure(curves: RateCurves, c: Constraints, serving: str, carried: list[ComposedPoint],
-                  carried_agg: list[AggregatedPoint]) -> InfeasibleError:
-    """Why nothing is left at the offered rate: no deployment carries it in the budget (and how many GPUs
-    would), or every one that does breaks the SLA (and the best latency one reaches)."""
-    rate = curves.offered_rps
-    if not carried and not carried_agg:
-        def fewest(role: Role) -> int | None:
-            need = [t.num_gpus * n for (t, r), n in curves.instances_needed.items() if r is role]
-            return min(need) if need else None
-
-        options = []
-        agg, prefill, decode = fewest(Role.BOTH), fewest(Role.PREFILL), fewest(Role.DECODE)
-        if serving != "disagg" and agg is not None:
-            options.append(agg)
-        if serving != "agg" and prefill is not None and decode is not None:
-            options.append(prefill + decode)
-        needed = min(options) if options else None
-        if needed is not None and needed > c.max_gpus:
-            return InfeasibleError(
-                f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s: every one saturates (its queue "
-                f"and TTFT grow without bound); about {needed} GPUs would carry it", field="--gpus",
-                fix=f"allow at least {needed} GPUs (--gpus {needed}) or offer a lower --request-rate")
-        return InfeasibleError(f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s", field="--gpus",
-                               fix="allow more GPUs (--gpus) or offer a lower --request-rate")
-    pct = c.percentile
-    every = [*carried, *carried_agg]
-    best_ttft = min(p.ttft_ms for p in every)
-    best_itl = min(p.itl_ms for p in every)
-    where = f"at {rate:g} req/s within {c.max_gpus} GPUs"
-    if c.max_ttft_ms is not None and best_ttft > c.max_ttft_ms:
-        return InfeasibleError(f"no deployment meets TTFT <= {c.max_ttft_ms:g} ms ({pct}) {where}; the best TTFT is "
-                               f"{best_ttft:,.0f} ms", field="--max-ttft-ms",
-                               fix=f"raise the TTFT limit to at least {math.ceil(best_ttft)} ms, or allow more GPUs")
-    bound = c.max_itl_for_users_ms
-    if bound is not None and best_itl > bound:
-        field = "--min-tok-s-user" if c.max_itl_ms is None or bound < c.max_itl_ms else "--max-itl-ms"
-        return InfeasibleError(f"no deployment meets ITL <= {bound:g} ms ({pct}) {where}; the best ITL is "
-                               f"{best_itl:.1f} ms ({1000 / best_itl:.1f} tok/s/user)", field=field,
-                               fix=f"relax {field} (the best deployment gives {best_itl:.1f} ms)")
-    return InfeasibleError(f"no deployment meets the TTFT and ITL limits together ({pct}) {where} (the best TTFT "
-                           f"is {best_ttft:,.0f} ms, the best ITL {best_itl:.1f} ms, on different deployments)",
-                           field="--max-ttft-ms", fix="relax --max-ttft-ms or --max-itl-ms, or allow more GPUs")
-
-
-def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, html: Path | None) -> None:
+def _print_fronts(advice: Advice, html: Path | None) -> None:
     """The PD table, the aggregated table and which mode wins where."""
+    fronts = advice.fronts
     if fronts.front:
-        table = Table(title=title, title_justify="left")
+        table = Table(title=advice.title, title_justify="left")
         rated = fronts.front[0].decode.offered_rps is not None
         for col in ("deployment (xPyD)", "GPUs", "tok/s/GPU", "out tok/s/GPU", "tok/s/user", "TTFT ms", "ITL ms",
                     *(("P req/s", "D req/s") if rated else ("P conc", "D conc"))):
@@ -576,50 +362,13 @@ def _print_fronts(fronts: _Fronts, title: str, setting: str, elapsed: float, htm
                           f"{p.ttft_ms:,.0f}", f"{p.itl_ms:.2f}", _load(p.prefill), _load(p.decode))
         console.print(table)
     if fronts.aggregated:
-        _print_aggregated(fronts.aggregated, f"{setting}: aggregated front (prefill + decode on every instance, "
-                                             "chunked prefill)")
+        _print_aggregated(fronts.aggregated, f"{advice.setting}: aggregated front (prefill + decode on every "
+                                             "instance, chunked prefill)")
     for w in fronts.winners:
         console.print(f"{w.mode} wins from {w.from_tok_s_per_user:.1f} to {w.to_tok_s_per_user:.1f} tok/s/user "
                       f"(up to {w.best_tok_s_per_gpu:,.0f} tok/s/GPU)", highlight=False)
     console.print(f"{len(fronts.front)} PD and {len(fronts.aggregated)} aggregated deployments on the fronts; "
-                  f"computed in {elapsed:.2f} s" + (f"; chart: {html}" if html else ""), highlight=False)
-
-
-@dataclass(frozen=True)
-class _Fronts:
-    points: list[ComposedPoint]
-    front: list[ComposedPoint]
-    aggregated: list[AggregatedPoint]
-    winners: list[Winner]
-
-
-def _fronts(curves: Curves, constraints: Constraints, serving: str) -> _Fronts:
-    """Both modes' fronts; a mode that nothing satisfies is left empty when the other one has points."""
-    points: list[ComposedPoint] = []
-    aggregated: list[AggregatedPoint] = []
-    failure: InfeasibleError | None = None
-    if serving in ("both", "disagg"):
-        try:
-            points = compose_disaggregated(curves.prefill, curves.decode, constraints)
-        except InfeasibleError as exc:
-            failure = exc
-    if serving in ("both", "agg"):
-        aggregated = compose_aggregated(curves.aggregated, constraints)
-    if not points and not aggregated:
-        raise failure or InfeasibleError("no aggregated deployment meets the limits", field="--max-itl-ms",
-                                         fix="raise the TTFT/ITL limits or allow more GPUs")
-    front = combined_front(points)
-    agg_front = pareto_front(aggregated, x="total_tok_s_per_gpu", y="tok_s_per_user")
-    return _Fronts(points, front, agg_front, which_wins(front, agg_front))
-
-
-def _agg_dict(p: AggregatedPoint) -> dict[str, object]:
-    return {"deployment": p.name, "num_gpus": p.num_gpus, "topology": p.topology.name, "mtp": p.topology.mtp,
-            "num_instances": p.num_instances, "concurrency_per_instance": p.concurrency_per_instance,
-            "total_tok_s_per_gpu": round(p.total_tok_s_per_gpu, 1),
-            "output_tok_s_per_gpu": round(p.output_tok_s_per_gpu, 1), "tok_s_per_user": round(p.tok_s_per_user, 2),
-            "ttft_ms": round(p.ttft_ms, 1), "itl_ms": round(p.itl_ms, 3),
-            **_rates_per_instance(rps_per_instance=p.instance.offered_rps)}
+                  f"computed in {advice.elapsed_s:.2f} s" + (f"; chart: {html}" if html else ""), highlight=False)
 
 
 def _load(m: ServingMetrics) -> str:
@@ -640,56 +389,10 @@ def _print_aggregated(front: list[AggregatedPoint], title: str) -> None:
     console.print(table)
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    """The best deployment of each mode under the SLA (most total tok/s/GPU) and which one wins, by how much."""
-
-    disaggregated: ComposedPoint | None
-    aggregated: AggregatedPoint | None
-
-    @property
-    def winner(self) -> ComposedPoint | AggregatedPoint | None:
-        candidates = [p for p in (self.disaggregated, self.aggregated) if p is not None]
-        return max(candidates, key=lambda p: p.total_tok_s_per_gpu) if candidates else None
-
-    @property
-    def margin(self) -> float | None:
-        """Winner's tok/s/GPU over the other mode's best (None when one mode has no point)."""
-        if self.disaggregated is None or self.aggregated is None:
-            return None
-        a, b = self.disaggregated.total_tok_s_per_gpu, self.aggregated.total_tok_s_per_gpu
-        return max(a, b) / min(a, b) if min(a, b) > 0 else None
-
-    def as_json(self) -> dict[str, object]:
-        w = self.winner
-        return {"winner": None if w is None else w.mode, "winner_num_gpus": None if w is None else w.num_gpus,
-                "margin": self.margin,
-                "disaggregated": None if self.disaggregated is None else _point_dict(self.disaggregated),
-                "aggregated": None if self.aggregated is None else _agg_dict(self.aggregated)}
-
-
-def recommend(fronts: _Fronts) -> Recommendation:
-    """Every front point already meets the SLA and the per-user floor: the most tok/s/GPU of each mode wins."""
-    best_pd = max(fronts.front, key=lambda p: p.total_tok_s_per_gpu, default=None)
-    best_agg = max(fronts.aggregated, key=lambda p: p.total_tok_s_per_gpu, default=None)
-    return Recommendation(best_pd, best_agg)
-
-
-def operating_deployment(point: ComposedPoint | AggregatedPoint) -> Deployment:
-    """The deployment with --max-num-seqs at the point's running requests per DP rank: vLLM then admits no more
-    than the batch that holds the SLA (the rest wait in the router's and the server's queues)."""
-    serving = point.topology if isinstance(point, AggregatedPoint) else point.decode_topology
-    running = (point.instance if isinstance(point, AggregatedPoint) else point.decode).running_requests
-    per_rank = max(1, math.ceil(running / serving.dp - 1e-9))
-    return point.deployment.with_decode_seqs(min(serving.max_num_seqs, per_rank))
-
-
-def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ctx: RecipeContext, *,
-                          offered_rps: float | None = None) -> None:
-    sla = ", ".join(part for part in (
-        f"TTFT <= {c.max_ttft_ms:g} ms" if c.max_ttft_ms else "", f"ITL <= {c.max_itl_ms:g} ms" if c.max_itl_ms else "",
-        f">= {c.min_tok_s_per_user:g} tok/s/user" if c.min_tok_s_per_user else "") if part) or "no SLA"
-    console.print(f"\n[bold]Recommendation[/] for {setting}; {sla} at {c.percentile}:", highlight=False)
+def _print_recommendation(advice: Advice) -> None:
+    pick, sla, offered_rps = advice.recommendation, advice.request.sla, advice.offered_rps
+    console.print(f"\n[bold]Recommendation[/] for {advice.setting}; {sla.describe()} at {sla.percentile}:",
+                  highlight=False)
     for label, p in (("disaggregated", pick.disaggregated), ("aggregated", pick.aggregated)):
         if p is None:
             console.print(f"  best {label}: none meets the limits", highlight=False)
@@ -697,7 +400,7 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
         console.print(f"  best {label}: {p.name} on {p.num_gpus} GPUs: {p.total_tok_s_per_gpu:,.0f} tok/s/GPU total "
                       f"({p.output_tok_s_per_gpu:,.0f} output), "
                       f"{p.tok_s_per_user:.1f} tok/s/user, TTFT {p.ttft_ms:,.0f} ms, ITL {p.itl_ms:.2f} ms "
-                      f"({c.percentile})", highlight=False)
+                      f"({sla.percentile})", highlight=False)
     winner = pick.winner
     if winner is None:
         return
@@ -708,4 +411,4 @@ def _print_recommendation(pick: Recommendation, c: Constraints, setting: str, ct
     else:
         margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
     console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
-    console.print("\n" + export_deployment(operating_deployment(winner), "vllm", ctx), highlight=False, markup=False)
+    console.print("\n" + (advice.commands or ""), highlight=False, markup=False)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from tuner.cli._app import app, console, print_json
-from tuner.cli._tune import StorageOpt
+from tuner.cli._tune import TUNE_FLAGS, StorageOpt, as_flags
 from tuner.errors import ConfigError
 from tuner.settings import TunerSettings
 
@@ -35,20 +35,6 @@ def report_table(report) -> Table:  # type: ignore[no-untyped-def]
     return table
 
 
-def _backend_options(backend: str, space, emulate_vllm: str | None, noise: float) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    if backend == "simulated":
-        if not 0 <= noise < 1:
-            raise ConfigError(f"must be in [0, 1), got {noise}", field="--noise", fix="e.g. 0.03 for 3%")
-        return {"noise": noise, **({"vllm_version": emulate_vllm} if emulate_vllm else {})}
-    if emulate_vllm:
-        raise ConfigError("only the simulated backend emulates a vLLM version", field="--emulate-vllm",
-                          fix="drop it: the real backend runs the vLLM installed on the hosts (`topotune doctor` "
-                              "shows which)")
-    if noise:
-        raise ConfigError("noise applies to the simulated backend only", field="--noise", fix="drop --noise")
-    return {"device": "cpu"} if space.cluster.gpu == "cpu" else {}
-
-
 @app.command(help="Re-measure a study's front (the exported recipes' configs first) on what the cluster runs now, "
                   "compare each config with its stored measurement under a noise test, report unchanged / faster / "
                   "slower / no longer starts, store the new runs tagged with their vLLM version, and re-open the "
@@ -71,25 +57,15 @@ def reverify(
     parallel: Annotated[int, typer.Option(help="runs in flight at once")] = 1,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    from tuner.executors import make_executor
-    from tuner.study import NoiseTest, ReverifyOptions, reverify_study, study_space
+    from tuner.reverify import ReverifyRequest, reverify
 
     if parallel < 1:
         raise ConfigError(f"must be >= 1, got {parallel}", field="--parallel", fix="give a positive count")
-    options = ReverifyOptions(budget=budget, repeats=repeats, reopen=reopen,
-                              test=_test(NoiseTest, noise_floor=noise_floor, alpha=alpha))
     settings = TunerSettings(**({"storage": storage} if storage else {}))
-    space, meta = study_space(settings.storage_url, study)
-    if meta.backend not in ("simulated", "vllm"):
-        raise ConfigError(f"the study ran on backend {meta.backend!r}, which cannot be re-run", field="STUDY",
-                          fix="re-verify a study tuned with --backend simulated or vllm")
-    runner = make_executor(executor, settings=settings, cluster=space.cluster, backend_name=meta.backend,
-                           backend_options=_backend_options(meta.backend, space, emulate_vllm, noise),
-                           max_parallel=parallel)
-    try:
-        report = reverify_study(settings.storage_url, study, runner, options, artifacts_dir=settings.artifacts_dir)
-    finally:
-        runner.shutdown()
+    with as_flags(TUNE_FLAGS):
+        request = ReverifyRequest.create(study=study, budget=budget, repeats=repeats, reopen=reopen,
+                                         noise_floor=noise_floor, alpha=alpha, emulate_vllm=emulate_vllm, noise=noise)
+        report = reverify(request, settings, executor=executor, max_parallel=parallel)
     if json_out:
         print_json(report.as_json())
         return
@@ -101,11 +77,3 @@ def reverify(
                       "resume the study with a larger --trials to run them on this version", highlight=False)
     console.print(f"stored in {settings.storage_url} (study {study}); the front now uses the new measurements",
                   highlight=False)
-
-
-def _test(cls, **values: float):  # type: ignore[no-untyped-def]
-    """NoiseTest with the CLI's flag names on its errors."""
-    try:
-        return cls(**values)
-    except ConfigError as exc:
-        raise ConfigError(exc.message, field=f"--{(exc.field or '').replace('_', '-')}", fix=exc.fix) from exc

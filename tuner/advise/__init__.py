@@ -1,0 +1,18 @@
+"""The deployment question as a library call: `advise(AdviseRequest) -> Advice`.
+
+For a model, hardware, traffic and SLA: both fronts (PD-disaggregated and aggregated, closed loop or at one
+offered request rate), the recommendation under the SLA and the deployment to run at its operating point. The CLI
+(`topotune frontier`) and the service (`POST /v1/advice`, the advice page) only build the request and render the
+answer; errors name the request's fields (`gpus`, `sla.max_ttft_ms`), which each face maps to its own names.
+"""
+
+from tuner.advise._advise import Advice, advise, calibrated, offered_traffic
+from tuner.advise._fronts import Fronts, SweepProgress, at_decode_depths
+from tuner.advise._recommend import Recommendation, aggregated_json, operating_deployment, point_json, recommend
+from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, ServeOptions, ServingMode, Sla
+
+__all__ = [
+    "MAX_MTP_DEPTH", "SERVING_MODES", "Advice", "AdviseRequest", "Fronts", "Recommendation", "ServeOptions",
+    "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated",
+    "offered_traffic", "operating_deployment", "point_json", "recommend",
+]

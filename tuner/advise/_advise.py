@@ -1,0 +1,212 @@
+"""`advise`: the deployment to run for a model, hardware, traffic and SLA, with both fronts it was chosen from.
+`topotune frontier`, `POST /v1/advice` and the service's pages all call it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+from pydantic import ValidationError
+
+from tuner.advise._fronts import Fronts, NoProgress, SweepProgress, closed_loop_fronts, rate_fronts
+from tuner.advise._recommend import Recommendation, aggregated_json, operating_deployment, point_json, recommend
+from tuner.advise._request import AdviseRequest
+from tuner.deployment import Deployment
+from tuner.errors import ConfigError
+from tuner.export import RecipeContext, export_deployment
+from tuner.frontier import Constraints, binding_bound
+from tuner.hardware import GpuSpec, get_gpu
+from tuner.models import ModelSpec, load_model
+from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
+from tuner.topology import Topology
+from tuner.workload import Workload, workload_error
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The answer: both fronts, the recommendation and the deployment to run at its operating point, with what
+    they were computed for (the traffic as offered, the limits, the pairing rules, the calibration)."""
+
+    request: AdviseRequest
+    model: ModelSpec = field(repr=False)
+    gpu: GpuSpec = field(repr=False)
+    traffic: Workload
+    constraints: Constraints
+    pairing_rules: str  # "vLLM 0.32.0 NIXL rules": the pairs vLLM refuses were not composed
+    calibration: Calibration
+    num_topologies: int
+    num_instance_points: int
+    fronts: Fronts
+    recommendation: Recommendation
+    elapsed_s: float
+
+    @property
+    def offered_rps(self) -> float | None:
+        """Open loop: the one rate every deployment carries; None for a closed loop."""
+        return self.traffic.request_rates[0] if self.traffic.open_loop else None
+
+    @property
+    def operating_deployment(self) -> Deployment | None:
+        """The winner with --max-num-seqs at its operating point; None when nothing meets the limits."""
+        winner = self.recommendation.winner
+        return None if winner is None else operating_deployment(winner)
+
+    @property
+    def setting(self) -> str:
+        """What was asked, in one line: the model, the budget, the traffic and the offered rate."""
+        rate = self.offered_rps
+        return (f"{self.model.name} on up to {self.request.gpus} x {self.gpu.name}, "
+                f"{self.traffic.describe(load=False)}"
+                + (f", {rate:.4g} req/s offered ({self.traffic.arrival} arrivals)" if rate is not None else ""))
+
+    @property
+    def title(self) -> str:
+        """The chart's and the PD table's title."""
+        rate = self.offered_rps
+        return (f"{self.model.name} on up to {self.request.gpus} x {self.gpu.name}, {self.traffic.isl}/"
+                f"{self.traffic.osl}" + (f" at {rate:.4g} req/s" if rate is not None else "")
+                + f": combined PD Pareto front ({self.num_topologies} topologies, {self.num_instance_points} "
+                  f"instance points, {len(self.fronts.points)} deployments)")
+
+    @property
+    def model_path(self) -> str:
+        """The model's path as asked (its name when the request carried a model already read)."""
+        model = self.request.model
+        return model.name if isinstance(model, ModelSpec) else str(model)
+
+    @property
+    def reason(self) -> str:
+        """Why the winner, in one line: what it is best at, under which limits, by how much, and what binds."""
+        pick, sla, rate = self.recommendation, self.request.sla, self.offered_rps
+        winner = pick.winner
+        limits = f"{sla.describe()} at {sla.percentile}"
+        if winner is None:
+            return f"no deployment meets {limits}"
+        other = "aggregated" if winner.mode == "disaggregated" else "disaggregated"
+        if rate is not None:
+            why = (f"{winner.mode} {winner.name} carries {rate:.4g} req/s under {limits} on the fewest GPUs "
+                   f"({winner.num_gpus} of up to {self.request.gpus})")
+            margin = f"; the best {other} deployment needs x{pick.margin:.2f} its GPUs" if pick.margin else ""
+        else:
+            why = (f"{winner.mode} {winner.name} gives the most tok/s/GPU ({winner.total_tok_s_per_gpu:,.0f}) of "
+                   f"every deployment of up to {self.request.gpus} GPUs under {limits}")
+            margin = f", x{pick.margin:.2f} the best {other} one" if pick.margin else ""
+        if pick.margin is None:
+            margin = f"; no {other} deployment meets the limits" if self.request.serve.mode == "both" else ""
+        binds = binding_bound(winner.ttft_ms, winner.itl_ms, max_ttft_ms=sla.max_ttft_ms,
+                              max_itl_ms=self.constraints.max_itl_for_users_ms)
+        return why + margin + (f"; {binds}" if binds else "")
+
+    @cached_property
+    def recipe_context(self) -> RecipeContext:
+        weights = self.request.weights
+        return RecipeContext(
+            model_path=weights or self.model_path, model_name=self.model.name, gpu=self.gpu.name,
+            gpus_per_host=self.gpu.gpus_per_host, isl=self.traffic.input_tokens.longest,
+            osl=self.traffic.output_tokens.longest,
+            prefix_caching=self.traffic.trace is not None or self.traffic.prefix is not None,
+            model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None)
+
+    @cached_property
+    def commands(self) -> str | None:
+        """The `vllm serve` commands of the operating deployment (None when nothing meets the limits)."""
+        deployment = self.operating_deployment
+        return None if deployment is None else export_deployment(deployment, "vllm", self.recipe_context)
+
+    def as_json(self) -> dict[str, object]:
+        """What `topotune frontier --json` prints; its `recommendation` is what `POST /v1/advice` answers."""
+        traffic, sla, rate = self.traffic, self.request.sla, self.offered_rps
+        load: dict[str, object] = {}
+        if rate is not None:
+            load = {"offered_rps": rate, "arrival": traffic.arrival,
+                    "offered_tok_s": round(rate * (traffic.isl + traffic.osl), 1)}
+        fronts = self.fronts
+        return {"model": self.model.name, "gpu": self.gpu.name, "gpus": self.request.gpus, "isl": traffic.isl,
+                "osl": traffic.osl, "mode": self.request.serve.mode, "workload": traffic.describe(), **load,
+                "constraints": {"max_ttft_ms": sla.max_ttft_ms, "max_itl_ms": sla.max_itl_ms,
+                                "percentile": sla.percentile, "min_tok_s_per_user": sla.min_tok_s_user,
+                                "pairing": self.pairing_rules},
+                "recommendation": self.recommendation.as_json(),
+                "calibration": self.calibration.model_dump(), "num_topologies": self.num_topologies,
+                "num_instance_points": self.num_instance_points, "num_deployments": len(fronts.points),
+                "elapsed_s": round(self.elapsed_s, 3), "front": [point_json(p) for p in reversed(fronts.front)],
+                "aggregated_front": [aggregated_json(p) for p in reversed(fronts.aggregated)],
+                "winners": [asdict(w) for w in fronts.winners]}
+
+
+def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> Advice:
+    """Sweep every candidate topology as PD prefill/decode and as aggregated instances, compose both fronts under
+    the SLA and recommend. Raises ConfigError / InfeasibleError naming the request's field (`gpus`,
+    `sla.max_ttft_ms`, ...) and what would be enough."""
+    started = time.perf_counter()
+    progress = progress or NoProgress()
+    traffic = offered_traffic(request)
+    spec = request.model if isinstance(request.model, ModelSpec) else load_model(request.model)
+    gpu = get_gpu(request.hardware, request.hardware_file)
+    perf = RooflineModel(spec, gpu, calibrated(gpu.name, request.calibration))
+    from tuner.backends.vllm import PairingContext, launch_rules, pairing_predicate
+
+    rules = launch_rules(request.serve.vllm_version)
+    pairing = pairing_predicate(rules, PairingContext(model=spec, architecture=gpu.architecture))
+    sla = request.sla
+    constraints = Constraints(max_gpus=request.gpus, max_ttft_ms=sla.max_ttft_ms, max_itl_ms=sla.max_itl_ms,
+                              min_tok_s_per_user=sla.min_tok_s_user, percentile=sla.percentile, pairing=pairing)
+    depths = tuple(range(request.serve.max_mtp + 1)) if spec.num_mtp_layers else (0,)
+    engine = request.serve.engine()
+    Topology.create(**engine)  # one clear message for bad engine settings
+    topologies = candidate_topologies(perf, request.gpus, mtp_depths=depths, **engine)
+    if not topologies:
+        raise ConfigError(f"no topology of up to {request.gpus} GPUs is valid for {spec.name}", field="gpus",
+                          fix="allow more GPUs")
+    serving = request.serve.mode
+    progress.start(len(topologies))
+    if traffic.open_loop:
+        curves, fronts = rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
+    else:
+        curves, fronts = closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
+    return Advice(request=request, model=spec, gpu=gpu, traffic=traffic, constraints=constraints,
+                  pairing_rules=f"vLLM {rules.version} NIXL rules", calibration=perf.calibration,
+                  num_topologies=len(topologies), num_instance_points=curves.num_points, fronts=fronts,
+                  recommendation=recommend(fronts), elapsed_s=time.perf_counter() - started)
+
+
+def offered_traffic(request: AdviseRequest) -> Workload:
+    """The traffic the advice answers for: closed loop (its own ladder), or open loop at one rate: `request_rate`,
+    `arrival` trace alone (the trace's own rate), or the workload's own single request rate."""
+    workload, rate, arrival = request.workload, request.request_rate, request.arrival
+    if rate is not None:
+        try:
+            return Workload.model_validate({**workload.model_dump(), "concurrency": (1,),
+                                            "arrival": arrival or "poisson", "request_rates": (rate,)})
+        except ValidationError as exc:
+            raise workload_error(exc, "workload") from None
+    if arrival == "trace":
+        own = workload.trace.arrival_rps if workload.trace is not None else None
+        if not own:
+            raise ConfigError("`arrival` trace needs a trace with timestamps (its own rate)", field="arrival",
+                              fix="give `workload` a JSONL trace with timestamps, or a `request_rate`")
+        return workload.model_copy(update={"arrival": "trace", "request_rates": (own,)})
+    if arrival == "poisson":
+        raise ConfigError("`arrival` poisson needs a rate", field="request_rate",
+                          fix="give `request_rate` R (requests/s)")
+    if workload.open_loop and len(workload.request_rates) > 1:
+        rates = ", ".join(f"{r:g}" for r in workload.request_rates)
+        raise ConfigError(f"the workload offers several request rates ({rates}); a frontier answers for one",
+                          field="request_rate", fix="give the one rate to carry with `request_rate`")
+    return workload
+
+
+def calibrated(gpu_name: str, factors: Mapping[str, float] | None) -> Calibration:
+    """The GPU's default calibration with `factors` over it; an error names `calibration.<factor>`."""
+    base = default_calibration(gpu_name)
+    if not factors:
+        return base
+    try:
+        return Calibration.model_validate({**base.model_dump(), **factors})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"{err['msg']} (got {err.get('input')!r})",
+                          field=f"calibration.{'.'.join(str(p) for p in err['loc'])}",
+                          fix="see the factor list in docs/perf-model.md") from exc
