@@ -14,5 +14,5 @@ from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, S
 __all__ = [
     "MAX_MTP_DEPTH", "SERVING_MODES", "Advice", "AdviseRequest", "Fronts", "Recommendation", "ServeOptions",
     "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated",
-    "offered_traffic", "operating_deployment", "point_json", "recommend",
+    "offered_traffic", "operating_deployment", "point_json", "recommend", "replay_verified",
 ]

@@ -52,6 +52,7 @@ class VerifiedChoice:
         def row(v: Verified) -> dict[str, object]:
             r = v.report
             return {"deployment": r.deployment, "num_gpus": r.num_gpus, "label": v.candidate.label,
+                    "max_num_seqs": [g.topology.max_num_seqs for g in v.candidate.deployment.groups],
                     "predicted_tok_s_per_gpu": round(v.candidate.predicted_tok_s_per_gpu, 1),
                     "replayed_tok_s_per_gpu": round(r.total_tok_s_per_gpu, 1), "ttft_ms_p50": round(r.ttft_ms.p50, 1),
                     "ttft_ms_p90": round(r.ttft_ms.p90, 1), "ttft_ms_p99": round(r.ttft_ms.p99, 1),
