@@ -210,15 +210,24 @@ class Engine:
         preempted = False
         running = self.running
         i = 0
+        q, lookahead, bs, state = float(self._q), self._lookahead, self._bs, self._state
         while i < len(running) and budget > 0:
             r = running[i]
-            decoding = r.decoding
-            new = float(self._q) if decoding else math.ceil(r.num_tokens - r.computed - _EPS)
+            tokens = r.prompt_tokens + r.generated
+            decoding = tokens - r.computed <= 1.0 + _EPS
+            new = q if decoding else math.ceil(tokens - r.computed - _EPS)
             if 0 < threshold < new:
                 new = threshold
-            new = min(new, budget)
+            if new > budget:
+                new = budget
+            slots = r.computed + new + lookahead
+            if decoding and r.blocks and slots <= (r.blocks - state) * bs + _EPS:  # no new block: the common case
+                scheduled.append((r, new, True))
+                budget -= new
+                i += 1
+                continue
             fits = True
-            while not self._grow(r, r.computed + new + self._lookahead):
+            while not self._grow(r, slots):
                 victim = self._preempt()
                 preempted = True
                 if victim is r:
@@ -303,7 +312,7 @@ class Engine:
         for r, new, decoding in scheduled:
             if decoding:
                 decode_n += 1
-                context += r.num_tokens
+                context += r.prompt_tokens + r.generated
             else:
                 chunk += new
                 chunk_context += new * (r.computed + new / 2)
@@ -320,14 +329,14 @@ class Engine:
         for r, new, decoding in scheduled:
             if decoding:
                 r.generated += a if r.generated >= 1 else 1.0
-                r.computed = r.num_tokens - 1.0
+                r.computed = r.prompt_tokens + r.generated - 1.0
             else:
                 r.computed += new
-                if r.computed < r.num_tokens - _EPS:
+                if r.computed < r.prompt_tokens + r.generated - _EPS:
                     self._publish(r)
                     continue
                 r.generated += 1.0
-                r.computed = r.num_tokens - 1.0
+                r.computed = r.prompt_tokens + r.generated - 1.0
             if r.first_token_ms is None:
                 r.first_token_ms = now
             if r.units and r.published < len(r.units):
