@@ -7,6 +7,7 @@ to the allowed roots, the space parsed and bounded), one validation path for the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.config import ApiSettings
+from api.errors import FieldError
 from api.models import ModelRecord, ModelStatus
+from api.paths import confine
 from tuner.errors import TopotuneError
 from tuner.space import read_space_file
+from tuner.workload import Workload
 
 MAX_CHOICES = 200
 MAX_SPACE_FILE_BYTES = 1024 * 1024
@@ -111,3 +115,30 @@ def trace_choices(settings: ApiSettings) -> list[str]:
                 elif depth < MAX_TRACE_DEPTH and entry.is_dir() and not entry.name.startswith("."):
                     pending.append((entry, depth + 1))
     return sorted(set(out))[:MAX_CHOICES]
+
+
+@lru_cache(maxsize=64)
+def _summary(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    w = Workload.from_trace(path, concurrency=(1,))
+    trace = w.trace
+    assert trace is not None
+    return {"describe": w.describe(load=False), "requests": trace.requests,
+            "arrival_rps": None if trace.arrival_rps is None else round(trace.arrival_rps, 3),
+            "prefix_reuse": round(trace.prefix_reuse, 4), "input_mean": round(w.input_tokens.expected, 1),
+            "output_mean": round(w.output_tokens.expected, 1)}
+
+
+def trace_summary(raw: str, settings: ApiSettings) -> dict[str, Any]:
+    """What a trace the forms offer holds (its lengths, rate and prefix reuse), read once per file version; the
+    path is confined to the allowed roots like every client path."""
+    path = confine(raw, settings.allowed_roots, base=settings.default_space.parent, loc=("query", "path"))
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise FieldError(("query", "path"), f"cannot read the trace: {exc.strerror}") from exc
+    if not path.is_file():
+        raise FieldError(("query", "path"), "not a trace file")
+    try:
+        return _summary(str(path), st.st_mtime_ns, st.st_size)
+    except TopotuneError as exc:
+        raise FieldError(("query", "path"), exc.user_message()) from exc

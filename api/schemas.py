@@ -52,6 +52,9 @@ class StudyCreate(_In):
     retry_risks: bool = Field(False, description="launch configs that crashed on this cluster for another model "
                               "(its known risks, /ui/clusters); by default no sampler launches them")
     phases: list[PhaseName] | None = Field(None, min_length=1, max_length=3, description="default: every phase")
+    workload: dict[str, Any] | None = Field(None, description="a workload block replacing the space's (isl/osl, "
+                                            "input_tokens/output_tokens distributions, prefix, or a trace under an "
+                                            "allowed root); the phases' own fixed lengths stay")
     constraints: ConstraintsIn | None = Field(None, description="SLA bounds replacing the space's, field by field: "
                                             "max_ttft_ms, max_itl_ms, percentile, min_accuracy (null: unbounded)")
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="simulated backend: seeded relative noise per deployment")

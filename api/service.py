@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -28,9 +29,10 @@ from tuner.errors import ConfigError, TopotuneError, UnsupportedModelError
 from tuner.hardware import get_gpu
 from tuner.memory import MemoryInputs, sweep_topologies
 from tuner.models import ModelSpec, load_model
-from tuner.space import SearchSpace, load_space, parse_space, read_space_file
+from tuner.space import SearchSpace, WorkloadSpec, load_space, parse_space, read_space_file
 from tuner.study import campaign_name
 from tuner.tune import SlaOverride, TuneRequest
+from tuner.workload import workload_error
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
@@ -140,6 +142,23 @@ def _with_trace(space: SearchSpace, base: Path, settings: ApiSettings, loc: tupl
     return confined
 
 
+def with_workload(space: SearchSpace, body: StudyCreate, settings: ApiSettings) -> SearchSpace:
+    """The space with the request's workload block in place of its own (a trace confined and read now)."""
+    if body.workload is None:
+        return space
+    loc = ("body", "workload")
+    try:
+        block = WorkloadSpec.model_validate(body.workload)
+        changed = SearchSpace.model_validate({**json.loads(space.model_dump_json()),
+                                              "workload": block.model_dump(mode="json", exclude_none=True)})
+    except ValidationError as exc:
+        error = workload_error(exc, "workload")
+        raise FieldError(("body", *(error.field or "workload").split(".")), error.user_message()) from None
+    if block.trace is None:
+        return changed.with_base_dir(settings.default_space.parent)
+    return _with_trace(changed, settings.default_space.parent, settings, (*loc, "trace"))
+
+
 def confine_model_path(raw: str | Path, settings: ApiSettings, loc: tuple[str, ...]) -> Path:
     """THE check of every model path the service acts on, whoever found it (a request, the watcher, the runner):
     resolved with symlinks followed, it must lie under an allowed root."""
@@ -209,7 +228,7 @@ STUDY_FIELDS = {"backend.kind": "backend", "backend.noise": "noise", "backend.de
 
 def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:
     model_path, model = resolve_model(body.model_path, settings, ("body", "model_path"))
-    request = tune_request(settings, body, model_path, resolve_space(body, settings))
+    request = tune_request(settings, body, model_path, with_workload(resolve_space(body, settings), body, settings))
     record = new_study(session, model_path=model_path, model=model, request=request)
     session.commit()
     return record

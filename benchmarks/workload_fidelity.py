@@ -27,7 +27,11 @@ Last, the real CPU trace trial (benchmarks/data/cpu_trace_trial.yaml, measured b
 device is not calibrated for this machine, so the error is large and said as it is: one trial is one point, too few
 to fit a CPU class and hold anything out.
 
-Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows]
+With --replay, every scored row is also replayed event by event through vLLM's scheduler (tuner/replay: the same
+held-out calibration, the row's replicas behind the router it names, Poisson arrivals at the row's rate or its
+closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures.
+
+Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows] [--replay]
 """
 
 from __future__ import annotations
@@ -210,6 +214,52 @@ def score_row(row: dict, cals: Calibrations) -> Scored:
                   saturated=False if replay.workload.open_loop else None)
 
 
+def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
+    """The row replayed through the scheduler (tuner/replay) instead of the steady-state formulas."""
+    from tuner.deployment import Deployment
+    from tuner.replay import ArrivalProcess, ReplayPlan, replay
+
+    model_dir = _model_dir(str(row["model"]))
+    if model_dir is None:
+        return Scored(row, None, {}, f"no config.json for {row['model']}")
+    try:
+        shape = _replay(row)
+    except (KeyError, ValueError) as exc:
+        return Scored(row, None, {}, f"cannot replay: {exc}")
+    cal, cls = cals.held_out(str(row["gpu"]), str(row["source"]))
+    perf = RooflineModel(load_model(model_dir), get_gpu(str(row["gpu"])), cal)
+    load = row["load"]
+    arrival = (ArrivalProcess("poisson", rate_rps=float(load["request_rate"])) if load["kind"] == "rate"
+               else ArrivalProcess("closed", concurrency=int(load["max_concurrency"])))
+    count = max(requests, 4 * arrival.concurrency)
+    plan = ReplayPlan(deployment=Deployment.single(shape.topology, shape.replicas), workload=shape.workload,
+                      arrival=arrival, router="cache-aware" if shape.cache_aware else "round-robin",
+                      num_requests=count, warmup_share=0.1)
+    try:
+        report = replay(perf, plan)
+    except TopotuneError as exc:
+        return Scored(row, None, {}, f"the replay refuses: {exc.message[:90]}",
+                      saturated=True if load["kind"] == "rate" else None)
+    figures = {"tok_s_per_gpu": report.total_tok_s_per_gpu,
+               "output_tok_s_per_gpu": report.output_tok_s / report.num_gpus}
+    for name, p in (("ttft", report.ttft_ms), ("itl", report.itl_ms)):
+        figures.update({f"{name}_mean": p.mean, f"{name}_p50": p.p50, f"{name}_p90": p.p90, f"{name}_p99": p.p99})
+    errors = {k: math.log(figures[k] / v) for k, v in _measured(row).items() if figures.get(k, 0) > 0}
+    saturated = report.queue.grows if load["kind"] == "rate" else None
+    return Scored(row, None, errors, f"replay, {cls} fit without {row['source']}; prefix hits "
+                  f"{report.prefix_hit_share:.0%}", saturated=saturated)
+
+
+def _summary(name: str, group: list[Scored]) -> None:
+    print(f"\n{name}: {len(group)} rows, held out by source; median / worst error per metric")
+    metrics = sorted({k for s in group for k in s.errors})
+    for key in metrics:
+        values = [s.errors[key] for s in group if key in s.errors]
+        worst = max(values, key=abs)
+        print(f"  {key:<22} n={len(values):<3} median {statistics.median(_pct(v) for v in values):6.1f}%  "
+              f"worst {_pct(worst):7.1f}% ({'over' if worst > 0 else 'under'})")
+
+
 CPU_TRIAL = Path(__file__).resolve().parent / "data" / "cpu_trace_trial.yaml"
 TINY_CPU_MODEL = Path(__file__).resolve().parent / "data" / "tiny-cpu-model"
 
@@ -257,6 +307,7 @@ def _pct(log_ratio: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every row's errors")
+    ap.add_argument("--replay", action="store_true", help="also replay every row through the scheduler")
     args = ap.parse_args(argv)
     data = yaml.safe_load(TABLE.read_text())
     rows = data["rows"]
@@ -285,15 +336,21 @@ def main(argv: list[str] | None = None) -> int:
         agreed = sum(1 for s, t in clear if (t == "saturated") == bool(s.saturated))
         print(f"  {agreed} of {len(clear)} clear verdicts agree ({len(verdicts) - len(clear)} ambiguous)")
     for name, group in groups.items():
-        if not group:
-            continue
-        print(f"\n{name}: {len(group)} rows, held out by source; median / worst error per metric")
-        metrics = sorted({k for s in group for k in s.errors})
-        for key in metrics:
-            values = [s.errors[key] for s in group if key in s.errors]
-            worst = max(values, key=abs)
-            print(f"  {key:<22} n={len(values):<3} median {statistics.median(_pct(v) for v in values):6.1f}%  "
-                  f"worst {_pct(worst):7.1f}% ({'over' if worst > 0 else 'under'})")
+        if group:
+            _summary(name, group)
+    if args.replay:
+        replayed = [replay_row(r, cals) for r in rows if r["engine"] == "vllm"]
+        if args.rows:
+            print()
+            for s in replayed:
+                detail = "  ".join(f"{k} {math.exp(v):.2f}x" for k, v in sorted(s.errors.items()))
+                print(f"{s.row['id']:<36} {detail or '-'}  [{s.note}]")
+        _summary("vllm, replayed through the scheduler (tuner/replay)", [s for s in replayed if s.errors])
+        verdicts = [(s, measured_verdict(s.row)) for s in replayed if s.saturated is not None]
+        clear = [(s, t) for s, t in verdicts if t != "ambiguous"]
+        agreed = sum(1 for s, t in clear if (t == "saturated") == bool(s.saturated))
+        print(f"  replay's queue verdicts: {agreed} of {len(clear)} clear verdicts agree with the source "
+              f"({len(verdicts) - len(clear)} ambiguous)")
     print("\n".join(cpu_trace_trial()))
     return 0
 

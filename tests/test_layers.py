@@ -48,6 +48,8 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     ("live", ("tuner.study", "tuner.executors", "tuner.launch", "tuner.cli", "api")),
     # the use-case layer is what the CLI and the service call: it never reads them
     ("advise", ("tuner.cli", "api")),
+    # the replay sits on the models, memory, perf and workload layers, below the use cases that call it
+    ("replay", ("tuner.study", "tuner.cli", "tuner.backends", "tuner.executors", "tuner.launch", "api")),
 ])
 def test_lower_layer_never_imports_a_higher_one(package: str, forbidden: tuple[str, ...]) -> None:
     assert _violations(package, forbidden) == []

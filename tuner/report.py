@@ -15,6 +15,7 @@ from tuner.frontier import AggregatedPoint, ComposedPoint, family_fronts
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
+    from tuner.replay import ReplayReport
     from tuner.study import CampaignResult, PhaseResult
 
 FAINT_LINE = {"width": 1, "color": "rgba(120,120,120,0.25)"}
@@ -129,3 +130,27 @@ def campaign_figures(result: CampaignResult, composed_title: str, *, hypervolume
 def write_campaign_report(result: CampaignResult, path: Path) -> Path:
     figures = campaign_figures(result, f"{result.name}: composed PD front (measured curves)", hypervolume=True)
     return write_figures(path, f"topotune: {result.name}", figures, field="report")
+
+
+def replay_figures(report: ReplayReport) -> list[go.Figure]:
+    """A replay's TTFT CDF (every measured request) and its queue, running batch and KV use over time."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    ttft = sorted(r.ttft_ms for r in report.requests)
+    n = len(ttft)
+    cdf = go.Figure(go.Scatter(x=ttft, y=[(i + 1) / n for i in range(n)], mode="lines", line=FRONT_LINE,
+                               name="TTFT"))
+    cdf.update_layout(title=f"TTFT CDF: p50 {report.ttft_ms.p50:,.0f} ms, p90 {report.ttft_ms.p90:,.0f} ms, "
+                            f"p99 {report.ttft_ms.p99:,.0f} ms", xaxis_title="TTFT (ms)",
+                      yaxis_title="share of requests")
+    t = [p.t_s for p in report.timeline]
+    line = make_subplots(specs=[[{"secondary_y": True}]])
+    line.add_trace(go.Scatter(x=t, y=[p.waiting for p in report.timeline], name="waiting"), secondary_y=False)
+    line.add_trace(go.Scatter(x=t, y=[p.running for p in report.timeline], name="running"), secondary_y=False)
+    line.add_trace(go.Scatter(x=t, y=[p.kv_used for p in report.timeline], name="KV used (share)",
+                              line={"dash": "dot"}), secondary_y=True)
+    line.update_layout(title=f"Queue and KV over time: {report.queue.describe()}", xaxis_title="time (s)")
+    line.update_yaxes(title_text="requests", secondary_y=False)
+    line.update_yaxes(title_text="KV blocks held (share)", range=[0, 1], secondary_y=True)
+    return [cdf, line]

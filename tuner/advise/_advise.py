@@ -22,6 +22,7 @@ from tuner.advise._recommend import (
     why_it_wins,
 )
 from tuner.advise._request import AdviseRequest
+from tuner.advise._verify import replay_verified
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
 from tuner.export import RecipeContext, export_deployment
@@ -29,6 +30,7 @@ from tuner.frontier import Constraints, binding_bound
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
 from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
+from tuner.replay import VerifiedChoice
 from tuner.topology import Topology
 from tuner.workload import Workload, workload_error
 
@@ -51,6 +53,9 @@ class Advice:
     fronts: Fronts
     recommendation: Recommendation
     elapsed_s: float
+    # replay verification (tuner/replay), with `replay_verify`: the best deployments replayed, the first within the
+    # SLA decides the deployment to run
+    verification: VerifiedChoice | None = None
 
     @property
     def offered_rps(self) -> float | None:
@@ -60,6 +65,9 @@ class Advice:
     @property
     def operating_deployment(self) -> Deployment | None:
         """The winner with --max-num-seqs at its operating point; None when nothing meets the limits."""
+        if self.verification is not None:
+            choice = self.verification.choice
+            return None if choice is None else choice.candidate.deployment
         winner = self.recommendation.winner
         return None if winner is None else operating_deployment(winner)
 
@@ -162,7 +170,8 @@ class Advice:
                           for p in reversed(fronts.front)],
                 "aggregated_front": [{**aggregated_json(p), "operating_point": self.operating_point(p)}
                                      for p in reversed(fronts.aggregated)],
-                "winners": [asdict(w) for w in fronts.winners]}
+                "winners": [asdict(w) for w in fronts.winners],
+                **({"replay_verification": self.verification.as_json()} if self.verification is not None else {})}
 
 
 def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> Advice:
@@ -195,11 +204,19 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
         curves, fronts = rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
     else:
         curves, fronts = closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
+    verification = None
+    if request.replay_verify:  # the replay decides among the best deployments (tuner/advise/_verify.py)
+        itl = sla.max_itl_ms
+        if sla.min_tok_s_user:
+            itl = min(itl or float("inf"), 1000.0 / sla.min_tok_s_user)
+        verification = replay_verified(perf, fronts, traffic, max_ttft_ms=sla.max_ttft_ms, max_itl_ms=itl,
+                                       percentile=sla.percentile)
     return Advice(request=request, model=spec, gpu=gpu, traffic=traffic, constraints=constraints,
                   pairing_rules=f"vLLM {rules.version} NIXL rules", vllm_version=str(rules.version),
                   calibration=perf.calibration,
                   num_topologies=len(topologies), num_instance_points=curves.num_points, fronts=fronts,
-                  recommendation=recommend(fronts), elapsed_s=time.perf_counter() - started)
+                  recommendation=recommend(fronts), elapsed_s=time.perf_counter() - started,
+                  verification=verification)
 
 
 def offered_traffic(request: AdviseRequest) -> Workload:

@@ -94,6 +94,7 @@ class AdviseRequest:
     serve: ServeOptions = field(default_factory=ServeOptions)
     calibration: Mapping[str, float] | None = None  # factors over the GPU's defaults (docs/perf-model.md)
     weights: str | None = None  # the model path the recommended commands load (default: `model`)
+    replay_verify: bool = False  # replay the best deployments through vLLM's scheduler; the replay decides
 
     def __post_init__(self) -> None:
         if not self.gpus >= 1:

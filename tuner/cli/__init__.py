@@ -23,7 +23,7 @@ COMMAND_MODULES: dict[str, str] = {
     "doctor": "_doctor", "logs": "_logs", "memory": "_memory", "simulate": "_perf", "frontier": "_perf",
     "reverify": "_reverify", "tune": "_tune", "studies": "_tune", "show": "_tune", "export": "_tune",
     "calibrate": "_tune", "setup-cpu-vllm": "_vllm", "tiny-model": "_vllm", "plan": "_vllm", "workload": "_workload",
-    "live-check": "_live",
+    "live-check": "_live", "replay": "_replay",
 }
 _registered: set[str] = set()
 _everything = False
@@ -72,7 +72,7 @@ def _command_of(argv: list[str]) -> str | None:
 # Short commands that only compute and print: their process ends with the command, so the cyclic garbage collector
 # may run rarely (a sweep allocates ~10^5 short-lived objects; collecting every 700 of them cost ~0.1 s of the
 # frontier's second).
-_ONE_SHOT = frozenset({"frontier", "simulate", "memory", "workload", "plan"})
+_ONE_SHOT = frozenset({"frontier", "simulate", "memory", "workload", "plan", "replay"})
 
 
 def main(argv: list[str] | None = None, *, process: bool = False) -> int:

@@ -239,7 +239,7 @@ class RooflineModel(PerformanceModel):
         """A decode point and its latency parts from one step (TTFT: wait, KV transfer, first step)."""
         state = self.state(topology, Role.DECODE, isl=isl, osl=osl)
         m = self._decode(topology, isl, osl, concurrency)
-        transfer = self._transfer_ms(state, isl)
+        transfer = self.kv_transfer_ms(state, isl)
         steps = max(osl - 1, 0) / accepted_tokens(topology.mtp, self.calibration.mtp_acceptance)
         return m, LatencyParts(wait_ms=max(0.0, m.ttft_ms_mean - transfer - m.itl_ms_mean), prompt_ms=transfer,
                                front_ms=0.0, first_token_ms=m.itl_ms_mean, itl_plain_ms=m.itl_ms_mean,
@@ -372,13 +372,13 @@ class RooflineModel(PerformanceModel):
         busy_s = osl * itl_ms / 1e3  # one request's decode time once it runs
         rps = occ.running / busy_s
         wait_ms = max(0.0, concurrency / rps - busy_s) * 1e3  # Little's law: the queue ahead of the KV cache
-        transfer_ms = self._transfer_ms(state, isl)
+        transfer_ms = self.kv_transfer_ms(state, isl)
         return ServingMetrics.from_rates(
             concurrency=concurrency, num_gpus=topo.num_gpus, isl=isl, osl=osl, request_rps=rps,
             ttft_ms=wait_ms + transfer_ms + itl_ms, itl_ms=itl_ms,
             max_concurrency=state.memory.max_concurrency_instance, running=occ.running)
 
-    def _transfer_ms(self, state: InstanceState, isl: int) -> float:
+    def kv_transfer_ms(self, state: InstanceState, isl: int) -> float:
         """The prompt's KV (and recurrent state) over the prefill -> decode link."""
         t = state.costs.target
         kv_bytes = isl * (t.kv_bytes_per_token + t.window_kv_bytes_per_token + t.index_kv_bytes_per_token)

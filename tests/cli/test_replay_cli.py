@@ -1,0 +1,43 @@
+"""`topotune replay` on the example trace, a distribution and multi-turn sessions, and its bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _support.paths import REPO
+
+from tuner.cli import main
+
+MODEL = str(REPO / "examples/models/llama-3.1-70b")
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["replay", MODEL, "--hardware", "h200", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_replay_runs_a_trace_a_distribution_and_sessions(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    trace = _json(capsys, "--deployment", "2x:TP8", "--workload", str(REPO / "examples/traces/chat-multiturn.jsonl"),
+                  "--html", str(tmp_path / "r.html"))
+    assert trace["requests"] == 202 and trace["arrival"] == "the trace's own timestamps"
+    assert 0.3 < trace["prefix_hit_share"] < 0.75  # the trace re-sends its history: 72% with an unbounded cache
+    assert len(trace["per_request"]) == 202 and trace["timeline"]
+    assert "TTFT CDF" in (tmp_path / "r.html").read_text()
+    dist = _json(capsys, "--deployment", "1P:TP4,1D:TP8", "--workload",
+                 str(REPO / "examples/workloads/chat-lognormal.yaml"), "--request-rate", "2", "--num-requests", "200")
+    assert dist["requests"] == 200 and dist["num_gpus"] == 12
+    sessions = _json(capsys, "--isl", "1000", "--osl", "100", "--turns", "3", "--concurrency", "4",
+                     "--num-requests", "60")
+    assert sessions["requests"] == 60 and sessions["prefix_hit_share"] > 0.3
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--router", "sticky", "--concurrency", "1"], "--router"),
+    (["--deployment", "2P:TP8", "--concurrency", "1"], "--deployment"),
+    (["--request-rate", "1", "--concurrency", "2"], "--concurrency"),
+    ([], "--request-rate"),
+])
+def test_bad_replay_input_names_the_option(capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
+    assert main(["replay", MODEL, "--hardware", "h200", "--isl", "100", "--osl", "10", *args]) == 2
+    assert field in capsys.readouterr().err

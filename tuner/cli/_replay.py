@@ -1,0 +1,145 @@
+"""`topotune replay`: a request stream replayed through a deployment, event by event (tuner/replay)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
+from tuner.cli._perf import (
+    All2AllOpt,
+    CalibrationOpt,
+    JsonOpt,
+    KvCacheDtypeOpt,
+    StreamIntervalOpt,
+    _calibration,
+)
+from tuner.cli._workload import WorkloadOpt, load_workload
+from tuner.errors import ConfigError
+from tuner.hardware import get_gpu
+from tuner.models import load_model
+from tuner.perf import RooflineModel
+from tuner.replay import ArrivalProcess, ReplayPlan, Sessions, Sla, check_router, parse_deployment, replay
+from tuner.topology import (
+    DEFAULT_ALL2ALL_BACKEND,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+)
+from tuner.workload import Workload
+
+
+def _arrival(traffic: Workload, *, request_rate: float | None, concurrency: int | None, arrival: str | None,
+             burstiness_cv: float) -> ArrivalProcess:
+    """--concurrency: a closed loop; --request-rate: open loop (poisson, gamma, or the trace's timestamps
+    rescaled); neither, with a timestamped trace: its own arrivals."""
+    if concurrency is not None and request_rate is not None:
+        raise ConfigError("give --request-rate or --concurrency, not both", field="--concurrency",
+                          fix="open loop at a rate, or a closed loop of clients")
+    if arrival is not None and arrival not in ("poisson", "gamma", "trace"):
+        raise ConfigError(f"unknown arrival {arrival!r}", field="--arrival", fix="use poisson, gamma or trace")
+    if concurrency is not None:
+        return ArrivalProcess("closed", concurrency=concurrency)
+    timestamps = traffic.trace is not None and traffic.trace.arrival_rps is not None
+    if request_rate is not None:
+        if request_rate <= 0:
+            raise ConfigError(f"must be positive, got {request_rate:g}", field="--request-rate",
+                              fix="give requests/s, e.g. 2.5")
+        kind = arrival or ("gamma" if burstiness_cv != 1.0 else "poisson")
+        return ArrivalProcess(kind, rate_rps=request_rate, cv=burstiness_cv)  # type: ignore[arg-type]
+    if arrival in (None, "trace") and timestamps:
+        return ArrivalProcess("trace")
+    raise ConfigError("no load given", field="--request-rate",
+                      fix="give --request-rate R (requests/s) or --concurrency C (clients); a trace with "
+                          "timestamps replays at its own rate")
+
+
+@app.command(name="replay")
+def replay_command(
+    model: ModelArg,
+    hardware: HardwareOpt = "gb300",
+    deployment: Annotated[str, typer.Option(help='"2P:TP4,1D:TP8" (PD) or "2x:TP8" (replicas), "TP8" (one).')]
+    = "TP8",
+    workload: WorkloadOpt = None,
+    isl: Annotated[int, typer.Option(help="Input tokens per request (without --workload).")] = 8192,
+    osl: Annotated[int, typer.Option(help="Output tokens per request (without --workload).")] = 1024,
+    request_rate: Annotated[float | None, typer.Option(help="Open loop: requests/s for the whole deployment.")]
+    = None,
+    concurrency: Annotated[int | None, typer.Option(help="Closed loop: clients, each sending its next request "
+                                                          "when its answer ends.")] = None,
+    arrival: Annotated[str | None, typer.Option(
+        help="Open-loop arrivals: poisson, gamma (bursty, --burstiness-cv) or trace (its timestamps, rescaled to "
+             "--request-rate).")] = None,
+    burstiness_cv: Annotated[float, typer.Option(help="Gamma arrivals: inter-arrival CV (1 = Poisson).")] = 1.0,
+    router: Annotated[str, typer.Option(help="cache-aware (vllm-router's), round-robin or least-loaded.")]
+    = "cache-aware",
+    turns: Annotated[int | None, typer.Option(help="Multi-turn sessions of a distribution: turns each.")] = None,
+    think_ms: Annotated[float, typer.Option(help="Sessions: pause between an answer and the next turn.")] = 1000.0,
+    num_requests: Annotated[int | None, typer.Option(help="Requests replayed (a trace: its first N; a distribution: "
+                                                           "1,000 by default).")] = None,
+    warmup: Annotated[float, typer.Option(help="Share of the requests replayed before measuring (warm server).")]
+    = 0.0,
+    max_ttft_ms: Annotated[float | None, typer.Option(help="SLA: TTFT bound for goodput.")] = None,
+    max_itl_ms: Annotated[float | None, typer.Option(help="SLA: ITL bound for goodput.")] = None,
+    long_prefill_token_threshold: Annotated[int, typer.Option(help="vLLM --long-prefill-token-threshold.")] = 0,
+    max_horizon_s: Annotated[float | None, typer.Option(
+        help="Stop the replay past this simulated time (default: 10 x the sending window + 600 s).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of sampled lengths and arrivals.")] = 0,
+    mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
+    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    kv_cache_dtype: KvCacheDtypeOpt = "auto",
+    stream_interval: StreamIntervalOpt = 1,
+    all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
+    calibration: CalibrationOpt = None,
+    hardware_file: HardwareFileOpt = None,
+    html: Annotated[Path | None, typer.Option(help="Write the TTFT CDF and the queue/KV timeline here.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Replay a request stream through a deployment as vLLM's scheduler runs it: per-request TTFT and ITL."""
+    traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
+    process = _arrival(traffic, request_rate=request_rate, concurrency=concurrency, arrival=arrival,
+                       burstiness_cv=burstiness_cv)
+    spec = load_model(model)
+    gpu = get_gpu(hardware, hardware_file)
+    deployed = parse_deployment(deployment, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
+                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                kv_cache_dtype=kv_cache_dtype, stream_interval=stream_interval,
+                                all2all_backend=all2all_backend)
+    for group in deployed.groups:
+        group.topology.check(spec)
+    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    plan = ReplayPlan(deployment=deployed, workload=traffic, arrival=process, router=check_router(router),
+                      num_requests=num_requests, warmup_share=warmup,
+                      sessions=Sessions(turns=turns, think_ms=think_ms) if turns else None,
+                      sla=Sla(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms), seed=seed,
+                      long_prefill_token_threshold=long_prefill_token_threshold, max_horizon_s=max_horizon_s)
+    report = replay(perf, plan)
+    if html is not None:
+        from tuner.report import replay_figures, write_figures
+
+        write_figures(html, f"{spec.name}: {report.deployment}, {report.arrival}", replay_figures(report))
+    if json_out:
+        print_json({"model": spec.name, "gpu": gpu.name, "workload": traffic.describe(load=False),
+                    **report.as_json()})
+        return
+    table = Table(title=f"{spec.name} on {report.num_gpus} x {gpu.name}, {report.deployment}: "
+                        f"{traffic.describe(load=False)}; {report.arrival}", title_justify="left")
+    for col in ("", "mean", "p50", "p90", "p99"):
+        table.add_column(col, justify="right")
+    for name, p in (("TTFT ms", report.ttft_ms), ("ITL ms", report.itl_ms), ("E2E ms", report.e2e_ms)):
+        table.add_row(name, f"{p.mean:,.1f}", f"{p.p50:,.1f}", f"{p.p90:,.1f}", f"{p.p99:,.1f}")
+    console.print(table)
+    console.print(
+        f"{len(report.requests):,} requests measured ({report.warmup_requests:,} warm-up) over "
+        f"{report.duration_s:,.1f} s: {report.request_rps:.2f} req/s, {report.total_tok_s_per_gpu:,.0f} tok/s/GPU "
+        f"({report.output_tok_s:,.0f} output tok/s); prefix cache served {report.prefix_hit_share:.1%} of input "
+        f"tokens; {report.preemptions:,} preemptions", highlight=False)
+    if max_ttft_ms is not None or max_itl_ms is not None:
+        console.print(f"SLA met by {report.sla_attainment:.1%} of requests: goodput {report.goodput_rps:.2f} req/s",
+                      highlight=False)
+    console.print(report.queue.describe(), highlight=False)

@@ -1,0 +1,149 @@
+"""What a replay measured: per request, their percentiles, and the engines' state over time.
+
+ITL is AIPerf's per-request inter-token latency: (end-to-end latency - TTFT) / (output tokens - 1), for requests
+of more than one output token. Goodput counts the requests that meet the SLA (TTFT and ITL bounds) per second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One measured request (times in ms from the replay's start)."""
+
+    sent_ms: float
+    ttft_ms: float
+    itl_ms: float | None  # None for one-token answers
+    e2e_ms: float
+    prompt_tokens: int
+    output_tokens: int
+    hit_share: float  # its prompt tokens served by the prefix cache at first admission
+    preemptions: int
+    instance: int
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Percentiles:
+        if not values:
+            return cls(math.nan, math.nan, math.nan, math.nan)
+        a = np.asarray(values, dtype=float)
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])
+        return cls(float(a.mean()), float(p50), float(p90), float(p99))
+
+    def at(self, percentile: str) -> float:
+        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "mean": self.mean}[percentile]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    t_s: float
+    waiting: int
+    running: int
+    kv_used: float  # mean share over the deployment's ranks (decode side for PD)
+
+
+@dataclass(frozen=True, slots=True)
+class Sla:
+    max_ttft_ms: float | None = None
+    max_itl_ms: float | None = None
+
+    def met(self, r: RequestRecord) -> bool:
+        if self.max_ttft_ms is not None and r.ttft_ms > self.max_ttft_ms:
+            return False
+        return not (self.max_itl_ms is not None and r.itl_ms is not None and r.itl_ms > self.max_itl_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTrend:
+    """Whether requests in flight stay bounded over the offered load, or pile up (with the growth rate)."""
+
+    grows: bool
+    growth_rps: float  # slope of requests in flight over the second half of the sending window
+    in_flight_end: int
+
+    def describe(self) -> str:
+        if self.grows:
+            return (f"the queue grows by {self.growth_rps:.2f} requests/s ({self.in_flight_end} in flight when the "
+                    "last request is sent): the load is past what the deployment carries")
+        return "the queue drains: requests in flight stay bounded over the run"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    deployment: str
+    arrival: str
+    requests: tuple[RequestRecord, ...]
+    warmup_requests: int
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    duration_s: float
+    request_rps: float
+    output_tok_s: float
+    total_tok_s: float
+    num_gpus: int
+    sla: Sla
+    sla_attainment: float
+    goodput_rps: float
+    prefix_hit_share: float  # input tokens served by the prefix cache
+    preemptions: int
+    queue: QueueTrend
+    timeline: tuple[TimelinePoint, ...]
+    steps: int
+
+    @property
+    def total_tok_s_per_gpu(self) -> float:
+        return self.total_tok_s / self.num_gpus
+
+    def summary_json(self) -> dict[str, object]:
+        """Everything but the per-request records and the timeline."""
+        return {
+            "deployment": self.deployment, "arrival": self.arrival, "requests": len(self.requests),
+            "warmup_requests": self.warmup_requests, "ttft_ms": asdict(self.ttft_ms), "itl_ms": asdict(self.itl_ms),
+            "e2e_ms": asdict(self.e2e_ms), "duration_s": self.duration_s, "request_rps": self.request_rps,
+            "output_tok_s": self.output_tok_s, "total_tok_s": self.total_tok_s, "num_gpus": self.num_gpus,
+            "total_tok_s_per_gpu": self.total_tok_s_per_gpu, "sla": asdict(self.sla),
+            "sla_attainment": self.sla_attainment, "goodput_rps": self.goodput_rps,
+            "prefix_hit_share": self.prefix_hit_share, "preemptions": self.preemptions,
+            "queue": {**asdict(self.queue), "verdict": self.queue.describe()}, "steps": self.steps}
+
+    def as_json(self) -> dict[str, object]:
+        return {**self.summary_json(), "per_request": [asdict(r) for r in self.requests],
+                "timeline": [asdict(p) for p in self.timeline]}
+
+
+def queue_trend(sent_ms: list[float], in_flight: list[int]) -> QueueTrend:
+    """Least-squares slope of requests in flight against send time over the second half of the sending window;
+    it grows when the slope adds more than max(4, half the first half's mean in flight) over that half."""
+    if len(sent_ms) < 8:
+        return QueueTrend(False, 0.0, in_flight[-1] if in_flight else 0)
+    t = np.asarray(sent_ms, dtype=float) / 1e3
+    y = np.asarray(in_flight, dtype=float)
+    half = t[0] + (t[-1] - t[0]) / 2
+    second = t >= half
+    if second.sum() < 4 or t[-1] <= half:
+        return QueueTrend(False, 0.0, int(y[-1]))
+    ts, ys = t[second], y[second]
+    slope = float(np.polyfit(ts, ys, 1)[0]) if np.ptp(ts) > 0 else 0.0
+    first_mean = float(y[~second].mean()) if (~second).any() else 0.0
+    grows = slope * (t[-1] - half) > max(4.0, 0.5 * first_mean)
+    return QueueTrend(bool(grows), slope, int(y[-1]))
+
+
+def downsample(points: list[TimelinePoint], limit: int = 600) -> tuple[TimelinePoint, ...]:
+    if len(points) <= limit:
+        return tuple(points)
+    stride = len(points) / limit
+    return tuple(points[int(i * stride)] for i in range(limit))
