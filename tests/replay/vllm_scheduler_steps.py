@@ -68,7 +68,9 @@ def main() -> None:
                                    sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
                                    pooler_output=[])
         scheduler.update_from_output(out, runner)
-        steps.append({"batch": batch, "preempted": sorted(out.preempted_req_ids or [])})
+        pool = scheduler.kv_cache_manager.block_pool
+        steps.append({"batch": batch, "preempted": sorted(out.preempted_req_ids or []),
+                      "free_blocks": pool.get_num_free_blocks(), "cached_blocks": len(pool.cached_block_hash_to_block)})
         step += 1
         if step > 100_000:
             raise SystemExit("no progress")
