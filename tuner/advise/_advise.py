@@ -141,6 +141,20 @@ class Advice:
         return self.recipe_context.operating_point(operating_deployment(point), "frontier",
                                                    concurrency=concurrency).as_json()
 
+    def recommended_point(self) -> dict[str, object] | None:
+        """The operating point the recommendation deploys: the replay's choice when it verified the front (what
+        `commands` runs), else the analytic winner's; None when nothing meets the limits."""
+        if self.verification is not None:
+            choice = self.verification.choice
+            if choice is None:
+                return None
+            clients = choice.candidate.concurrency
+            concurrency = () if self.offered_rps is not None or clients is None else (clients,)
+            return self.recipe_context.operating_point(choice.candidate.deployment, "frontier (replay-verified)",
+                                                       concurrency=concurrency).as_json()
+        winner = self.recommendation.winner
+        return None if winner is None else self.operating_point(winner)
+
     @cached_property
     def commands(self) -> str | None:
         """The `vllm serve` commands of the operating deployment (None when nothing meets the limits)."""
@@ -161,8 +175,7 @@ class Advice:
                                 "percentile": sla.percentile, "min_tok_s_per_user": sla.min_tok_s_user,
                                 "pairing": self.pairing_rules},
                 "recommendation": {**self.recommendation.as_json(), "why": self.why, "tie": self.recommendation.tie,
-                                   "operating_point": None if self.recommendation.winner is None else
-                                   self.operating_point(self.recommendation.winner)},
+                                   "operating_point": self.recommended_point()},
                 "calibration": self.calibration.model_dump(), "num_topologies": self.num_topologies,
                 "num_instance_points": self.num_instance_points, "num_deployments": len(fronts.points),
                 "elapsed_s": round(self.elapsed_s, 3),

@@ -256,6 +256,10 @@ def frontier(
     serving: Annotated[str, typer.Option(
         "--mode", help="both (PD-disaggregated and aggregated fronts side by side), disagg or agg.")] = "both",
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
+    replay_verify: Annotated[bool, typer.Option(
+        "--replay-verify", help="Replay the best deployments request by request through vLLM's scheduler (`topotune "
+                                "replay`) and let the replay decide which one meets the SLA (docs/workloads.md).")]
+    = False,
     json_out: JsonOpt = False,
     knobs: dict[str, Any] | None = None,
 ) -> None:
@@ -271,7 +275,7 @@ def frontier(
         request = AdviseRequest(model=model, workload=traffic, hardware=hardware, hardware_file=hardware_file,
                                 gpus=gpus, request_rate=request_rate, arrival=arrival,  # type: ignore[arg-type]
                                 sla=sla, serve=serve, calibration=_calibration_factors(calibration),
-                                weights=weights)
+                                weights=weights, replay_verify=replay_verify)
         with _TopologyProgress(shown=not json_out and err_console.is_terminal) as progress:
             advice = advise(request, progress=progress)
     if html is not None:
@@ -389,9 +393,37 @@ def _print_recommendation(advice: Advice) -> None:
     if mode != "both":
         console.print(f"  [bold]recommended[/] ({winner.mode} only: --mode {mode}): {winner.name}", highlight=False)
     elif pick.tie:
-        console.print(f"  [bold]a tie[/]: both modes are within {TIE_MARGIN - 1:.0%} of each other's tok/s/GPU; the "
-                      f"commands below deploy {winner.name} ({winner.mode})", highlight=False)
+        deploys = ("the replay decides which to deploy (below)" if advice.verification is not None else
+                   f"the commands below deploy {winner.name} ({winner.mode})")
+        console.print(f"  [bold]a tie[/]: both modes are within {TIE_MARGIN - 1:.0%} of each other's tok/s/GPU; "
+                      f"{deploys}", highlight=False)
     else:
         console.print(f"  [bold]{winner.mode} wins{margin}[/]: {winner.name}", highlight=False)
     console.print(f"  why: {advice.why}", highlight=False, soft_wrap=True)
+    if advice.verification is not None:
+        _print_verification(advice)
     print("\n" + (advice.commands or ""), end="")  # a script: never wrapped
+
+
+def _print_verification(advice: Advice) -> None:
+    """What the replay measured for each deployment it checked, and the one it keeps (the commands below)."""
+    verified = advice.verification
+    assert verified is not None
+    pct = advice.request.sla.percentile
+    table = Table(title=f"Replay verification (vLLM's scheduler, request by request; latencies at {pct})",
+                  title_justify="left")
+    for col in ("deployment", "GPUs", "max-num-seqs", "TTFT ms", "ITL ms", "SLA met", "verdict"):
+        table.add_column(col, justify="left" if col in ("deployment", "verdict") else "right")
+    for v in verified.checked:
+        r = v.report
+        table.add_row(r.deployment, str(r.num_gpus), "/".join(str(g.topology.max_num_seqs)
+                                                              for g in v.candidate.deployment.groups),
+                      f"{r.ttft_ms.at(pct):,.0f}", f"{r.itl_ms.at(pct):.2f}", f"{r.sla_attainment:.1%}", v.reason)
+    console.print(table)
+    choice = verified.choice
+    if choice is None:
+        console.print("  [bold]the replay finds no checked deployment within the SLA[/]: no commands",
+                      highlight=False)
+        return
+    console.print(f"  [bold]deploy (replay-verified)[/]: {choice.report.deployment} on {choice.report.num_gpus} GPUs",
+                  highlight=False)
