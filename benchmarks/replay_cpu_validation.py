@@ -179,10 +179,10 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
 
 # -- analysis -----------------------------------------------------------------------------------------
 def _setup(data: dict, work: Path):
+    from tuner.deployment import parse_deployment
     from tuner.hardware import get_gpu
     from tuner.models import load_model
     from tuner.perf import RooflineModel, default_calibration
-    from tuner.replay import parse_deployment
     from tuner.workload import Workload
 
     trace = work / "trace.jsonl"

@@ -12,10 +12,11 @@ import os
 import time
 from pathlib import Path
 
+from tuner.deployment import parse_deployment
 from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import RooflineModel
-from tuner.replay import ArrivalProcess, ReplayPlan, parse_deployment, replay
+from tuner.replay import ArrivalProcess, ReplayPlan, replay
 from tuner.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]

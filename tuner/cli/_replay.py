@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
-from tuner.cli._perf import (
-    All2AllOpt,
-    CalibrationOpt,
-    JsonOpt,
-    KvCacheDtypeOpt,
-    StreamIntervalOpt,
-    _calibration,
-)
+from tuner.cli._knobs import knob_options
+from tuner.cli._perf import CalibrationOpt, JsonOpt, _calibration
 from tuner.cli._workload import WorkloadOpt, load_workload
-from tuner.errors import ConfigError
+from tuner.deployment import parse_deployment
+from tuner.errors import ConfigError, TopotuneError
 from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import RooflineModel
-from tuner.replay import ArrivalProcess, ReplayPlan, Sessions, Sla, check_router, parse_deployment, replay
-from tuner.topology import (
-    DEFAULT_ALL2ALL_BACKEND,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    DEFAULT_MAX_NUM_SEQS,
-)
+from tuner.replay import ArrivalProcess, ReplayPlan, Sessions, Sla, check_router, replay
 from tuner.workload import Workload
 
 
@@ -58,6 +47,7 @@ def _arrival(traffic: Workload, *, request_rate: float | None, concurrency: int 
 
 
 @app.command(name="replay")
+@knob_options()
 def replay_command(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -88,17 +78,11 @@ def replay_command(
     max_horizon_s: Annotated[float | None, typer.Option(
         help="Stop the replay past this simulated time (default: 10 x the sending window + 600 s).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of sampled lengths and arrivals.")] = 0,
-    mtp: Annotated[int, typer.Option(help="MTP speculative tokens (0 = off).")] = 0,
-    gpu_memory_utilization: Annotated[float, typer.Option()] = DEFAULT_GPU_MEMORY_UTILIZATION,
-    max_num_seqs: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_SEQS,
-    max_num_batched_tokens: Annotated[int, typer.Option()] = DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    kv_cache_dtype: KvCacheDtypeOpt = "auto",
-    stream_interval: StreamIntervalOpt = 1,
-    all2all_backend: All2AllOpt = DEFAULT_ALL2ALL_BACKEND,
     calibration: CalibrationOpt = None,
     hardware_file: HardwareFileOpt = None,
     html: Annotated[Path | None, typer.Option(help="Write the TTFT CDF and the queue/KV timeline here.")] = None,
     json_out: JsonOpt = False,
+    knobs: dict[str, Any] | None = None,
 ) -> None:
     """Replay a request stream through a deployment as vLLM's scheduler runs it: per-request TTFT and ITL."""
     traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
@@ -106,10 +90,10 @@ def replay_command(
                        burstiness_cv=burstiness_cv)
     spec = load_model(model)
     gpu = get_gpu(hardware, hardware_file)
-    deployed = parse_deployment(deployment, mtp=mtp, gpu_memory_utilization=gpu_memory_utilization,
-                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                kv_cache_dtype=kv_cache_dtype, stream_interval=stream_interval,
-                                all2all_backend=all2all_backend)
+    try:
+        deployed = parse_deployment(deployment, **knobs or {})
+    except TopotuneError as exc:
+        raise exc.renamed({"deployment": "--deployment", "topology": "--deployment"}) from None
     for group in deployed.groups:
         group.topology.check(spec)
     perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))

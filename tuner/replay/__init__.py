@@ -6,7 +6,6 @@ the real stream: per-request TTFT and ITL, bursts, cache hits that are bimodal, 
 """
 
 from tuner.replay._arrivals import MAX_REPLAY_REQUESTS, ArrivalProcess, Sessions
-from tuner.replay._deployments import parse_deployment
 from tuner.replay._engine import Engine, Sample, SchedulerLimits
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import Percentiles, QueueTrend, ReplayReport, RequestRecord, Sla, TimelinePoint
@@ -34,7 +33,6 @@ __all__ = [
     "VerifiedChoice",
     "check_router",
     "fewest_instances_for_rate",
-    "parse_deployment",
     "replay",
     "verify_candidates",
 ]
