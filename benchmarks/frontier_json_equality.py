@@ -9,6 +9,7 @@ The commands cover closed and open loop; fixed lengths, a lognormal mix and the 
 model (examples/models/qwen3.8-2.4t-a95b-nvfp4) and a non-hybrid MoE (examples/models/deepseek-v3); both modes and
 one of each; SLA misses and budgets too small (an error's one line, stderr, and the exit code are compared too).
 Prints one line per command and, last, `N of N commands compare equal`; exits 1 on any difference.
+`compare DIR --ignore KEY[,KEY]` leaves out keys a change adds on purpose, at any depth (e.g. `operating_point`).
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ def _run(args: list[str]) -> dict[str, object]:
     return out
 
 
-def _first_difference(a: object, b: object, path: str = "") -> str | None:
+def _first_difference(a: object, b: object, path: str = "", ignore: frozenset[str] = frozenset()) -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
+        for key in sorted((set(a) | set(b)) - ignore):
             if key not in a or key not in b:
                 return f"{path}.{key}: only in {'after' if key not in a else 'before'}"
-            found = _first_difference(a[key], b[key], f"{path}.{key}")
+            found = _first_difference(a[key], b[key], f"{path}.{key}", ignore)
             if found:
                 return found
         return None
@@ -86,7 +87,7 @@ def _first_difference(a: object, b: object, path: str = "") -> str | None:
         if len(a) != len(b):
             return f"{path}: {len(a)} items before, {len(b)} after"
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            found = _first_difference(x, y, f"{path}[{i}]")
+            found = _first_difference(x, y, f"{path}[{i}]", ignore)
             if found:
                 return found
         return None
@@ -94,6 +95,9 @@ def _first_difference(a: object, b: object, path: str = "") -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    ignore: frozenset[str] = frozenset()
+    if len(argv) == 4 and argv[2] == "--ignore":
+        ignore, argv = frozenset(argv[3].split(",")), argv[:2]
     if len(argv) != 2 or argv[0] not in ("save", "compare"):
         print(__doc__)
         return 2
@@ -111,7 +115,7 @@ def main(argv: list[str]) -> int:
             print(f"{name}: exit {got['exit']}, saved")
             same += 1
             continue
-        diff = _first_difference(json.loads(path.read_text()), got)
+        diff = _first_difference(json.loads(path.read_text()), got, ignore=ignore)
         print(f"{name}: {'equal' if diff is None else 'DIFFERS ' + diff}")
         same += diff is None
     print(f"{same} of {len(COMMANDS)} commands compare equal" if argv[0] == "compare" else f"{same} saved")
