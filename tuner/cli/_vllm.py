@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tuner.cli._app import app, console, err_console
+from tuner.cli._app import app, console, err_console, write_script
 from tuner.cli._knobs import knob_options
 from tuner.errors import ConfigError
 
@@ -81,19 +80,6 @@ def tiny_model(
         raise ConfigError(f"the generator failed: {result.stderr.strip().splitlines()[-1:]}", field="tiny-model",
                           fix="check the vLLM venv (topotune setup-cpu-vllm)")
     console.print(f"tiny {'MoE ' if moe else ''}model written to {out}")
-
-
-def write_script(text: str, out: Path | None, what: str = "script") -> None:
-    """Machine output (a script, YAML, JSON) goes to stdout raw (never through rich, whatever COLUMNS says), or to
-    `out`."""
-    if out is None:
-        sys.stdout.write(text)
-        return
-    try:
-        out.write_text(text)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {out}: {exc.strerror}", field="--out", fix="give a writable path") from exc
-    err_console.print(f"{what} written to {out}", highlight=False)
 
 
 def _refuse_with_from(given: dict[str, bool]) -> None:
