@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from tuner.cluster import ClusterKey, ClusterStore, StoredRun
 from tuner.deployment import Deployment, InstanceGroup
 from tuner.errors import ConfigError
-from tuner.metrics import ServingMetrics
+from tuner.metrics import PERCENTILES, ServingMetrics
 from tuner.perf import RooflineModel, predict_traffic
 from tuner.topology import Role, Topology
 from tuner.workload import LatencySummary, LiveTraffic, Workload
 
-PERCENTILES = ("p50", "p90", "p99")
 # Topology fields a `vllm serve` flag of the same name sets (vLLM derives its CLI from its configs the same way:
 # --max-num-seqs is SchedulerConfig.max_num_seqs); the parallel layout and MTP come from the deployment string.
 _LAYOUT_FIELDS = frozenset({"tp", "dp", "ep", "pp", "mtp", "role", "dbo"})
@@ -55,31 +54,11 @@ def engine_from_flags(serve_flags: str) -> tuple[dict[str, object], list[str]]:
 
 
 @dataclass(frozen=True)
-class Latencies:
-    """Mean and percentiles in ms (a prediction, or a measurement's summary)."""
-
-    mean_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-
-    def at(self, percentile: str) -> float:
-        return {"p50": self.p50_ms, "p90": self.p90_ms, "p99": self.p99_ms}[percentile]
-
-    @classmethod
-    def of(cls, s: LatencySummary) -> Latencies:
-        return cls(s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms)
-
-    def as_json(self) -> dict[str, float]:
-        return {"mean": round(self.mean_ms, 3), **{p: round(self.at(p), 3) for p in PERCENTILES}}
-
-
-@dataclass(frozen=True)
 class DeploymentPrediction:
     """What the model predicts for a deployment at a traffic: None latencies when a group saturates."""
 
-    ttft: Latencies | None
-    itl: Latencies | None
+    ttft: LatencySummary | None
+    itl: LatencySummary | None
     points: dict[Role, ServingMetrics]  # one instance of each group, at its share of the rate
     saturated: str | None = None
 
@@ -88,12 +67,12 @@ def _per_instance(workload: Workload, rate: float, count: int) -> Workload:
     return workload.model_copy(update={"arrival": "poisson", "request_rates": (rate / count,)})
 
 
-def _latencies(points: list[ServingMetrics], *, ttft: bool) -> Latencies:
+def _latencies(points: list[ServingMetrics], *, ttft: bool) -> LatencySummary:
     if ttft:
-        return Latencies(sum(p.ttft_ms_mean for p in points), *(sum(p.ttft_ms_at(q) for p in points)
+        return LatencySummary(sum(p.ttft_ms_mean for p in points), *(sum(p.ttft_ms_at(q) for p in points)
                                                                 for q in PERCENTILES))
     p = points[-1]
-    return Latencies(p.itl_ms_mean, p.itl_ms_p50, p.itl_ms_at("p90"), p.itl_ms_p99)
+    return LatencySummary(p.itl_ms_mean, p.itl_ms_p50, p.itl_ms_at("p90"), p.itl_ms_p99)
 
 
 def predict_deployment(perf: RooflineModel, deployment: Deployment, workload: Workload, rate_rps: float, *,
@@ -121,8 +100,8 @@ class CalibrationCheck:
     deployment: Deployment
     live: LiveTraffic
     prediction: DeploymentPrediction
-    measured_ttft: Latencies
-    measured_itl: Latencies
+    measured_ttft: LatencySummary
+    measured_itl: LatencySummary
     itl_source: str  # which vLLM histogram the measured ITL is
 
     def factor(self, which: str, stat: str = "mean") -> float | None:
@@ -155,7 +134,7 @@ def check_deployment(perf: RooflineModel, deployment: Deployment, live: LiveTraf
     prediction = predict_deployment(perf, deployment, live.workload, live.arrival_rps, cache_aware=cache_aware)
     itl, source = ((live.request_itl, "vllm:request_time_per_output_token_seconds (per request mean)")
                    if live.request_itl is not None else (live.itl, "vllm:inter_token_latency_seconds (every token)"))
-    return CalibrationCheck(deployment, live, prediction, Latencies.of(live.ttft), Latencies.of(itl), source)
+    return CalibrationCheck(deployment, live, prediction, live.ttft, itl, source)
 
 
 def measured_point(check: CalibrationCheck, group: InstanceGroup) -> ServingMetrics:
