@@ -8,6 +8,7 @@ decode sides as `frontier` composes them.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from dataclasses import dataclass
@@ -17,18 +18,31 @@ from tuner.deployment import Deployment, InstanceGroup
 from tuner.errors import ConfigError
 from tuner.metrics import PERCENTILES, ServingMetrics
 from tuner.perf import RooflineModel, predict_traffic
-from tuner.topology import Role, Topology
+from tuner.topology import KNOBS, Role, knob_default
 from tuner.workload import LatencySummary, LiveTraffic, Workload
 
-# Topology fields a `vllm serve` flag of the same name sets (vLLM derives its CLI from its configs the same way:
-# --max-num-seqs is SchedulerConfig.max_num_seqs); the parallel layout and MTP come from the deployment string.
-_LAYOUT_FIELDS = frozenset({"tp", "dp", "ep", "pp", "mtp", "role", "dbo"})
-SERVE_FLAGS = {f"--{name.replace('_', '-')}": name for name in Topology.model_fields if name not in _LAYOUT_FIELDS}
+# The engine knobs a `vllm serve` command line sets, by the flag vLLM spells each with (tuner.topology.KNOBS: the
+# flag and topotune's earlier spellings), so a knob is defined once; the parallel layout and MTP come from the
+# deployment string.
+_FROM_DEPLOYMENT = frozenset({"mtp"})
+SERVE_FLAGS = {flag: name for name, knob in KNOBS.items() if not knob.layout and name not in _FROM_DEPLOYMENT
+               for flag in (knob.flag, *knob.aliases)}
+# A dotted flag is a key of a JSON flag (--eplb-config.num_redundant_experts 32 or --eplb-config
+# '{"num_redundant_experts": 32}', as vLLM's FlexibleArgumentParser reads both): the JSON flag's keys that are knobs.
+_JSON_FLAGS: dict[str, dict[str, str]] = {}
+for _flag, _name in SERVE_FLAGS.items():
+    if "." in _flag:
+        _parent, _key = _flag.split(".", 1)
+        _JSON_FLAGS.setdefault(_parent, {})[_key] = _name
+# On/off knobs (--enable-dbo) take no value; --no-... turns them off (vLLM gives every bool field argparse's
+# BooleanOptionalAction: vllm/engine/arg_utils.py get_kwargs).
+_SWITCHES = {flag: name for flag, name in SERVE_FLAGS.items() if isinstance(knob_default(name), bool)}
+_SWITCHES_OFF = {f"--no-{flag[2:]}": name for flag, name in _SWITCHES.items()}
 
 
 def engine_from_flags(serve_flags: str) -> tuple[dict[str, object], list[str]]:
-    """The Topology fields a `vllm serve` command line sets (--max-num-seqs 128 or --max-num-seqs=128), and the
-    flags the model does not read (said, not refused: --port, --served-model-name, ...)."""
+    """The Topology fields a `vllm serve` command line sets (--max-num-seqs 128 or --max-num-seqs=128, --enable-dbo),
+    and the flags the model does not read (said, not refused: --port, --served-model-name, ...)."""
     try:
         argv = shlex.split(serve_flags)
     except ValueError as exc:
@@ -40,17 +54,32 @@ def engine_from_flags(serve_flags: str) -> tuple[dict[str, object], list[str]]:
     while i < len(argv):
         flag, _, inline = argv[i].partition("=")
         i += 1
+        if not inline and (flag in _SWITCHES or flag in _SWITCHES_OFF):
+            engine[_SWITCHES.get(flag) or _SWITCHES_OFF[flag]] = flag in _SWITCHES
+            continue
         takes_value = not inline and i < len(argv) and not argv[i].startswith("--")
         value = inline or (argv[i] if takes_value else "")
         if takes_value:
             i += 1
-        if flag in SERVE_FLAGS:
+        if flag in SERVE_FLAGS or flag in _JSON_FLAGS:
             if not value:
                 raise ConfigError(f"{flag} needs a value", field="--serve-flags", fix=f"write e.g. {flag} 128")
-            engine[SERVE_FLAGS[flag]] = value
+            engine.update(_json_knobs(flag, value) if flag in _JSON_FLAGS else {SERVE_FLAGS[flag]: value})
         elif flag.startswith("--"):
             ignored.append(flag)
     return engine, ignored
+
+
+def _json_knobs(flag: str, value: str) -> dict[str, object]:
+    """The knobs a JSON flag's object sets (its other keys are not knobs)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{flag} needs a JSON object, got {value!r}", field="--serve-flags",
+                          fix=f"""write e.g. {flag} '{{"{next(iter(_JSON_FLAGS[flag]))}": 32}}'""")
+    return {name: data[key] for key, name in _JSON_FLAGS[flag].items() if key in data}
 
 
 @dataclass(frozen=True)
