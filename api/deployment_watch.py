@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.background import BackgroundLoop
 from api.models import WatchEventRecord, WatchRecord
 from tuner.errors import TopotuneError
 from tuner.live import (
@@ -50,25 +51,17 @@ def target_of(record: WatchRecord) -> WatchTarget:
         thresholds=Thresholds(**record.thresholds))
 
 
-class DeploymentWatcher:
+class DeploymentWatcher(BackgroundLoop):
+    thread_name = "topotune-deployment-watch"
+    join_s = 30.0
+
     def __init__(self, sessions: sessionmaker[Session]) -> None:
+        super().__init__()
         self.sessions = sessions
         self._last: dict[int, _Scrape] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._guard = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.clock = time.monotonic  # the windows' clock (a test may set its own)
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="topotune-deployment-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
 
     def forget(self, watch_id: int) -> None:
         """The watch changed what it watches (URLs, deployment) or was deleted: start from a fresh scrape."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -16,6 +16,7 @@ from api.models import StudyRecord
 from api.runner import StudyRunner
 from api.views import ResultCache
 
+RecordT = TypeVar("RecordT")
 _bearer = HTTPBearer(auto_error=False, description="TOPOTUNE_API_TOKEN")
 
 
@@ -58,11 +59,20 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 Authorized = Depends(require_token)
 
 
-def get_study(study_id: Annotated[int, Path(ge=1, le=2**31 - 1)], session: SessionDep) -> StudyRecord:
-    record = session.get(StudyRecord, study_id)
+# A stored row's id in a path (an integer column: larger ids are refused as invalid, not looked up).
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+def stored(session: Session, model: type[RecordT], row_id: int, what: str) -> RecordT:
+    """The row of `model` with this id, or 404 naming `what`."""
+    record = session.get(model, row_id)
     if record is None:
-        raise NotFound("study", study_id)
+        raise NotFound(what, row_id)
     return record
+
+
+def get_study(study_id: RowId, session: SessionDep) -> StudyRecord:
+    return stored(session, StudyRecord, study_id, "study")
 
 
 StudyDep = Annotated[StudyRecord, Depends(get_study)]

@@ -13,7 +13,6 @@ SETTLE_S, is registered as unsupported with its reason instead of being skipped 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from watchfiles import watch
 
+from api.background import BackgroundLoop
 from api.config import ApiSettings
 from api.errors import FieldError
 from api.models import ModelRecord, ModelStatus, StudyRecord, StudyStatus
@@ -38,7 +38,9 @@ VERSION_CHECK_STUDIES = 200  # the newest finished studies compared
 SETTLE_S = 5.0  # a config.json unchanged this long and still not JSON is not being written: it is broken
 
 
-class ModelWatcher:
+class ModelWatcher(BackgroundLoop):
+    thread_name = "topotune-watcher"
+
     def __init__(self, settings: ApiSettings, sessions: sessionmaker[Session], on_study: Callable[[int], None],
                  on_reverify: Callable[[int, str, str | None], None] = lambda _id, _why, _version: None) -> None:
         self.settings = settings
@@ -48,28 +50,14 @@ class ModelWatcher:
         self._acted: set[tuple[int, str]] = set()  # (study, signal) already re-verified: once per change
         self._checked_at = 0.0
         self.root = settings.model_store
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._seen: set[Path] = set()
         self.refused: dict[Path, str] = {}  # folders the path check refused, with the reason
         self.last_error: str | None = None
 
-    @property
-    def state(self) -> str:
-        if self._thread is None:
-            return "off"
-        return "watching" if self._thread.is_alive() else "stopped"
-
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="topotune-watcher", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        super().start()
 
     def _loop(self) -> None:
         self.scan()

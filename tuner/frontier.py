@@ -53,6 +53,21 @@ def hypervolume_2d(points: Sequence[tuple[float, float]], ref: tuple[float, floa
     return area
 
 
+def check_sla(*, max_ttft_ms: float | None, max_itl_ms: float | None, min_tok_s_user: float | None,
+              percentile: str) -> None:
+    """An SLA's bounds are positive (NaN is not) and its percentile one of PERCENTILES; errors name the `sla.*`
+    field (the advise request's and the service's)."""
+    for name, value in (("max_ttft_ms", max_ttft_ms), ("max_itl_ms", max_itl_ms)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"must be positive, got {value}", field=f"sla.{name}",
+                              fix="give a positive limit in milliseconds, or omit it")
+    if min_tok_s_user is not None and not min_tok_s_user > 0:
+        raise ConfigError(f"must be positive, got {min_tok_s_user}", field="sla.min_tok_s_user",
+                          fix="give a per-user speed in tokens/s, or omit it")
+    if percentile not in PERCENTILES:
+        raise ConfigError(f"unknown percentile {percentile!r}", field="sla.percentile", fix="use p50, p90 or p99")
+
+
 @dataclass(frozen=True)
 class Constraints:
     """Limits a composed deployment must meet: the SLA (latencies read at `percentile`), a per-user speed floor,
@@ -70,17 +85,8 @@ class Constraints:
     def __post_init__(self) -> None:
         if self.max_gpus < 1:
             raise ConfigError(f"GPU budget must be >= 1, got {self.max_gpus}", field="gpus", fix="give >= 1")
-        for name in ("max_ttft_ms", "max_itl_ms"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"must be positive, got {value}", field=f"sla.{name}",
-                                  fix="give a positive limit in milliseconds, or omit it")
-        if self.min_tok_s_per_user is not None and self.min_tok_s_per_user <= 0:
-            raise ConfigError(f"must be positive, got {self.min_tok_s_per_user}", field="sla.min_tok_s_user",
-                              fix="give a per-user speed in tokens/s, or omit it")
-        if self.percentile not in PERCENTILES:
-            raise ConfigError(f"unknown percentile {self.percentile!r}", field="sla.percentile",
-                              fix="use p50, p90 or p99")
+        check_sla(max_ttft_ms=self.max_ttft_ms, max_itl_ms=self.max_itl_ms,
+                  min_tok_s_user=self.min_tok_s_per_user, percentile=self.percentile)
 
     @property
     def max_itl_for_users_ms(self) -> float | None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.deployment_watch import DeploymentWatcher
-from api.deps import Authorized, SessionDep, SettingsDep
+from api.deps import Authorized, RowId, SessionDep, SettingsDep, stored
 from api.errors import FieldError, NotFound
 from api.models import WatchEventRecord, WatchRecord
 from api.schemas import WatchCreate, WatchEventPublic, WatchList, WatchPublic, WatchUpdate
@@ -31,11 +31,8 @@ def get_watcher(request: Request) -> DeploymentWatcher:
 WatcherDep = Annotated[DeploymentWatcher, Depends(get_watcher)]
 
 
-def get_watch(watch_id: Annotated[int, Path(ge=1, le=2**31 - 1)], session: SessionDep) -> WatchRecord:
-    record = session.get(WatchRecord, watch_id)
-    if record is None:
-        raise NotFound("watch", watch_id)
-    return record
+def get_watch(watch_id: RowId, session: SessionDep) -> WatchRecord:
+    return stored(session, WatchRecord, watch_id, "watch")
 
 
 WatchDep = Annotated[WatchRecord, Depends(get_watch)]

@@ -85,3 +85,24 @@ def test_the_recommended_script_is_never_wrapped(capsys: pytest.CaptureFixture[s
     assert servers and all(c.endswith(" &") and "--max-model-len" in c for c in servers)
     assert all(len(shlex.split(c)) > 10 for c in servers)  # quotes balanced: the JSON configs stay one word
     assert all(c in ("set -euo pipefail", "wait") or c.endswith(" &") for c in commands)
+
+
+def test_out_writes_the_recommended_script(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`frontier --out FILE`: the script goes to the file (a bash script, each `vllm serve` one line), not stdout."""
+    import shlex
+    import subprocess
+
+    monkeypatch.setenv("COLUMNS", "60")
+    script = tmp_path / "deploy.sh"
+    assert main(["frontier", LLAMA, "-g", "h200", "--gpus", "16", "--workload", TRACE, "--max-itl-ms", "40",
+                 "--out", str(script)]) == 0
+    captured = capsys.readouterr()
+    assert "#!/usr/bin/env bash" not in captured.out and "Recommendation" in captured.out
+    assert f"script written to {script}" in " ".join(captured.err.split())
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and text.endswith("wait\n")
+    servers = [line for line in text.splitlines() if " serve " in line and not line.startswith("#")]
+    assert servers and all(s.endswith(" &") and "--max-model-len" in s and len(shlex.split(s)) > 10
+                           for s in servers)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,35 @@ def test_serve_flags_set_the_engine_fields_and_say_what_they_ignore() -> None:
         engine_from_flags("--max-num-seqs")
     assert parse_deployment("2x:TP4", **engine).groups[0].topology.max_num_seqs == 64
 
+
+
+def test_every_engine_knob_is_read_back_from_the_flags_a_plan_prints() -> None:
+    """The flags come from the knob registry: a DEP8 with every engine knob off its default, printed as KNOBS
+    prints each, reads back to the same topology (EPLB's JSON flag and DBO's switch included)."""
+    from tuner.live import SERVE_FLAGS
+    from tuner.topology import KNOBS, knob_default
+
+    engine_knobs = set(SERVE_FLAGS.values())
+    assert engine_knobs == {n for n, k in KNOBS.items() if not k.layout and n != "mtp"}
+    topo = parse_deployment("DEP8").groups[0].topology.model_copy(update={
+        "gpu_memory_utilization": 0.85, "max_num_seqs": 96, "max_num_batched_tokens": 4096, "kv_cache_dtype": "fp8",
+        "num_redundant_experts": 32, "max_cudagraph_capture_size": 512, "stream_interval": 4,
+        "all2all_backend": "deepep_low_latency", "dbo": True})
+    changed = {n for n in engine_knobs if getattr(topo, n) != knob_default(n)}
+    assert changed == engine_knobs  # the test covers every knob the flags can set
+    argv = [f for n in sorted(engine_knobs) for f in KNOBS[n].vllm_flags(getattr(topo, n), knob_default(n))]
+    engine, ignored = engine_from_flags(shlex.join(["--port", "8000", *argv]))
+    assert ignored == ["--port", "--enable-eplb"]
+    assert parse_deployment("DEP8", **engine).groups[0].topology == topo
+
+
+def test_dotted_aliased_and_negated_knob_flags() -> None:
+    engine, _ = engine_from_flags("--eplb-config.num_redundant_experts 16 --enable-dbo --no-enable-dbo "
+                                  "--all2all-backend=deepep_high_throughput")
+    assert engine == {"num_redundant_experts": "16", "dbo": False, "all2all_backend": "deepep_high_throughput"}
+    assert engine_from_flags("--num-redundant-experts 8")[0] == {"num_redundant_experts": "8"}
+    with pytest.raises(ConfigError, match="needs a JSON object"):
+        engine_from_flags("--eplb-config 32")
 
 def test_aggregated_replicas_each_get_their_share_of_the_rate(perf: RooflineModel, live: LiveTraffic) -> None:
     plan = parse_deployment("2x:TP4")

@@ -30,9 +30,13 @@ _PEAK = "peak-rss-kib:"
 
 
 def _child(*args: str) -> tuple[subprocess.CompletedProcess[str], int]:
-    """`topotune ARGS` in a child process; its result and the child's own peak memory (KiB, as it reports it)."""
-    code = ("import resource, sys; from tuner.cli import main; code = main(sys.argv[1:]); "
-            f"print({_PEAK!r}, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(code)")
+    """`topotune ARGS` in a child process; its result and the child's own peak memory (KiB, as it reports it).
+
+    The peak is /proc's VmHWM, which starts afresh at exec: getrusage's ru_maxrss survives execve on Linux, so a
+    child of a large pytest process would report its parent's size."""
+    code = ("import re, sys; from tuner.cli import main; code = main(sys.argv[1:]); "
+            "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]; "
+            f"print({_PEAK!r}, hwm, file=sys.stderr); sys.exit(code)")
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                           timeout=_CHILD_TIMEOUT_S, check=False)

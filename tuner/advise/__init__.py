@@ -7,7 +7,7 @@ answer; errors name the request's fields (`gpus`, `sla.max_ttft_ms`), which each
 """
 
 from tuner.advise._advise import Advice, advise, calibrated, offered_traffic
-from tuner.advise._fronts import Fronts, SweepProgress, at_decode_depths
+from tuner.advise._fronts import Fronts, SweepProgress
 from tuner.advise._recommend import (
     TIE_MARGIN,
     Recommendation,
@@ -21,6 +21,6 @@ from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, S
 __all__ = [
     "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "Fronts", "Recommendation",
     "ServeOptions",
-    "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "at_decode_depths", "calibrated",
+    "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "calibrated",
     "offered_traffic", "operating_deployment", "point_json", "recommend", "replay_verified",
 ]

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from tuner.deployment import at_decode_depths
 from tuner.errors import InfeasibleError
 from tuner.frontier import (
     AggregatedPoint,
@@ -66,12 +67,6 @@ def swept_mtp_depths(spec: ModelSpec, serving: str, depths: tuple[int, ...]
     0 (at_decode_depths relabels it); none for a mode left out by the serving mode."""
     prefill = (depths if spec.is_hybrid else (0,)) if serving != "agg" else ()
     return prefill, depths if serving != "disagg" else ()
-
-
-def at_decode_depths(prefill: list[tuple], depths: tuple[int, ...]) -> list[tuple]:
-    """NIXL compares both sides' speculative config, so a prefill instance runs its decode's MTP depth: the
-    point predicted at depth 0, once per depth (the first item of each entry is the topology)."""
-    return [(t.model_copy(update={"mtp": d}), *rest) for t, *rest in prefill for d in depths]
 
 
 def closed_loop_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,

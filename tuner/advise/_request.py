@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from tuner.errors import ConfigError
-from tuner.frontier import PERCENTILES, Percentile
+from tuner.frontier import Percentile, check_sla
 from tuner.models import ModelSpec
 from tuner.workload import Workload
 
@@ -31,17 +31,8 @@ class Sla:
     percentile: Percentile = "p90"
 
     def __post_init__(self) -> None:
-        for name in ("max_ttft_ms", "max_itl_ms"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"must be positive, got {value}", field=f"sla.{name}",
-                                  fix="give a positive limit in milliseconds, or omit it")
-        if self.min_tok_s_user is not None and not self.min_tok_s_user > 0:
-            raise ConfigError(f"must be positive, got {self.min_tok_s_user}", field="sla.min_tok_s_user",
-                              fix="give a per-user speed in tokens/s, or omit it")
-        if self.percentile not in PERCENTILES:
-            raise ConfigError(f"unknown percentile {self.percentile!r}", field="sla.percentile",
-                              fix="use p50, p90 or p99")
+        check_sla(max_ttft_ms=self.max_ttft_ms, max_itl_ms=self.max_itl_ms, min_tok_s_user=self.min_tok_s_user,
+                  percentile=self.percentile)
 
     def describe(self) -> str:
         """"TTFT <= 1000 ms, ITL <= 30 ms, >= 40 tok/s/user", or "no SLA"."""

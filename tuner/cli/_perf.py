@@ -13,7 +13,16 @@ import yaml
 from rich.table import Table
 
 from tuner.advise import TIE_MARGIN, Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
-from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, err_console, print_json
+from tuner.cli._app import (
+    HardwareFileOpt,
+    HardwareOpt,
+    ModelArg,
+    app,
+    console,
+    err_console,
+    print_json,
+    write_script,
+)
 from tuner.cli._knobs import knob_options, option_names
 from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
 from tuner.errors import ConfigError, TopotuneError
@@ -261,6 +270,7 @@ def frontier(
                                 "replay`) and let the replay decide which one meets the SLA (docs/workloads.md).")]
     = False,
     json_out: JsonOpt = False,
+    out: Annotated[Path | None, typer.Option(help="Write the recommended script to this file.")] = None,
     knobs: dict[str, Any] | None = None,
 ) -> None:
     """Long only by its typer options (one per line with their help, as typer declares them); the body parses
@@ -283,9 +293,11 @@ def frontier(
                                                                  advice.title, advice.fronts.aggregated)])
     if json_out:
         print_json(advice.as_json())
+        if out is not None and advice.commands:
+            write_script(advice.commands, out)
         return
     _print_fronts(advice, html)
-    _print_recommendation(advice)
+    _print_recommendation(advice, out)
 
 
 class _TopologyProgress:
@@ -366,7 +378,8 @@ def _print_aggregated(front: list[AggregatedPoint], title: str) -> None:
     console.print(table)
 
 
-def _print_recommendation(advice: Advice) -> None:
+def _print_recommendation(advice: Advice, out: Path | None = None) -> None:
+    """The recommendation in words; its script on stdout after them, or in `out`."""
     pick, sla, offered_rps = advice.recommendation, advice.request.sla, advice.offered_rps
     console.print(f"\n[bold]Recommendation[/] for {advice.setting}; {sla.describe()} at {sla.percentile}:",
                   highlight=False)
@@ -383,6 +396,8 @@ def _print_recommendation(advice: Advice) -> None:
                       f"({sla.percentile})", highlight=False)
     winner = pick.winner
     if winner is None:
+        if out is not None:
+            err_console.print(f"no recommendation: nothing written to {out}", highlight=False)
         return
     if offered_rps is not None:  # one rate for every deployment: more tok/s/GPU is fewer GPUs
         margin = f" (the other mode needs x{pick.margin:.2f} its GPUs)" if pick.margin else ""
@@ -402,7 +417,10 @@ def _print_recommendation(advice: Advice) -> None:
     console.print(f"  why: {advice.why}", highlight=False, soft_wrap=True)
     if advice.verification is not None:
         _print_verification(advice)
-    print("\n" + (advice.commands or ""), end="")  # a script: never wrapped
+    if out is None:
+        print("\n" + (advice.commands or ""), end="")  # a script: never wrapped
+    else:
+        write_script(advice.commands or "", out)
 
 
 def _print_verification(advice: Advice) -> None:

@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from tuner.cli._app import app, console, print_json
+from tuner.cli._app import app, console, print_json, write_script
 from tuner.errors import ConfigError, TopotuneError
 from tuner.settings import TunerSettings
 
@@ -321,7 +321,6 @@ def export(study: Annotated[str | None, typer.Argument(help="a study (see `topot
            = None,
            storage: StorageOpt = None) -> None:
     """Write a ready-to-run recipe for one operating point: of a study's front, or of a frontier's answer."""
-    from tuner.cli._vllm import write_script
     from tuner.export import FORMATS, export_point
 
     if fmt not in FORMATS:

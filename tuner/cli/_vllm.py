@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tuner.cli._app import app, console, err_console
+from tuner.cli._app import app, console, err_console, write_script
 from tuner.cli._knobs import knob_options
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
+    from tuner.backends.vllm import LaunchPlan
     from tuner.deployment import Deployment
     from tuner.export import RecipeContext
     from tuner.models import ModelSpec
+    from tuner.operating_point import OperatingPoint
 
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-cpu-vllm.sh"
 
@@ -79,19 +80,6 @@ def tiny_model(
         raise ConfigError(f"the generator failed: {result.stderr.strip().splitlines()[-1:]}", field="tiny-model",
                           fix="check the vLLM venv (topotune setup-cpu-vllm)")
     console.print(f"tiny {'MoE ' if moe else ''}model written to {out}")
-
-
-def write_script(text: str, out: Path | None, what: str = "script") -> None:
-    """Machine output (a script, YAML, JSON) goes to stdout raw (never through rich, whatever COLUMNS says), or to
-    `out`."""
-    if out is None:
-        sys.stdout.write(text)
-        return
-    try:
-        out.write_text(text)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {out}: {exc.strerror}", field="--out", fix="give a writable path") from exc
-    err_console.print(f"{what} written to {out}", highlight=False)
 
 
 def _refuse_with_from(given: dict[str, bool]) -> None:
@@ -159,20 +147,13 @@ def plan(
     short. Its help text is the decorator's `help=`."""
     from tuner.backends.vllm import (
         NEWEST_CHECKED,
-        VllmVersion,
         build_plan,
-        detect_version,
         keep_names,
-        model_or_none,
         pack_hosts,
         point_plan_settings,
         resolve_address,
     )
-    from tuner.deployment import parse_deployment
-    from tuner.export import RecipeContext
-    from tuner.export._recipes import router_lines
     from tuner.hardware import get_gpu
-    from tuner.operating_point import read_operating_point
 
     notes: list[str] = []
     if from_file is not None:
@@ -182,72 +163,117 @@ def plan(
         _refuse_with_from({"--mtp": mtp != 0, "--max-num-seqs": max_num_seqs is not None, "--isl": isl is not None,
                            "--osl": osl is not None, "--workload": workload is not None,
                            "--hardware": hardware is not None})
-        op = read_operating_point(from_file, point)
-        which = f"point {point}" if point is not None else "the recommendation"
-        notes.append(f"operating point from {from_file} ({which}): {op.source}, "
-                     f"{op.measured_on or 'figures not recorded'}")
-        op = op.model_copy(update={k: v for k, v in {
-            "model_path": model, "served_model_name": served_model_name, "max_model_len": max_model_len,
-            "prefix_caching": prefix_caching, "vllm_version": vllm_version}.items() if v is not None})
-        spec = model_or_none(op.model_path)
+        op, spec = _operating_point_from_file(from_file, point, notes, model=model,
+                                              served_model_name=served_model_name, max_model_len=max_model_len,
+                                              prefix_caching=prefix_caching, vllm_version=vllm_version)
     else:
-        if not deployment:
-            raise ConfigError("no deployment", field="deployment",
-                              fix="give one (e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8) or --from FRONTIER.json")
-        if point is not None:
-            raise ConfigError("--point needs --from", field="--point", fix="add --from FRONTIER.json")
-        model_path = model or "MODEL"
-        spec = model_or_none(model_path)
-        dep = parse_deployment(deployment, mtp=mtp, **knobs or {})
-        if max_num_seqs is not None:
-            if max_num_seqs < 1:
-                raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs",
-                                  fix="give a positive count")
-            dep = dep.with_decode_seqs(max_num_seqs)
-        gpu = get_gpu(hardware or "gb300")
-        ctx = _plan_context(model_path, served_model_name, gpu.name, gpu.gpus_per_host, spec, workload,
-                            isl=isl, osl=osl, max_model_len=max_model_len, prefix_caching=prefix_caching,
-                            vllm_version=vllm_version, notes=notes)
-        op = ctx.operating_point(dep, source="given on the command line")
-        if workload is None and max_model_len is None and not (isl and osl):  # nothing to size it: vLLM's default
-            op = op.model_copy(update={"max_model_len": None})
+        op, spec = _operating_point_given(deployment, point, notes, model=model, hardware=hardware, mtp=mtp,
+                                          max_num_seqs=max_num_seqs, served_model_name=served_model_name,
+                                          workload=workload, isl=isl, osl=osl, max_model_len=max_model_len,
+                                          prefix_caching=prefix_caching, vllm_version=vllm_version, knobs=knobs)
     _check_model(op.deployment, spec, "--mtp" if from_file is None else "--from")
-    known_version: str | None  # given or detected; None when the plan can only assume the newest checked
-    if op.vllm_version:
-        known_version = str(VllmVersion.parse(op.vllm_version, field_name="--vllm-version"))
-        how = "given" if vllm_version or from_file is None else "the operating point's"
-    else:
-        found = detect_version((vllm,))
-        known_version = str(found) if found else None
-        how = f"detected from {vllm}" if found else "not detected: the newest the version table checks"
-    version = known_version or str(NEWEST_CHECKED)
-    op = op.model_copy(update={"vllm_version": version})
-    per_host = gpus_per_host or op.gpus_per_host
+    known_version, how = _plan_version(op, vllm, given=bool(vllm_version) or from_file is None)
+    op = op.model_copy(update={"vllm_version": known_version or str(NEWEST_CHECKED)})
     addresses = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     settings = point_plan_settings(op, model=spec, vllm_argv=(vllm,), router_argv=(router,),
                                    **({} if hybrid is None else {"hybrid": hybrid}))
     dep = op.deployment
-    launch = build_plan(dep, pack_hosts(dep, per_host, addresses), settings,
+    launch = build_plan(dep, pack_hosts(dep, gpus_per_host or op.gpus_per_host, addresses), settings,
                         resolve=resolve_address if addresses else keep_names, model=spec)
-    warnings = plan_warnings(storage, dep, get_gpu(op.gpu).name, known_version, cluster)
+    notes += plan_warnings(storage, dep, get_gpu(op.gpu).name, known_version, cluster)
     if json_out:
-        for line in [*notes, *warnings]:  # stdout is the JSON
+        for line in notes:  # stdout is the JSON
             err_console.print(line, highlight=False, markup=False, soft_wrap=True)
         write_script(json.dumps({**launch.model_dump(mode="json"), "operating_point": op.as_json()}, indent=2)
                      + "\n", out, "plan")
         return
+    write_script(_plan_script(op, launch, settings.model_is_hybrid, how, notes), out)
+
+
+def _operating_point_from_file(from_file: Path, point: int | None, notes: list[str], *, model: str | None,
+                               served_model_name: str | None, max_model_len: int | None,
+                               prefix_caching: bool | None, vllm_version: str | None,
+                               ) -> tuple[OperatingPoint, ModelSpec | None]:
+    """`plan --from`: the file's operating point (its recommendation, or row `point`), with the options given
+    beside it on top."""
+    from tuner.backends.vllm import model_or_none
+    from tuner.operating_point import read_operating_point
+
+    op = read_operating_point(from_file, point)
+    which = f"point {point}" if point is not None else "the recommendation"
+    notes.append(f"operating point from {from_file} ({which}): {op.source}, "
+                 f"{op.measured_on or 'figures not recorded'}")
+    op = op.model_copy(update={k: v for k, v in {
+        "model_path": model, "served_model_name": served_model_name, "max_model_len": max_model_len,
+        "prefix_caching": prefix_caching, "vllm_version": vllm_version}.items() if v is not None})
+    return op, model_or_none(op.model_path)
+
+
+def _operating_point_given(deployment: str | None, point: int | None, notes: list[str], *, model: str | None,
+                           hardware: str | None, mtp: int, max_num_seqs: int | None,
+                           served_model_name: str | None, workload: Path | None, isl: int | None,
+                           osl: int | None, max_model_len: int | None, prefix_caching: bool | None,
+                           vllm_version: str | None, knobs: dict[str, Any] | None,
+                           ) -> tuple[OperatingPoint, ModelSpec | None]:
+    """`plan DEPLOYMENT`: the operating point of a deployment string and the options given beside it."""
+    from tuner.backends.vllm import model_or_none
+    from tuner.deployment import parse_deployment
+    from tuner.hardware import get_gpu
+
+    if not deployment:
+        raise ConfigError("no deployment", field="deployment",
+                          fix="give one (e.g. TEP8 or 3P:TP4DP2+EP,1D:TEP8) or --from FRONTIER.json")
+    if point is not None:
+        raise ConfigError("--point needs --from", field="--point", fix="add --from FRONTIER.json")
+    model_path = model or "MODEL"
+    spec = model_or_none(model_path)
+    dep = parse_deployment(deployment, mtp=mtp, **knobs or {})
+    if max_num_seqs is not None:
+        if max_num_seqs < 1:
+            raise ConfigError(f"must be >= 1, got {max_num_seqs}", field="--max-num-seqs",
+                              fix="give a positive count")
+        dep = dep.with_decode_seqs(max_num_seqs)
+    gpu = get_gpu(hardware or "gb300")
+    ctx = _plan_context(model_path, served_model_name, gpu.name, gpu.gpus_per_host, spec, workload,
+                        isl=isl, osl=osl, max_model_len=max_model_len, prefix_caching=prefix_caching,
+                        vllm_version=vllm_version, notes=notes)
+    op = ctx.operating_point(dep, source="given on the command line")
+    if workload is None and max_model_len is None and not (isl and osl):  # nothing to size it: vLLM's default
+        op = op.model_copy(update={"max_model_len": None})
+    return op, spec
+
+
+def _plan_version(op: OperatingPoint, vllm: str, *, given: bool) -> tuple[str | None, str]:
+    """The vLLM the hosts run, given or detected from `vllm` (None when the plan can only assume the newest
+    checked), and how it was found (for the script's header)."""
+    from tuner.backends.vllm import VllmVersion, detect_version
+
+    if op.vllm_version:
+        version = str(VllmVersion.parse(op.vllm_version, field_name="--vllm-version"))
+        return version, "given" if given else "the operating point's"
+    found = detect_version((vllm,))
+    if found:
+        return str(found), f"detected from {vllm}"
+    return None, "not detected: the newest the version table checks"
+
+
+def _plan_script(op: OperatingPoint, launch: LaunchPlan, hybrid: bool, how: str, notes: list[str]) -> str:
+    """The plan as a bash script: a header saying what it deploys and why, then each host's commands."""
+    from tuner.export import RecipeContext
+    from tuner.export._recipes import router_lines
+
+    dep = op.deployment
     lines = ["#!/usr/bin/env bash",
              f"# {dep.name}: {dep.num_gpus} GPUs on {len(launch.hosts())} host(s); endpoint {launch.endpoint}",
-             f"# vLLM {version} ({how}); hybrid model: {settings.model_is_hybrid}; --max-model-len "
+             f"# vLLM {op.vllm_version} ({how}); hybrid model: {hybrid}; --max-model-len "
              f"{op.max_model_len or 'vLLM default (the model context)'}",
-             *router_lines(launch, RecipeContext.of_point(op)), *(f"# {line}" for line in [*notes, *warnings]),
+             *router_lines(launch, RecipeContext.of_point(op)), *(f"# {line}" for line in notes),
              "# Run each host's commands on that host; start servers before the router.", "set -euo pipefail"]
     for host in launch.hosts():
         lines.append(f"\n# --- {host} ---")
         for proc in launch.for_host(host):
             lines += [f"# {proc.name}", proc.shell() + " &"]
-    write_script("\n".join([*lines, "wait"]) + "\n", out)
-
+    return "\n".join([*lines, "wait"]) + "\n"
 
 def _plan_context(model_path: str, served_model_name: str | None, gpu: str, gpus_per_host: int,
                   spec: ModelSpec | None, workload: Path | None, *, isl: int | None, osl: int | None,

@@ -27,6 +27,7 @@ from tuner.export._recipes import (
     dump_yaml,
     dump_yaml_all,
     is_local_path,
+    serve_flags,
 )
 from tuner.topology import Role
 
@@ -247,15 +248,11 @@ _DYNAMO_OWN = {"--kv-transfer-config", "--host", "--port", "--headless", "--nnod
 
 def _engine_args(argv: tuple[str, ...]) -> list[str]:
     """The vLLM engine flags of a plan's process without what dynamo.vllm sets itself."""
-    rest = list(argv[argv.index("serve") + 1:])
-    out = ["--model", rest[0]]
-    i = 1
-    while i < len(rest):
-        flag = rest[i]
-        has_value = i + 1 < len(rest) and not rest[i + 1].startswith("--")
+    start = argv.index("serve")
+    out = ["--model", argv[start + 1]]
+    for flag, value in serve_flags(argv[start + 2:]):
         if flag not in _DYNAMO_OWN:
-            out += [flag, rest[i + 1]] if has_value else [flag]
-        i += 2 if has_value else 1
+            out += [flag] if value is None else [flag, value]
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -245,23 +246,28 @@ _ORCHESTRATION_FLAGS = {"--host", "--port", "--nnodes", "--node-rank", "--master
 _PER_PROCESS_ENV = {"CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_PORT"}
 
 
+def serve_flags(argv: Sequence[str]) -> list[tuple[str, str | None]]:
+    """A plan's `vllm serve` flags after the model, each with its value (None: a switch such as
+    --enable-expert-parallel)."""
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        out.append((argv[i], argv[i + 1] if has_value else None))
+        i += 2 if has_value else 1
+    return out
+
+
 def _role_args(plan: LaunchPlan, role: str) -> tuple[dict[str, object], dict[str, str]]:
     """A role's vLLM flags (as srt-slurm `args`) and environment, read from the plan's own first process of
     that role, so a recipe carries exactly what the trial launched (speculative config on prefill too,
     --block-size, the hybrid and UCX settings)."""
     proc = next(p for p in plan.servers if p.role == role)
-    argv = list(proc.argv[proc.argv.index("serve") + 2:])
     args: dict[str, object] = {}
-    i = 0
-    while i < len(argv):
-        flag = argv[i]
-        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        value: object = argv[i + 1] if has_value else True
+    for flag, value in serve_flags(proc.argv[proc.argv.index("serve") + 2:]):
         if flag not in _ORCHESTRATION_FLAGS:
-            if isinstance(value, str) and value.startswith("{"):
-                value = json.loads(value)
-            args[flag.removeprefix("--")] = value
-        i += 2 if has_value else 1
+            args[flag.removeprefix("--")] = (True if value is None
+                                             else json.loads(value) if value.startswith("{") else value)
     env = {k: v for k, v in sorted(proc.env.items()) if k not in _PER_PROCESS_ENV}
     return args, env
 

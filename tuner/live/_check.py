@@ -8,6 +8,7 @@ decode sides as `frontier` composes them.
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from dataclasses import dataclass
@@ -15,21 +16,33 @@ from dataclasses import dataclass
 from tuner.cluster import ClusterKey, ClusterStore, StoredRun
 from tuner.deployment import Deployment, InstanceGroup
 from tuner.errors import ConfigError
-from tuner.metrics import ServingMetrics
+from tuner.metrics import PERCENTILES, ServingMetrics
 from tuner.perf import RooflineModel, predict_traffic
-from tuner.topology import Role, Topology
+from tuner.topology import KNOBS, Role, knob_default
 from tuner.workload import LatencySummary, LiveTraffic, Workload
 
-PERCENTILES = ("p50", "p90", "p99")
-# Topology fields a `vllm serve` flag of the same name sets (vLLM derives its CLI from its configs the same way:
-# --max-num-seqs is SchedulerConfig.max_num_seqs); the parallel layout and MTP come from the deployment string.
-_LAYOUT_FIELDS = frozenset({"tp", "dp", "ep", "pp", "mtp", "role", "dbo"})
-SERVE_FLAGS = {f"--{name.replace('_', '-')}": name for name in Topology.model_fields if name not in _LAYOUT_FIELDS}
+# The engine knobs a `vllm serve` command line sets, by the flag vLLM spells each with (tuner.topology.KNOBS: the
+# flag and topotune's earlier spellings), so a knob is defined once; the parallel layout and MTP come from the
+# deployment string.
+_FROM_DEPLOYMENT = frozenset({"mtp"})
+SERVE_FLAGS = {flag: name for name, knob in KNOBS.items() if not knob.layout and name not in _FROM_DEPLOYMENT
+               for flag in (knob.flag, *knob.aliases)}
+# A dotted flag is a key of a JSON flag (--eplb-config.num_redundant_experts 32 or --eplb-config
+# '{"num_redundant_experts": 32}', as vLLM's FlexibleArgumentParser reads both): the JSON flag's keys that are knobs.
+_JSON_FLAGS: dict[str, dict[str, str]] = {}
+for _flag, _name in SERVE_FLAGS.items():
+    if "." in _flag:
+        _parent, _key = _flag.split(".", 1)
+        _JSON_FLAGS.setdefault(_parent, {})[_key] = _name
+# On/off knobs (--enable-dbo) take no value; --no-... turns them off (vLLM gives every bool field argparse's
+# BooleanOptionalAction: vllm/engine/arg_utils.py get_kwargs).
+_SWITCHES = {flag: name for flag, name in SERVE_FLAGS.items() if isinstance(knob_default(name), bool)}
+_SWITCHES_OFF = {f"--no-{flag[2:]}": name for flag, name in _SWITCHES.items()}
 
 
 def engine_from_flags(serve_flags: str) -> tuple[dict[str, object], list[str]]:
-    """The Topology fields a `vllm serve` command line sets (--max-num-seqs 128 or --max-num-seqs=128), and the
-    flags the model does not read (said, not refused: --port, --served-model-name, ...)."""
+    """The Topology fields a `vllm serve` command line sets (--max-num-seqs 128 or --max-num-seqs=128, --enable-dbo),
+    and the flags the model does not read (said, not refused: --port, --served-model-name, ...)."""
     try:
         argv = shlex.split(serve_flags)
     except ValueError as exc:
@@ -41,45 +54,40 @@ def engine_from_flags(serve_flags: str) -> tuple[dict[str, object], list[str]]:
     while i < len(argv):
         flag, _, inline = argv[i].partition("=")
         i += 1
+        if not inline and (flag in _SWITCHES or flag in _SWITCHES_OFF):
+            engine[_SWITCHES.get(flag) or _SWITCHES_OFF[flag]] = flag in _SWITCHES
+            continue
         takes_value = not inline and i < len(argv) and not argv[i].startswith("--")
         value = inline or (argv[i] if takes_value else "")
         if takes_value:
             i += 1
-        if flag in SERVE_FLAGS:
+        if flag in SERVE_FLAGS or flag in _JSON_FLAGS:
             if not value:
                 raise ConfigError(f"{flag} needs a value", field="--serve-flags", fix=f"write e.g. {flag} 128")
-            engine[SERVE_FLAGS[flag]] = value
+            engine.update(_json_knobs(flag, value) if flag in _JSON_FLAGS else {SERVE_FLAGS[flag]: value})
         elif flag.startswith("--"):
             ignored.append(flag)
     return engine, ignored
 
 
-@dataclass(frozen=True)
-class Latencies:
-    """Mean and percentiles in ms (a prediction, or a measurement's summary)."""
-
-    mean_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-
-    def at(self, percentile: str) -> float:
-        return {"p50": self.p50_ms, "p90": self.p90_ms, "p99": self.p99_ms}[percentile]
-
-    @classmethod
-    def of(cls, s: LatencySummary) -> Latencies:
-        return cls(s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms)
-
-    def as_json(self) -> dict[str, float]:
-        return {"mean": round(self.mean_ms, 3), **{p: round(self.at(p), 3) for p in PERCENTILES}}
+def _json_knobs(flag: str, value: str) -> dict[str, object]:
+    """The knobs a JSON flag's object sets (its other keys are not knobs)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{flag} needs a JSON object, got {value!r}", field="--serve-flags",
+                          fix=f"""write e.g. {flag} '{{"{next(iter(_JSON_FLAGS[flag]))}": 32}}'""")
+    return {name: data[key] for key, name in _JSON_FLAGS[flag].items() if key in data}
 
 
 @dataclass(frozen=True)
 class DeploymentPrediction:
     """What the model predicts for a deployment at a traffic: None latencies when a group saturates."""
 
-    ttft: Latencies | None
-    itl: Latencies | None
+    ttft: LatencySummary | None
+    itl: LatencySummary | None
     points: dict[Role, ServingMetrics]  # one instance of each group, at its share of the rate
     saturated: str | None = None
 
@@ -88,12 +96,12 @@ def _per_instance(workload: Workload, rate: float, count: int) -> Workload:
     return workload.model_copy(update={"arrival": "poisson", "request_rates": (rate / count,)})
 
 
-def _latencies(points: list[ServingMetrics], *, ttft: bool) -> Latencies:
+def _latencies(points: list[ServingMetrics], *, ttft: bool) -> LatencySummary:
     if ttft:
-        return Latencies(sum(p.ttft_ms_mean for p in points), *(sum(p.ttft_ms_at(q) for p in points)
+        return LatencySummary(sum(p.ttft_ms_mean for p in points), *(sum(p.ttft_ms_at(q) for p in points)
                                                                 for q in PERCENTILES))
     p = points[-1]
-    return Latencies(p.itl_ms_mean, p.itl_ms_p50, p.itl_ms_at("p90"), p.itl_ms_p99)
+    return LatencySummary(p.itl_ms_mean, p.itl_ms_p50, p.itl_ms_at("p90"), p.itl_ms_p99)
 
 
 def predict_deployment(perf: RooflineModel, deployment: Deployment, workload: Workload, rate_rps: float, *,
@@ -121,8 +129,8 @@ class CalibrationCheck:
     deployment: Deployment
     live: LiveTraffic
     prediction: DeploymentPrediction
-    measured_ttft: Latencies
-    measured_itl: Latencies
+    measured_ttft: LatencySummary
+    measured_itl: LatencySummary
     itl_source: str  # which vLLM histogram the measured ITL is
 
     def factor(self, which: str, stat: str = "mean") -> float | None:
@@ -155,7 +163,7 @@ def check_deployment(perf: RooflineModel, deployment: Deployment, live: LiveTraf
     prediction = predict_deployment(perf, deployment, live.workload, live.arrival_rps, cache_aware=cache_aware)
     itl, source = ((live.request_itl, "vllm:request_time_per_output_token_seconds (per request mean)")
                    if live.request_itl is not None else (live.itl, "vllm:inter_token_latency_seconds (every token)"))
-    return CalibrationCheck(deployment, live, prediction, Latencies.of(live.ttft), Latencies.of(itl), source)
+    return CalibrationCheck(deployment, live, prediction, live.ttft, itl, source)
 
 
 def measured_point(check: CalibrationCheck, group: InstanceGroup) -> ServingMetrics:

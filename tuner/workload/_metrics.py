@@ -270,13 +270,14 @@ def sum_counters(parts: Iterable[tuple[str, VllmCounters]]) -> VllmCounters:
 # -- from an increase to a workload ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LatencySummary:
-    """Mean and percentiles (ms) of a latency histogram's increase (linear inside buckets, as Prometheus reads)."""
+    """Mean and percentiles (ms): of a latency histogram's increase (linear inside buckets, as Prometheus reads,
+    with its sample count), or a prediction's (no samples)."""
 
     mean_ms: float
     p50_ms: float
     p90_ms: float
     p99_ms: float
-    samples: float
+    samples: float | None = None
 
     @classmethod
     def of(cls, h: Histogram) -> LatencySummary:
@@ -287,8 +288,9 @@ class LatencySummary:
         return {"p50": self.p50_ms, "p90": self.p90_ms, "p99": self.p99_ms}[percentile]
 
     def as_json(self) -> dict[str, float]:
-        return {"mean": round(self.mean_ms, 3), "p50": round(self.p50_ms, 3), "p90": round(self.p90_ms, 3),
-                "p99": round(self.p99_ms, 3), "samples": round(self.samples, 1)}
+        out = {"mean": round(self.mean_ms, 3), "p50": round(self.p50_ms, 3), "p90": round(self.p90_ms, 3),
+               "p99": round(self.p99_ms, 3)}
+        return out if self.samples is None else {**out, "samples": round(self.samples, 1)}
 
 
 @dataclass(frozen=True)

@@ -140,50 +140,68 @@ def read_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKENS) ->
             if count > MAX_TRACE_REQUESTS:
                 raise ConfigError(f"{path.name} has more than {MAX_TRACE_REQUESTS:,} requests",
                                   field="workload.trace", fix=_TRACE_FIX)
-            try:
-                record = json.loads(text)
-            except RecursionError:
-                raise _field_error(path, number, "line", "JSON nested too deeply",
-                                   'one flat object per line, e.g. {"input_length": 512, "output_length": 64}'
-                                   ) from None
-            except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits
-                raise _field_error(path, number, "line", f"not JSON ({exc})",
-                                   'write one JSON object per line, e.g. {"input_length": 512, '
-                                   '"output_length": 64}') from None
-            if not isinstance(record, dict):
-                raise _field_error(path, number, "line", "not a JSON object", "one object per line")
-            timestamp = record.get("timestamp")
+            record = _record(path, number, text)
+            timestamp = _timestamp(path, number, record, last_ts)
             if timestamp is not None:
-                if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not math.isfinite(
-                        timestamp) or timestamp < 0:
-                    raise _field_error(path, number, "timestamp", f"must be milliseconds >= 0, got {timestamp!r}",
-                                       "give the arrival time in ms since the trace's start, or leave it out")
-                if last_ts is not None and timestamp < last_ts:
-                    raise _field_error(path, number, "timestamp",
-                                       f"{timestamp} is earlier than the line before ({last_ts})",
-                                       "sort the trace by timestamp (sort -n on the field)")
-                last_ts = float(timestamp)
+                last_ts = timestamp
             input_tokens = _count(path, number, record, "input_length")
             output_tokens = _count(path, number, record, "output_length")
-            hash_ids = record.get("hash_ids", [])
-            if not isinstance(hash_ids, list):
-                raise _field_error(path, number, "hash_ids", "must be a list of integers",
-                                   "give the prompt's block ids, or leave hash_ids out")
-            bound = max_hash_ids(input_tokens, block_tokens)
-            if len(hash_ids) > bound:
-                raise _field_error(path, number, "hash_ids",
-                                   f"{len(hash_ids):,} block ids for a {input_tokens:,}-token prompt; its "
-                                   f"{block_tokens}-token blocks number at most {bound - HASH_ID_SLACK:,}",
-                                   f"give one id per {block_tokens}-token block of the prompt: at most "
-                                   f"ceil(input_length / {block_tokens})")
-            if any(isinstance(h, bool) or not isinstance(h, int) for h in hash_ids):
-                raise _field_error(path, number, "hash_ids", "must be a list of integers",
-                                   "give the prompt's block ids, or leave hash_ids out")
-            yield TraceRequest(line=number, timestamp_ms=None if timestamp is None else float(timestamp),
-                               input_tokens=input_tokens, output_tokens=output_tokens, hash_ids=tuple(hash_ids))
+            yield TraceRequest(line=number, timestamp_ms=timestamp, input_tokens=input_tokens,
+                               output_tokens=output_tokens,
+                               hash_ids=_hash_ids(path, number, record, input_tokens, block_tokens))
     if count == 0:
         raise ConfigError(f"{path.name} holds no request", field="workload.trace",
                           fix="give a JSONL file with one request per line")
+
+
+def _record(path: Path, number: int, text: str) -> dict:
+    """One line's JSON object."""
+    try:
+        record = json.loads(text)
+    except RecursionError:
+        raise _field_error(path, number, "line", "JSON nested too deeply",
+                           'one flat object per line, e.g. {"input_length": 512, "output_length": 64}') from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits
+        raise _field_error(path, number, "line", f"not JSON ({exc})",
+                           'write one JSON object per line, e.g. {"input_length": 512, '
+                           '"output_length": 64}') from None
+    if not isinstance(record, dict):
+        raise _field_error(path, number, "line", "not a JSON object", "one object per line")
+    return record
+
+
+def _timestamp(path: Path, number: int, record: dict, last_ts: float | None) -> float | None:
+    """The line's arrival time in ms (None when it has none), never earlier than the line before's."""
+    timestamp = record.get("timestamp")
+    if timestamp is None:
+        return None
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not math.isfinite(
+            timestamp) or timestamp < 0:
+        raise _field_error(path, number, "timestamp", f"must be milliseconds >= 0, got {timestamp!r}",
+                           "give the arrival time in ms since the trace's start, or leave it out")
+    if last_ts is not None and timestamp < last_ts:
+        raise _field_error(path, number, "timestamp", f"{timestamp} is earlier than the line before ({last_ts})",
+                           "sort the trace by timestamp (sort -n on the field)")
+    return float(timestamp)
+
+
+def _hash_ids(path: Path, number: int, record: dict, input_tokens: int, block_tokens: int) -> tuple[int, ...]:
+    """The prompt's block ids: integers, no more than its blocks (plus the slack)."""
+    hash_ids = record.get("hash_ids", [])
+    if not isinstance(hash_ids, list):
+        raise _field_error(path, number, "hash_ids", "must be a list of integers",
+                           "give the prompt's block ids, or leave hash_ids out")
+    bound = max_hash_ids(input_tokens, block_tokens)
+    if len(hash_ids) > bound:
+        raise _field_error(path, number, "hash_ids",
+                           f"{len(hash_ids):,} block ids for a {input_tokens:,}-token prompt; its "
+                           f"{block_tokens}-token blocks number at most {bound - HASH_ID_SLACK:,}",
+                           f"give one id per {block_tokens}-token block of the prompt: at most "
+                           f"ceil(input_length / {block_tokens})")
+    if any(isinstance(h, bool) or not isinstance(h, int) for h in hash_ids):
+        raise _field_error(path, number, "hash_ids", "must be a list of integers",
+                           "give the prompt's block ids, or leave hash_ids out")
+    return tuple(hash_ids)
 
 
 class _Fenwick:
