@@ -264,6 +264,35 @@ class TraceSummary(BaseModel):
         return curve[lo] + frac * (curve[lo + 1] - curve[lo])
 
 
+class _StackDistances:
+    """Each block access's LRU stack distance (distinct blocks touched since its last access; _INF on the first):
+    a Fenwick tree over access positions, sized lazily in chunks (the trace's block count is unknown until the
+    end), one live position per distinct block."""
+
+    def __init__(self) -> None:
+        self.capacity = 1 << 16
+        self.fenwick = _Fenwick(self.capacity)
+        self.last_access: dict[int, int] = {}
+        self.positions = 0
+
+    def touch(self, block: int) -> int:
+        if self.positions >= self.capacity:
+            grown = _Fenwick(self.capacity * 2)
+            for pos in self.last_access.values():  # rebuild: replay the live positions into the larger tree
+                grown.add(pos, 1)
+            self.fenwick, self.capacity = grown, self.capacity * 2
+        previous = self.last_access.get(block)
+        if previous is None:
+            distance = _INF
+        else:
+            distance = self.fenwick.prefix(self.positions - 1) - self.fenwick.prefix(previous)
+            self.fenwick.add(previous, -1)
+        self.fenwick.add(self.positions, 1)
+        self.last_access[block] = self.positions
+        self.positions += 1
+        return distance
+
+
 def summarise_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> TraceSummary:
     """One streaming pass: lengths, arrivals and the prefix cache's stack-distance curve."""
     path = Path(path)
@@ -272,11 +301,7 @@ def summarise_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKEN
     # peaked at 604 MB with lists, 376 MB with arrays; the Fenwick tree over every block position is most of it)
     inputs, outputs = array("q"), array("q")
     first_ts = last_ts = None
-    last_access: dict[int, int] = {}
-    positions = 0
-    # Fenwick over positions sized lazily in chunks: the trace's block count is unknown until the end.
-    capacity = 1 << 16
-    fenwick = _Fenwick(capacity)
+    distances_of = _StackDistances()
     hit_distance = array("q")  # running max distance of each (request, block), as tokens are weighed below
     hit_tokens = array("q")
     total_input = 0
@@ -294,21 +319,7 @@ def summarise_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKEN
         cacheable = request.input_tokens - 1
         for index, block in enumerate(request.hash_ids):
             tokens = min(block_tokens, cacheable - index * block_tokens)
-            if positions >= capacity:
-                grown = _Fenwick(capacity * 2)
-                # rebuild: replay the live positions (one per distinct block) into the larger tree
-                for pos in last_access.values():
-                    grown.add(pos, 1)
-                fenwick, capacity = grown, capacity * 2
-            previous = last_access.get(block)
-            if previous is None:
-                distance = _INF
-            else:
-                distance = fenwick.prefix(positions - 1) - fenwick.prefix(previous)
-                fenwick.add(previous, -1)
-            fenwick.add(positions, 1)
-            last_access[block] = positions
-            positions += 1
+            distance = distances_of.touch(block)
             running_max = max(running_max, distance)
             if tokens > 0 and running_max != _INF:
                 hit_distance.append(running_max)
