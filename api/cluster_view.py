@@ -141,9 +141,10 @@ _LEARNT_LOCK = threading.Lock()
 
 
 def store_version(store: ClusterStore) -> tuple[object, ...]:
-    """(rows, largest id) of the runs and the failures: changes with every trial recorded (the tables only grow)."""
+    """(rows, largest id) of the runs, the failures and the guard's verdicts: changes with every trial or verdict
+    recorded (the tables only grow)."""
     with store.engine.connect() as conn:
-        return tuple(value for table in (store.runs, store.failures)
+        return tuple(value for table in (store.runs, store.failures, store.guards)
                      for value in conn.execute(sa.select(sa.func.count(), sa.func.max(table.c.id))).one())
 
 

@@ -192,3 +192,14 @@ def test_a_window_where_only_earlier_requests_finished_is_no_traffic() -> None:
     inc = parse_exposition(exposition(PHASE1), "s").minus(parse_exposition(running, "s"), source="s")
     with pytest.raises(MetricsError, match="no request arrived"):
         live_traffic(inc, 10.0, ("s",))
+
+
+def test_a_malformed_url_is_a_clear_error_not_a_crash() -> None:
+    """An unbalanced IPv6 bracket or a port that is not a number (the service's fuzzer sent `http://[::1`)."""
+    from tuner.workload import MetricsError, metrics_url
+
+    for url in ("http://[::1", "host:abc", "ftp://host/metrics", ""):
+        with pytest.raises(MetricsError, match="not an http"):
+            metrics_url(url)
+    assert metrics_url("http://[::1]:8000") == "http://[::1]:8000/metrics"
+    assert metrics_url("localhost:8000") == "http://localhost:8000/metrics"

@@ -57,8 +57,12 @@ def parse_duration(text: str, option: str) -> float:
 
 def metrics_url(url: str) -> str:
     """The URL to scrape: http(s) only; a bare host:port gets vLLM's /metrics path."""
-    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        parts.port  # noqa: B018 - a port that is not a number raises here, not at the first scrape
+    except ValueError:  # an unbalanced IPv6 bracket, a bad port
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise MetricsError(f"{url!r} is not an http(s) URL", field="--from-metrics",
                            fix="give the server's metrics URL, e.g. http://10.0.0.5:8000/metrics")
     path = parts.path if parts.path not in ("", "/") else "/metrics"
