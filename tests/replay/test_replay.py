@@ -165,3 +165,18 @@ def test_verification_keeps_the_first_candidate_that_meets_the_sla(dense: ModelS
                              w, sla=sla, arrival=ArrivalProcess("poisson", rate_rps=6.0), num_requests=400)
     assert both.choice is not None and both.choice.report.num_gpus == fewest.choice.report.num_gpus
     assert both.as_json()["checked"][0]["meets_sla"] is False
+
+
+def test_a_trace_with_its_own_block_size_replays(dense: ModelSpec, h200: GpuSpec, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A trace hashed at 64-token blocks (more ids than 512-token blocks) is read at its own block size: its
+    shared first block hits, and no id count is refused."""
+    import json
+
+    lines = [{"timestamp": 100 * i, "input_length": 300, "output_length": 8, "hash_ids": [0, 1, 10 + i, 20 + i]}
+             for i in range(6)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    w = Workload.from_trace(path, block_tokens=64)
+    report = replay(RooflineModel(dense, h200), ReplayPlan(deployment=parse_deployment("TP8"), workload=w,
+                                                           arrival=ArrivalProcess("trace")))
+    assert len(report.requests) == 6 and report.prefix_hit_share > 0

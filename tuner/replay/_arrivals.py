@@ -102,7 +102,7 @@ def trace_requests(path: Path | str, block_size: int, limit: int | None = None,
     512 / block_size vLLM blocks; a partial last block keeps its full blocks only)."""
     specs = []
     per_unit = max(1, hash_block_tokens // block_size)
-    for request in read_trace(path):
+    for request in read_trace(path, block_tokens=hash_block_tokens):
         units = []
         for index, h in enumerate(request.hash_ids):
             tokens = min(hash_block_tokens, request.input_tokens - index * hash_block_tokens)
