@@ -25,7 +25,7 @@ from tuner.advise._request import AdviseRequest
 from tuner.advise._verify import replay_verified
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
-from tuner.export import RecipeContext, export_deployment
+from tuner.export import RecipeContext, export_deployment, simulated_label
 from tuner.frontier import Constraints, binding_bound
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
@@ -127,12 +127,11 @@ class Advice:
         """What the recommendation deploys (#46: its operating point): the traffic's typical request, its longest
         for --max-model-len, prefix caching and the router policy its prefixes call for."""
         weights = self.request.weights
-        major_minor = ".".join(self.vllm_version.split(".")[:2])
         return RecipeContext.for_traffic(
             self.traffic, model_path=weights or self.model_path, model_name=self.model.name, gpu=self.gpu.name,
             gpus_per_host=self.gpu.gpus_per_host,
             model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None,
-            vllm_version=self.vllm_version, verified_on=f"simulated (vLLM {major_minor} rules)")
+            vllm_version=self.vllm_version, verified_on=simulated_label(f"vLLM {self.vllm_version}"))
 
     def operating_point(self, point: Point) -> dict[str, object]:
         """What `plan --from` / `export --from` deploy for a front point; its benchmark runs the point's clients
