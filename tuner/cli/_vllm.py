@@ -259,8 +259,7 @@ def _plan_version(op: OperatingPoint, vllm: str, *, given: bool) -> tuple[str | 
 
 def _plan_script(op: OperatingPoint, launch: LaunchPlan, hybrid: bool, how: str, notes: list[str]) -> str:
     """The plan as a bash script: a header saying what it deploys and why, then each host's commands."""
-    from tuner.export import RecipeContext
-    from tuner.export._recipes import router_lines
+    from tuner.export import RecipeContext, router_lines
 
     dep = op.deployment
     lines = ["#!/usr/bin/env bash",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
 from tuner.export._kubernetes import dynamo_object, kubernetes_objects, to_dynamo, to_kubernetes
-from tuner.export._recipes import RecipeContext, to_compose, to_srt_slurm, to_vllm_commands
+from tuner.export._recipes import RecipeContext, router_lines, to_compose, to_srt_slurm, to_vllm_commands
 from tuner.export._study import campaign_operating_point, simulated_label, study_operating_point
 from tuner.operating_point import OperatingPoint
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tuner.models import ModelSpec
 
 __all__ = ["FORMATS", "ExportFormat", "RecipeContext", "campaign_operating_point", "dynamo_object", "export_deployment",
-           "export_point", "kubernetes_objects", "simulated_label", "study_operating_point"]
+           "export_point", "kubernetes_objects", "router_lines", "simulated_label", "study_operating_point"]
 
 
 def export_deployment(deployment: Deployment, fmt: str, context: RecipeContext) -> str:
