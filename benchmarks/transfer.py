@@ -85,6 +85,7 @@ SPACE = ROOT / "search_spaces" / "gb300-nvl72-8k1k.yaml"
 MODELS = ("kimi-k2-instruct", "gpt-oss-120b", "minimax-m2", "qwen3-235b-a22b")  # kinds mixed (see above)
 PHASE = "decode"
 MODEL_LAYOUT_SIGMA = 0.05
+KERNEL_KIND_SIGMA = 0.10  # log-sd of a kernel efficiency's factor per kernel kind (HiddenTruth.kernel_kind_sigma)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ def oracle_front_error(space: SearchSpace, case: Case, gpu: GpuSpec, truth: Hidd
         f = math.log(cluster_only.step_factor(topo))
         return (-f, -f)
 
-    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration, offset=offset)
+    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration_for(case.model),
+                                 offset=offset)
     return pretrial_front_error(prior, space, case)
 
 
@@ -130,7 +132,8 @@ def ideal_front_error(space: SearchSpace, case: Case, gpu: GpuSpec, truth: Hidde
         f = posterior + math.log(cluster_only.step_factor(topo) / layout_only.step_factor(topo))
         return (-f, -f)
 
-    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration, offset=offset)
+    prior = SimulatorPrior.build(space, PHASE, case.model, gpu, calibration=truth.calibration_for(case.model),
+                                 offset=offset)
     return pretrial_front_error(prior, space, case)
 
 
@@ -151,7 +154,8 @@ class Result:
 
 
 def truth_of(seed: int) -> HiddenTruth:
-    return dataclasses.replace(HiddenTruth.draw(seed), model_layout_sigma=MODEL_LAYOUT_SIGMA)
+    return dataclasses.replace(HiddenTruth.draw(seed), model_layout_sigma=MODEL_LAYOUT_SIGMA,
+                               kernel_kind_sigma=KERNEL_KIND_SIGMA)
 
 
 def ground_truth(space: SearchSpace, model: ModelSpec, path: str, gpu: GpuSpec, backend: HiddenTruthBackend,
@@ -223,6 +227,8 @@ def ablate(parts: list[str]) -> None:
         knowledge.OTHER_KIND_LAYOUT_WEIGHT = 1.0
     if "guard" in parts:
         study_transfer.GUARD_TRIALS = 10**9
+    if "crosscheck" in parts:
+        study_transfer.CROSS_CHECK = False
 
 
 def main() -> None:
@@ -232,10 +238,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--max-trials", type=int, default=40, help="trials per study (a run not at 95%% counts here)")
     ap.add_argument("--models", nargs="+", default=list(MODELS), help="folders under examples/models")
-    ap.add_argument("--ablate", nargs="*", default=[], choices=["keying", "guard"],
-                    help="switch off the kernel-kind keying and/or the guard (the transfer before issue 49)")
+    ap.add_argument("--ablate", nargs="*", default=[], choices=["keying", "guard", "crosscheck"],
+                    help="switch off the kernel-kind keying, the guard and/or the store's cross-check (all three: "
+                         "the transfer before issue 49; crosscheck alone: that of issue 49's first session)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (the tables go to stderr)")
+    ap.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                    help="no runs: the table of the --json outputs of runs on other truths (e.g. one per truth, "
+                         "run in parallel), as if one run had made them")
     args = ap.parse_args()
+    if args.merge:
+        merge(args)
+        return
     ablate(args.ablate)
     if len(args.models) < 2:
         ap.error("give at least two models")
@@ -279,6 +292,33 @@ def main() -> None:
                       + (f"; guard: {r.guard}" if r.guard else ""), file=log, flush=True)
     out = summarise(with_t, fresh, args)
     print_table(out, log)
+    if args.json:
+        print(json.dumps(out, indent=2))
+
+
+def merge(args: argparse.Namespace) -> None:
+    """The figures of several --json outputs (same settings, other truths) as one run's."""
+    outs = [json.loads(Path(p).read_text()) for p in args.merge]
+    n = len(outs[0]["models"])
+    with_t: list[list[Result]] = [[] for _ in range(n)]
+    fresh: list[list[Result]] = [[] for _ in range(n)]
+    for out in sorted(outs, key=lambda o: o["first_truth"]):
+        for r in out["runs"]:
+            i = r["position"] - 1
+            with_t[i].append(Result(r["front_error"], r["trials_to_95pct"],
+                                    r["trials_per_front_point"], r["launched"], r["oracle_front_error"],
+                                    r["ideal_front_error"], r["guarded_front_error"], r["model"], r["kind"],
+                                    r["loss"], r["guard"], r["run"]))
+            fresh[i].append(Result(r["fresh_front_error"], r["fresh_trials_to_95pct"],
+                                   r["fresh_trials_per_front_point"], r["fresh_launched"],
+                                   guarded_front_error=r["fresh_front_error"], model=r["model"], kind=r["kind"]))
+    first = outs[0]
+    args.models, args.seeds, args.max_trials, args.ablate = first["models"], first["seeds"], first["max_trials"], \
+        first["ablate"]
+    args.first_truth = min(o["first_truth"] for o in outs)
+    args.truths = sum(o["truths"] for o in outs)
+    out = summarise(with_t, fresh, args)
+    print_table(out, sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(out, indent=2))
 
@@ -342,6 +382,9 @@ def summarise(with_t: list[list[Result]], fresh: list[list[Result]], args: argpa
                       "fresh_front_error": g.pretrial_front_error, "loss": r.loss,
                       "guarded_front_error": r.guarded_front_error, "trials_to_95pct": r.trials_to_95pct,
                       "fresh_trials_to_95pct": g.trials_to_95pct, "guard": r.guard, "run": r.run,
+                      "trials_per_front_point": r.trials_per_front_point,
+                      "fresh_trials_per_front_point": g.trials_per_front_point, "launched": r.launched,
+                      "fresh_launched": g.launched,
                       "ideal_front_error": r.ideal_front_error, "oracle_front_error": r.oracle_front_error}
                      for i, (w, f) in enumerate(zip(with_t, fresh, strict=True))
                      for r, g in zip(w, f, strict=True)],

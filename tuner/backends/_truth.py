@@ -23,7 +23,7 @@ from tuner.backends._simulated import _model, _noisy
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.memory import MemoryInputs, compute_memory
 from tuner.metrics import ServingMetrics
-from tuner.models import ModelSpec
+from tuner.models import ModelSpec, kernel_kind
 from tuner.perf import (
     FITTABLE_FACTORS,
     Calibration,
@@ -45,6 +45,19 @@ LAYOUT_SIGMA = 0.12  # log-sd of the step-time factor per (tp, dp, ep, mtp)
 KV_CAPACITY = (0.95, 1.05)  # the real KV cache holds this fraction of the modelled one
 NOISE = 0.04  # log-sd of a measurement's rate and latency (per trial; a third of it per level)
 LAUNCH_FAILURE_RATE = 0.03  # configs that crash at start-up (fixed per config: it fails every time)
+#: The truth's own physics of kernel kinds (used only when kernel_kind_sigma is set): which parts of a model's
+#: kernels (tuner.models.KernelKind fields) each kernel efficiency depends on. An MXFP4 expert GEMM, an FP8
+#: block-scaled one and a BF16 one are different kernels, as are MLA, GQA and sliding-window attention, so a real
+#: cluster's efficiency of each differs by kernel; the truth draws one log-normal factor per (efficiency, field,
+#: value), shared by every model with that value, independent of the tuner's own keying (tuner.cluster._fit).
+KERNEL_FIELDS: dict[str, tuple[str, ...]] = {
+    "hbm_efficiency": ("dense_weights", "expert_weights", "kv_cache"),
+    "flop_efficiency": ("dense_weights", "expert_weights"),
+    "prefill_flop_efficiency": ("dense_weights", "expert_weights", "attention"),
+    "attention_flop_efficiency": ("attention", "kv_cache"),
+    "moe_gemm_efficiency": ("expert_weights",),
+    "fp8_gemm_efficiency": ("dense_weights", "expert_weights"),
+}
 
 
 def _seeded(*key: object) -> np.random.Generator:
@@ -101,6 +114,28 @@ class HiddenTruth:
     # per-layout factor a pure cluster property; benchmarks/transfer.py sets it so what one model measured on a
     # layout transfers to the next only in part
     model_layout_sigma: float = 0.0
+    # log-sd of each kernel efficiency's factor per kernel kind (KERNEL_FIELDS): 0 (the default, every published
+    # truth) gives every model the cluster's one calibration; benchmarks/transfer.py sets it, so what one kind of
+    # model measured about the kernels holds for another kind only in part, as on real hardware
+    kernel_kind_sigma: float = 0.0
+
+    def calibration_for(self, model: ModelSpec) -> Calibration:
+        """The calibration this model's kernels run at: the cluster's, each kernel efficiency times its kind's
+        factor (the product over the fields it depends on, each log-sd kernel_kind_sigma / sqrt(fields))."""
+        if self.kernel_kind_sigma <= 0:
+            return self.calibration
+        kind = kernel_kind(model)
+        update = {}
+        for name, fields in KERNEL_FIELDS.items():
+            value = getattr(self.calibration, name)
+            if value is None:
+                continue
+            sd = self.kernel_kind_sigma / math.sqrt(len(fields))
+            log_f = sum(float(_seeded("kernel-kind", self.seed, name, f, getattr(kind, f)).normal(0.0, sd))
+                        for f in fields)
+            low, high = factor_range(name)
+            update[name] = min(max(float(value) * math.exp(log_f), low), high)
+        return self.calibration.model_copy(update=update)
 
     @classmethod
     def draw(cls, seed: int, gpu_name: str = "gb300") -> HiddenTruth:
@@ -133,7 +168,7 @@ class _TruthRoofline(RooflineModel):
     """The roofline with the truth's factors and a KV cache `kv_capacity_factor` times the modelled one."""
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, truth: HiddenTruth) -> None:
-        super().__init__(model, gpu, truth.calibration)
+        super().__init__(model, gpu, truth.calibration_for(model))
         self._kv_factor = truth.kv_capacity_factor
 
     def state(self, topo: Topology, role: Role, *, isl: int, osl: int) -> InstanceState:

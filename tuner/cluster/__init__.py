@@ -1,5 +1,6 @@
 """What a cluster teaches across models: a calibration store in the study database, and what is learnt from it."""
 
+from tuner.cluster._crosscheck import PartCheck, cross_check, pretrial_knowledge
 from tuner.cluster._fit import KERNEL_DEPENDENCE, ROLE_FACTORS, FitSample, SharedFit, fit_shared, prediction_error
 from tuner.cluster._guard import GUARD_TRIALS, GuardCheck, GuardVerdict, guard
 from tuner.cluster._key import ClusterKey
@@ -45,17 +46,20 @@ __all__ = [
     "KernelFactor",
     "KnownRisk",
     "LayoutOffset",
+    "PartCheck",
     "RiskMatch",
     "SharedFit",
     "StoredFailure",
     "StoredRun",
     "cluster_metadata",
     "create_cluster_tables",
+    "cross_check",
     "fit_shared",
     "guard",
     "learn",
     "load_knowledge",
     "planned_risks",
     "prediction_error",
+    "pretrial_knowledge",
     "risk_key",
 ]

@@ -132,6 +132,8 @@ class ClusterKnowledge:
     kind: KernelKind | None = None  # the kernel kind the calibration is for (None: shared factors only)
     kernel_factors: tuple[KernelFactor, ...] = ()  # every kernel factor per group of kinds, whichever `kind` is
     guards: tuple[dict[str, Any], ...] = ()  # the transfer guard's verdicts on this cluster (GuardVerdict.as_json)
+    offset_weight: float = 1.0  # how far the per-layout offsets apply (tuner.cluster._crosscheck: 0 to 1)
+    pretrial: tuple[dict[str, Any], ...] = ()  # the cross-check's weight per transferred part (PartCheck.as_json)
 
     @property
     def empty(self) -> bool:
@@ -157,7 +159,7 @@ class ClusterKnowledge:
         found = self.layout_offsets.get(layout_key(role, topo))
         if found is not None:
             total = total + np.array([found.log_throughput, found.log_user_speed])
-        x, y = np.clip(total, -MAX_OFFSET, MAX_OFFSET)
+        x, y = np.clip(self.offset_weight * total, -MAX_OFFSET, MAX_OFFSET)
         return float(x), float(y)
 
     def risk(self, topo: Topology) -> KnownRisk | None:
@@ -183,6 +185,7 @@ class ClusterKnowledge:
                                 "learnt": f.learnt, "runs": f.runs, "models": list(f.models)}
                                for f in self.kernel_factors],
             "guards": list(self.guards),
+            "pretrial_checks": list(self.pretrial),
             "layout_offsets": [{"role": k[0], "tp": k[1], "dp": k[2], "ep": k[3], "mtp": k[4],
                                 "log_throughput": v.log_throughput, "log_user_speed": v.log_user_speed,
                                 "models": v.models, "runs": v.runs} for k, v in sorted(self.layout_offsets.items())],
@@ -228,16 +231,21 @@ def learn(key: ClusterKey, gpu: GpuSpec, runs: Sequence[StoredRun], failures: Se
     kind: the kernel kind of the model that will use it (tuner.models.kernel_kind): its kernel factors come from
     models of its kind only (the documented default where none ran); None: every kernel factor at the default."""
     default = start or default_calibration(gpu.name)
-    samples = samples_of(runs, load)
-    risks = _risks(failures)
+    learnt = learn_samples(key, gpu, samples_of(runs, load), default, kind, held_out=held_out)
+    return dataclasses.replace(learnt, risks=_risks(failures), failures=len(failures))
+
+
+def learn_samples(key: ClusterKey, gpu: GpuSpec, samples: Sequence[FitSample], default: Calibration,
+                  kind: KernelKind | None, *, held_out: bool = False) -> ClusterKnowledge:
+    """learn, from runs already read (no launch failures): what tuner.cluster._crosscheck refits per fold."""
     models = tuple(dict.fromkeys(s.model.name for s in samples))
     if not samples:
-        return ClusterKnowledge(key, default, default, (), 0, models, math.nan, math.nan, {}, risks, len(failures))
+        return ClusterKnowledge(key, default, default, (), 0, models, math.nan, math.nan, {}, {}, 0)
     fit = fit_shared(samples, gpu, default)
     offsets, trends = _offsets(layouts_for(fit, samples, gpu, kind, OTHER_KIND_LAYOUT_WEIGHT))
     scored = _held_out(samples, gpu, default) if held_out and len(models) > 1 else None
     return ClusterKnowledge(key, default, fit.for_kind(kind), fit.factors, len(samples), models, fit.error_before,
-                            fit.error_after, offsets, risks, len(failures), scored, trends,
+                            fit.error_after, offsets, {}, 0, scored, trends,
                             factor_evidence(samples, fit.factors, kind), kind, kernel_factors(fit, samples))
 
 

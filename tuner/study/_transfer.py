@@ -23,6 +23,7 @@ from tuner.cluster import (
     guard,
     learn,
     load_knowledge,
+    pretrial_knowledge,
 )
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec, kernel_kind
@@ -30,6 +31,10 @@ from tuner.perf import Calibration
 from tuner.space import Phase, SearchSpace, phase_role
 from tuner.study._prior import SimulatorPrior
 from tuner.topology import Topology
+
+#: Cross-check what the store learnt across its own models before a new model takes it (tuner.cluster._crosscheck);
+#: False: the store's fit as it stands (benchmarks/transfer.py --ablate crosscheck).
+CROSS_CHECK = True
 
 
 @dataclass
@@ -61,7 +66,12 @@ class StudyTransfer:
         trials; retry_risks: launch the known risks like any config (after a fix on the cluster)."""
         key = ClusterKey.of(gpu, vllm_version, cluster)
         kind = kernel_kind(model)
-        knowledge = load_knowledge(store, key, gpu, kind=kind) if learn_from_store else learn(key, gpu, [], kind=kind)
+        if not learn_from_store:
+            knowledge = learn(key, gpu, [], kind=kind)
+        elif CROSS_CHECK:
+            knowledge = pretrial_knowledge(store, key, gpu, kind)
+        else:
+            knowledge = load_knowledge(store, key, gpu, kind=kind)
         recorder = ClusterRecorder(store, key, model.name, model_path) if record else None
         return cls(knowledge, recorder, skip_risks=not retry_risks, model=model, gpu=gpu)
 
