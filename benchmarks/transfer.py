@@ -216,6 +216,12 @@ def tune(space: SearchSpace, case: Case, gpu: GpuSpec, backend: HiddenTruthBacke
                   guard="" if verdict is None else verdict.summary())
 
 
+def fresh_prior_only(space: SearchSpace, case: Case, gpu: GpuSpec) -> Result:
+    """The fresh start's pre-trial front error, with no study behind it (its trials are not measured)."""
+    error = pretrial_front_error(SimulatorPrior.build(space, PHASE, case.model, gpu), space, case)
+    return Result(error, None, math.nan, 0, guarded_front_error=error, model=case.name)
+
+
 def ablate(parts: list[str]) -> None:
     """Switch off parts of issue 49's transfer in this process, to measure what each is worth."""
     import tuner.cluster._fit as fit
@@ -242,6 +248,11 @@ def main() -> None:
                     help="switch off the kernel-kind keying, the guard and/or the store's cross-check (all three: "
                          "the transfer before issue 49; crosscheck alone: that of issue 49's first session)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (the tables go to stderr)")
+    ap.add_argument("--only-seed", type=int, default=None, help="run only this seed of --seeds (to run seeds in "
+                    "parallel processes; --merge their --json outputs)")
+    ap.add_argument("--no-fresh-studies", action="store_true",
+                    help="score the fresh prior before its first trial but run no fresh study (its trials to 95%% "
+                         "are not measured: half the time; every target is still measured)")
     ap.add_argument("--merge", nargs="+", default=[], metavar="JSON",
                     help="no runs: the table of the --json outputs of runs on other truths (e.g. one per truth, "
                          "run in parallel), as if one run had made them")
@@ -269,7 +280,7 @@ def main() -> None:
             model = load_model(path)
             cases[name] = Case(name, path, model, ground_truth(space, model, path, gpu, backend, truth.noise))
         oracles = {name: oracle_front_error(space, case, gpu, truth) for name, case in cases.items()}
-        for seed in range(args.seeds):
+        for seed in range(args.seeds) if args.only_seed is None else [args.only_seed]:
             rotation = (truth_id * args.seeds + seed) % n
             order = args.models[rotation:] + args.models[:rotation]
             store = ClusterStore(f"sqlite:///{workdir}/truth{truth_id}-seed{seed}.db")
@@ -279,7 +290,8 @@ def main() -> None:
                 ideal = ideal_front_error(space, case, gpu, truth, earlier)
                 transfer = StudyTransfer.open(store, gpu, case.model, case.path, cluster=f"truth-{truth_id}")
                 r = tune(space, case, gpu, backend, seed, args.max_trials, transfer, name)
-                f = tune(space, case, gpu, backend, seed, args.max_trials, None, name)
+                f = (tune(space, case, gpu, backend, seed, args.max_trials, None, name) if not args.no_fresh_studies
+                     else fresh_prior_only(space, case, gpu))
                 r.oracle_front_error, r.ideal_front_error = oracles[name], ideal
                 r.loss = r.pretrial_front_error / f.pretrial_front_error
                 r.run = f"truth {truth_id} seed {seed}"
@@ -316,7 +328,7 @@ def merge(args: argparse.Namespace) -> None:
     args.models, args.seeds, args.max_trials, args.ablate = first["models"], first["seeds"], first["max_trials"], \
         first["ablate"]
     args.first_truth = min(o["first_truth"] for o in outs)
-    args.truths = sum(o["truths"] for o in outs)
+    args.truths = len({o["first_truth"] for o in outs})
     out = summarise(with_t, fresh, args)
     print_table(out, sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -336,7 +348,7 @@ def _figures(results: list[Result], cap: int) -> dict[str, object]:
             "ideal_front_error": statistics.mean(r.ideal_front_error for r in results),
             "mean_loss": statistics.mean(losses) if losses else None,
             "max_loss": max(losses) if losses else None,
-            "trials_to_95pct": _mean_trials(results, cap),
+            "trials_to_95pct": _mean_trials(results, cap) if any(r.launched for r in results) else None,
             "runs_not_reaching_95pct": sum(r.trials_to_95pct is None for r in results),
             "trials_per_front_point": statistics.mean(per_front) if per_front else None, "runs": len(results)}
 

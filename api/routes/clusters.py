@@ -35,7 +35,7 @@ def _unlearnt(store: ClusterStore, key: ClusterKey, reason: str) -> dict[str, An
     return {"cluster": key.name, "gpu_class": key.gpu_class, "interconnect": key.interconnect,
             "vllm_version": key.vllm_version, "kernel_family": key.kernel_family, **counts, "factors": {},
             "error_in_sample": {"default": None, "fitted": None}, "held_out": None, "layout_offsets": [],
-            "known_risks": [], "kernel_factors": [], "kernel_kind": None, "guards": [],
+            "known_risks": [], "kernel_factors": [], "kernel_kind": None, "guards": [], "pretrial_checks": [],
             "error": f"cannot learn this cluster: {reason}"}
 
 
