@@ -3,7 +3,9 @@
 A hidden truth (tuner/backends/_truth.py) is a cluster: its calibration factors, its step-time factor per
 parallel layout and its launch crashes are the same whichever model runs on it. On top, each (model, layout) gets
 a smaller factor of its own (MODEL_LAYOUT_SIGMA, log-sd 0.05; the cluster's per-layout factor is 0.12), so what
-one model measured on a layout carries to the next only in part. A sequence of models (prefill phase of the GB300
+one model measured on a layout carries to the next only in part; and each kernel efficiency differs by kernel kind
+(KERNEL_KIND_SIGMA, HiddenTruth.kernel_kind_sigma: MXFP4, FP8 and BF16 expert GEMMs, MLA, GQA and sliding-window
+attention are different kernels). A sequence of models (prefill phase of the GB300
 NVL72 8k/1k space) is tuned on each truth, one after another:
   with transfer: every study records its trials into a cluster store (tuner/cluster), and each new study starts
     from what the store learnt (refitted calibration, per-layout offsets, known crashes);
@@ -37,6 +39,7 @@ which were never looked at while developing).
 Targets (issue 49; mean over truths and seeds, default sampler): no position's mean pre-trial front error worse
 than fresh by more than 5%; no run's loss above x1.5; position 4 within 10% of the ideal estimator; position 4's
 trials to 95% at least 30% below position 1's.
+--ablate crosscheck: the store's fit as it stands, not cross-checked across its models (tuner.cluster._crosscheck);
 --ablate keying: every factor and layout offset carried to every model, as before issue 49; --ablate guard: no
 guard (both: the transfer of main before issue 49).
 

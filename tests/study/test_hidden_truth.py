@@ -178,3 +178,19 @@ def test_factors_added_later_leave_every_earlier_draw_alone() -> None:
             assert getattr(a, name) != getattr(b, name) and getattr(a, name) > 0
         else:
             assert getattr(a, name) == getattr(b, name), name
+
+
+def test_kernel_kind_efficiencies_differ_by_kind_and_only_when_asked() -> None:
+    """kernel_kind_sigma (benchmarks/transfer.py): models of one kernel kind share each kernel efficiency, another
+    kind's differs where its kernels do; 0 (every other truth) is the cluster's one calibration for every model."""
+    models = {n: load_model(REPO / "examples" / "models" / n)
+              for n in ("kimi-k2-instruct", "minimax-m2", "qwen3-235b-a22b")}
+    plain = HiddenTruth.draw(3)
+    assert all(plain.calibration_for(m) == plain.calibration for m in models.values())
+    truth = dataclasses.replace(plain, kernel_kind_sigma=0.10)
+    kimi, minimax, qwen = (truth.calibration_for(models[n]) for n in models)
+    # kimi and minimax: FP8 weights and experts, BF16 KV; they differ only in attention (MLA against GQA)
+    assert kimi.hbm_efficiency == minimax.hbm_efficiency and kimi.moe_gemm_efficiency == minimax.moe_gemm_efficiency
+    assert kimi.prefill_flop_efficiency != minimax.prefill_flop_efficiency
+    assert qwen.moe_gemm_efficiency != kimi.moe_gemm_efficiency  # BF16 experts: another GEMM
+    assert kimi.step_overhead_ms == plain.calibration.step_overhead_ms  # not a kernel efficiency: the cluster's
