@@ -31,6 +31,10 @@ With --replay, every scored row is also replayed event by event through vLLM's s
 held-out calibration, the row's replicas behind the router it names, Poisson arrivals at the row's rate or its
 closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures.
 
+Side by side (with --replay): NVIDIA aisimulate's predictions of the same rows on the replay's own request stream
+(benchmarks/data/aisimulate.yaml, written with the exact commands by benchmarks/aisimulate_runs.py, so this runs
+without aisimulate installed) are scored the same way on the rows both run.
+
 Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows] [--replay]
 """
 
@@ -300,6 +304,88 @@ def cpu_trace_trial() -> list[str]:
     return lines
 
 
+AISIMULATE = Path(__file__).resolve().parent / "data" / "aisimulate.yaml"
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """aisimulate's stored prediction of one row (benchmarks/aisimulate_runs.py): its figures by metric key, as
+    `_measured` names them, or why it has none; `like_for_like` is False where it could not take the row's router."""
+
+    id: str
+    figures: dict[str, float]
+    like_for_like: bool = True
+    why: str = ""
+
+
+def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
+    """aisimulate's version and its stored runs by row id (TTFT/ITL over the post-warm-up window)."""
+    data = yaml.safe_load(path.read_text())
+    runs = {}
+    for e in data["rows"]:
+        if "why" in e:
+            runs[e["id"]] = PeerRun(e["id"], {}, why=str(e["why"]))
+            continue
+        figures = {f"{name}_{stat}": float(v) for name in ("ttft", "itl")
+                   for stat, v in e["window"][f"{name}_ms"].items()}
+        runs[e["id"]] = PeerRun(e["id"], figures, like_for_like=bool(e.get("router_represented", True)))
+    return str(data["aisimulate"]), runs
+
+
+def peer_errors(row: dict, run: PeerRun) -> dict[str, float]:
+    """log(aisimulate / measured) on the row's TTFT and ITL figures."""
+    return {k: math.log(run.figures[k] / v) for k, v in _measured(row).items()
+            if k.startswith(("ttft_", "itl_")) and run.figures.get(k, 0) > 0}
+
+
+def _row_ttft(errors: dict[str, float]) -> float:
+    """A row's TTFT error: the mean |log ratio| over the TTFT figures its source reports."""
+    values = [abs(v) for k, v in errors.items() if k.startswith("ttft_")]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _side_by_side_table(pairs: list[tuple[Scored, dict[str, float]]]) -> list[str]:
+    lines = [f"  {'metric':<12} {'n':>3}   {'replay median':>13} {'worst':>9}   {'aisimulate median':>17} "
+             f"{'worst':>9}   closer (rows)"]
+    for key in sorted({k for s, e in pairs for k in e if k in s.errors}):
+        both = [(s.errors[key], e[key]) for s, e in pairs if key in s.errors and key in e]
+        mine, theirs = [a for a, _ in both], [b for _, b in both]
+        wins = sum(abs(a) < abs(b) for a, b in both)
+        lines.append(f"  {key:<12} {len(both):>3}   {statistics.median(_pct(v) for v in mine):12.0f}% "
+                     f"{_pct(max(mine, key=abs)):8.0f}%   {statistics.median(_pct(v) for v in theirs):16.0f}% "
+                     f"{_pct(max(theirs, key=abs)):8.0f}%   replay {wins}, aisimulate {len(both) - wins}")
+    return lines
+
+
+def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE) -> list[str]:
+    """The replay and aisimulate scored on the rows both run, on the same request stream: per metric median and
+    worst error, and per row which one is closer on TTFT."""
+    if not path.exists():
+        return [f"\naisimulate: no stored runs ({path.name}; benchmarks/aisimulate_runs.py --run writes them)"]
+    version, runs = load_aisimulate(path)
+    pairs = [(s, peer_errors(s.row, runs[s.row["id"]])) for s in replayed
+             if s.errors and s.row["id"] in runs and runs[s.row["id"]].like_for_like and runs[s.row["id"]].figures]
+    pairs = [(s, e) for s, e in pairs if e]
+    lines = [f"\naisimulate {version} side by side with the replay ({path.name}: the replay's own request stream, "
+             f"same warm-up; error = max(pred/meas, meas/pred) - 1): {len(pairs)} rows both run",
+             *_side_by_side_table(pairs)]
+    closer = {"replay": [], "aisimulate": []}
+    for s, e in pairs:
+        mine, theirs = _row_ttft(s.errors), _row_ttft(e)
+        if not (math.isnan(mine) or math.isnan(theirs)):
+            closer["replay" if mine < theirs else "aisimulate"].append(s.row["id"])
+    for tool, ids in closer.items():
+        lines.append(f"  TTFT closer with {tool} on {len(ids)} rows: {', '.join(ids) or '-'}")
+    unlike = [i for i, r in runs.items() if r.figures and not r.like_for_like]
+    if unlike:
+        lines.append(f"  not compared ({len(unlike)}; the source's cache-aware router, which aisimulate's built-in "
+                     f"stack does not model): {', '.join(unlike)}")
+    for i, r in runs.items():
+        if r.why and not r.why.startswith("not replayed by topotune"):
+            lines.append(f"  aisimulate does not run {i}: {r.why[:150]}")
+    return lines
+
+
 def _pct(log_ratio: float) -> float:
     return (math.exp(abs(log_ratio)) - 1.0) * 100.0
 
@@ -351,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         agreed = sum(1 for s, t in clear if (t == "saturated") == bool(s.saturated))
         print(f"  replay's queue verdicts: {agreed} of {len(clear)} clear verdicts agree with the source "
               f"({len(verdicts) - len(clear)} ambiguous)")
+        print("\n".join(aisimulate_side_by_side(replayed)))
     print("\n".join(cpu_trace_trial()))
     return 0
 
