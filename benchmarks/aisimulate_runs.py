@@ -238,10 +238,35 @@ def run_one(aisim: Path, p: Plan) -> dict[str, object]:
         lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         errors = [ln for ln in lines if "Error" in ln or "error" in ln] or lines[-1:] or [str(proc.returncode)]
         message = errors[-1].removeprefix("aisimulate predict failed: ").split("; supported architectures")[0]
+        message = message.replace(str(aisim.parent.parent), "<aisimulate venv>")
         return {**stored, "why": f"aisimulate predict failed: {message}"}
     report = json.loads((out / "prediction.json").read_text())
     records = [json.loads(ln) for ln in (out / "requests.jsonl").read_text().splitlines() if ln.strip()]
     return {**stored, "window": window(records), "summary": summary(report)}
+
+
+CPU_DATA = REPO / "benchmarks" / "data" / "replay_cpu_validation.json"
+CPU_MODEL = "benchmarks/data/tiny-cpu-model"
+
+
+def cpu_validation_plan() -> Plan:
+    """The real vLLM-CPU validation runs (benchmarks/replay_cpu_validation.py's data): their mooncake trace on its
+    timestamps, their flags and KV budget, as an aisimulate configuration. aisimulate prices steps from GPU kernel
+    data (its systems are GPUs), so this records what it answers for a CPU."""
+    data = json.loads(CPU_DATA.read_text())
+    model = json.loads((REPO / CPU_MODEL / "config.json").read_text())
+    kv_bytes_per_token = 2 * model["num_hidden_layers"] * model["num_key_value_heads"] * model["head_dim"] * 2
+    flags = data["flags"]
+    worker = {"scheduler": {"max_batched_tokens": flags["max_num_batched_tokens"],
+                            "max_sequences": flags["max_num_seqs"]},
+              "kv_cache": {"block_size": 16, "bytes_per_token": kv_bytes_per_token,
+                           "capacity": {"type": "fixed", "bytes": data["kv_cache_memory_bytes"]}}}
+    config = {"traffic": {"source": {"type": "trace", "paths": [str(WORK / "cpu-validation" / "trace.jsonl")],
+                                     "format": "mooncake", "block_size": data["block_tokens"]},
+                          "load": {"type": "trace_timestamps"}},
+              "engine": {"mode": "aggregated", "model": CPU_MODEL, "hardware": "cpu", "backend": "vllm",
+                         "workers": {"aggregated": worker}}}
+    return Plan({"id": "cpu-validation"}, config, tuple(data["trace"]))
 
 
 def _line(entry: dict) -> str:
@@ -258,7 +283,8 @@ HEADER = ("# aisimulate's predictions of benchmarks/data/public_workload_measure
           f"# aisimulate {AISIM_VERSION} in its own venv, after `benchmarks/aisimulate_runs.py --inputs` has\n"
           "# written its `config` and its trace (tuner/replay's request stream for the row, seed 0) under\n"
           f"# {WORK}/ID/. `window`: TTFT/ITL over the requests after the first 10% sent (the replay's warm-up);\n"
-          "# `summary`: aisimulate's own whole-run figures. Rows with `why` were not predicted, for that reason.\n")
+          "# `summary`: aisimulate's own whole-run figures. Rows with `why` were not predicted, for that reason.\n"
+          "# `cpu_validation`: the real vLLM-CPU runs of benchmarks/replay_cpu_validation.py, offered the same way.\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,16 +308,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write_inputs(p)
             print(f"{p.id:<36} " + (shlex.join(command("aisimulate", p.id)) if p.config else f"(not run: {p.why})"))
         return 0
-    old = ({e["id"]: e for e in yaml.safe_load(STORED.read_text())["rows"]}
-           if STORED.exists() and args.only is not None else {})
+    stored = yaml.safe_load(STORED.read_text()) if STORED.exists() and args.only is not None else {}
+    old, old_cpu = {e["id"]: e for e in stored.get("rows", [])}, stored.get("cpu_validation")
     fresh = {}
     for p in plans:
         fresh[p.id] = run_one(args.aisim, p) if p.config else {"id": p.id, "why": p.why}
         print(f"{p.id:<36} {_line(fresh[p.id])}", flush=True)
     order = [r["id"] for r in yaml.safe_load(wf.TABLE.read_text())["rows"] if r["engine"] == "vllm"]
     entries = [fresh.get(i) or old[i] for i in order if i in fresh or i in old]
-    STORED.write_text(HEADER + yaml.safe_dump({"aisimulate": AISIM_VERSION, "rows": entries}, sort_keys=False,
-                                              width=100_000))
+    cpu = run_one(args.aisim, cpu_validation_plan()) if args.only is None else old_cpu
+    print(f"{'cpu-validation':<36} {_line(cpu)}")
+    STORED.write_text(HEADER + yaml.safe_dump({"aisimulate": AISIM_VERSION, "rows": entries, "cpu_validation": cpu},
+                                              sort_keys=False, width=100_000))
     print(f"wrote {STORED.relative_to(REPO)}: {sum('why' not in e for e in entries)} predicted, "
           f"{sum('why' in e for e in entries)} not")
     return 0

@@ -352,12 +352,27 @@ def _side_by_side_table(pairs: list[tuple[Scored, dict[str, float]]]) -> list[st
         mine, theirs = [a for a, _ in both], [b for _, b in both]
         wins = sum(abs(a) < abs(b) for a, b in both)
         lines.append(f"  {key:<12} {len(both):>3}   {statistics.median(_pct(v) for v in mine):12.0f}% "
-                     f"{_pct(max(mine, key=abs)):8.0f}%   {statistics.median(_pct(v) for v in theirs):16.0f}% "
-                     f"{_pct(max(theirs, key=abs)):8.0f}%   replay {wins}, aisimulate {len(both) - wins}")
+                     f"{_worst(mine):>10}   {statistics.median(_pct(v) for v in theirs):16.0f}% "
+                     f"{_worst(theirs):>10}   replay {wins}, aisimulate {len(both) - wins}")
     return lines
 
 
-def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE) -> list[str]:
+def _worst(values: list[float]) -> str:
+    worst = max(values, key=abs)
+    return f"{_pct(worst):.0f}% {'o' if worst > 0 else 'u'}"
+
+
+def _side_by_side_rows(pairs: list[tuple[Scored, dict[str, float]]]) -> list[str]:
+    """Per row: pred / measured for each TTFT figure its source reports, the replay's then aisimulate's."""
+    lines = ["  per row, pred/measured (replay | aisimulate):"]
+    for s, e in pairs:
+        cells = [f"{k} x{math.exp(s.errors[k]):.2f} | x{math.exp(e[k]):.2f}" for k in sorted(e)
+                 if k.startswith("ttft_") and k in s.errors]
+        lines.append(f"    {s.row['id']:<34} {'   '.join(cells)}")
+    return lines
+
+
+def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE, rows: bool = False) -> list[str]:
     """The replay and aisimulate scored on the rows both run, on the same request stream: per metric median and
     worst error, and per row which one is closer on TTFT."""
     if not path.exists():
@@ -367,8 +382,8 @@ def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE) -> 
              if s.errors and s.row["id"] in runs and runs[s.row["id"]].like_for_like and runs[s.row["id"]].figures]
     pairs = [(s, e) for s, e in pairs if e]
     lines = [f"\naisimulate {version} side by side with the replay ({path.name}: the replay's own request stream, "
-             f"same warm-up; error = max(pred/meas, meas/pred) - 1): {len(pairs)} rows both run",
-             *_side_by_side_table(pairs)]
+             f"same warm-up; error = max(pred/meas, meas/pred) - 1, worst o(ver)/u(nder)): {len(pairs)} rows both "
+             f"run", *_side_by_side_table(pairs), *(_side_by_side_rows(pairs) if rows else [])]
     closer = {"replay": [], "aisimulate": []}
     for s, e in pairs:
         mine, theirs = _row_ttft(s.errors), _row_ttft(e)
@@ -383,6 +398,9 @@ def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE) -> 
     for i, r in runs.items():
         if r.why and not r.why.startswith("not replayed by topotune"):
             lines.append(f"  aisimulate does not run {i}: {r.why[:150]}")
+    cpu = yaml.safe_load(path.read_text()).get("cpu_validation") or {}
+    if "why" in cpu:
+        lines.append(f"  aisimulate does not run the real vLLM-CPU validation runs: {cpu['why'][:150]}")
     return lines
 
 
@@ -437,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         agreed = sum(1 for s, t in clear if (t == "saturated") == bool(s.saturated))
         print(f"  replay's queue verdicts: {agreed} of {len(clear)} clear verdicts agree with the source "
               f"({len(verdicts) - len(clear)} ambiguous)")
-        print("\n".join(aisimulate_side_by_side(replayed)))
+        print("\n".join(aisimulate_side_by_side(replayed, rows=args.rows)))
     print("\n".join(cpu_trace_trial()))
     return 0
 
