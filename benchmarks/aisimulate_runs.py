@@ -32,7 +32,8 @@ Mapping (aisimulate's configuration schema, aisimulate/config/{engine,traffic}.p
   are run and stored, flagged `router_represented: false`, and kept out of the side by side.
 Scored like the replay: per-request TTFT and ITL (aisimulate's per-request `itl_ms`, AIPerf's definition) over the
 requests after the first 10% sent (the replay's warm-up), from aisimulate's --capture-per-request records;
-aisimulate's own whole-run summary is stored beside them.
+aisimulate's own whole-run summary is stored beside them; for a rate row, whether its queue grows, by the replay's
+own rule on aisimulate's per-request send and end times.
 
 Run: .venv/bin/python benchmarks/aisimulate_runs.py [--run] [--inputs] [--aisim PATH] [--only ID ...]
 """
@@ -40,6 +41,7 @@ Run: .venv/bin/python benchmarks/aisimulate_runs.py [--run] [--inputs] [--aisim 
 from __future__ import annotations
 
 import argparse
+import bisect
 import hashlib
 import json
 import math
@@ -61,6 +63,7 @@ from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import RooflineModel
 from tuner.replay._arrivals import ArrivalProcess, arrival_times_ms, sampled_requests
+from tuner.replay._report import queue_trend
 from tuner.topology import Role
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +87,7 @@ NO_KV_ROUTER = (
 REQUESTS = 1000  # as workload_fidelity.replay_row: max(1,000, 4 x the closed loop's clients)
 WARMUP_SHARE = 0.1
 RUN_TIMEOUT_S = 600
+RETRIES = 1
 
 
 @dataclass(frozen=True)
@@ -197,14 +201,27 @@ def _stats(values: list[float]) -> dict[str, float]:
             "p99": round(float(p99), 3)}
 
 
-def window(records: list[dict], warmup_share: float = WARMUP_SHARE) -> dict[str, object]:
-    """TTFT and ITL over the requests after the warm-up (the first share sent), as the replay measures them."""
+def queue_grows(records: list[dict]) -> bool:
+    """The replay's verdict (tuner/replay's queue_trend: requests in flight against send time over the second
+    half of the sending window) on aisimulate's per-request send and end times."""
+    sent = sorted(float(r["arrival_time_ms"]) for r in records)
+    ends = sorted(float(r["terminal_time_ms"]) for r in records)
+    in_flight = [i + 1 - bisect.bisect_right(ends, t) for i, t in enumerate(sent)]
+    return queue_trend(sent, in_flight).grows
+
+
+def window(records: list[dict], open_loop: bool, warmup_share: float = WARMUP_SHARE) -> dict[str, object]:
+    """TTFT and ITL over the requests after the warm-up (the first share sent), as the replay measures them; for
+    an open loop, whether the queue grows."""
     done = [r for r in records if r.get("terminal_status", "completed") == "completed" and r.get("ttft_ms") is not None]
     done.sort(key=lambda r: (float(r["arrival_time_ms"]), int(str(r["session_id"]).rsplit("_", 1)[-1])))
     kept = done[math.ceil(warmup_share * len(done)):]
     itl = [float(r["itl_ms"]) for r in kept if r.get("itl_ms") is not None and int(r["output_length"]) > 1]
-    return {"requests": len(kept), "warmup_requests": len(done) - len(kept),
-            "ttft_ms": _stats([float(r["ttft_ms"]) for r in kept]), "itl_ms": _stats(itl)}
+    out: dict[str, object] = {"requests": len(kept), "warmup_requests": len(done) - len(kept),
+                              "ttft_ms": _stats([float(r["ttft_ms"]) for r in kept]), "itl_ms": _stats(itl)}
+    if open_loop:
+        out["queue_grows"] = queue_grows(records)
+    return out
 
 
 def summary(report: dict) -> dict[str, object]:
@@ -221,6 +238,17 @@ def summary(report: dict) -> dict[str, object]:
     return out
 
 
+def _execute(aisim: Path, cmd: list[str], out: Path) -> str:
+    """Runs one prediction; '' when it wrote its report, else aisimulate's error line."""
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if proc.returncode == 0 and (out / "prediction.json").exists():
+        return ""
+    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln] or lines[-1:] or [str(proc.returncode)]
+    message = errors[-1].removeprefix("aisimulate predict failed: ").split("; supported architectures")[0]
+    return message.replace(str(aisim.parent.parent), "<aisimulate venv>")
+
+
 def run_one(aisim: Path, p: Plan) -> dict[str, object]:
     write_inputs(p)
     cmd = command(str(aisim), p.id)
@@ -232,17 +260,17 @@ def run_one(aisim: Path, p: Plan) -> dict[str, object]:
     if "skip-layers" in str(p.row.get("serve_flags", "")):
         stored["note"] = ("the source kept the sliding-window layers' KV in bf16 (--kv-cache-dtype-skip-layers); "
                           "aisimulate takes one KV dtype for every layer, so this row runs as plain fp8 KV")
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     out = REPO / WORK / p.id / "out"
-    if proc.returncode != 0 or not (out / "prediction.json").exists():
-        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "Error" in ln or "error" in ln] or lines[-1:] or [str(proc.returncode)]
-        message = errors[-1].removeprefix("aisimulate predict failed: ").split("; supported architectures")[0]
-        message = message.replace(str(aisim.parent.parent), "<aisimulate venv>")
+    for _ in range(RETRIES + 1):
+        message = _execute(aisim, cmd, out)
+        if "timed out" not in message:  # its worker's shutdown deadline, missed on a loaded machine: once more
+            break
+    if message:
         return {**stored, "why": f"aisimulate predict failed: {message}"}
     report = json.loads((out / "prediction.json").read_text())
     records = [json.loads(ln) for ln in (out / "requests.jsonl").read_text().splitlines() if ln.strip()]
-    return {**stored, "window": window(records), "summary": summary(report)}
+    open_loop = p.config["traffic"]["load"]["type"] != "concurrency"
+    return {**stored, "window": window(records, open_loop), "summary": summary(report)}
 
 
 CPU_DATA = REPO / "benchmarks" / "data" / "replay_cpu_validation.json"

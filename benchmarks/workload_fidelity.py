@@ -316,6 +316,7 @@ class PeerRun:
     figures: dict[str, float]
     like_for_like: bool = True
     why: str = ""
+    saturated: bool | None = None  # a rate row: whether aisimulate's queue grows (the replay's rule)
 
 
 def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
@@ -328,7 +329,8 @@ def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
             continue
         figures = {f"{name}_{stat}": float(v) for name in ("ttft", "itl")
                    for stat, v in e["window"][f"{name}_ms"].items()}
-        runs[e["id"]] = PeerRun(e["id"], figures, like_for_like=bool(e.get("router_represented", True)))
+        runs[e["id"]] = PeerRun(e["id"], figures, like_for_like=bool(e.get("router_represented", True)),
+                                saturated=e["window"].get("queue_grows"))
     return str(data["aisimulate"]), runs
 
 
@@ -355,6 +357,17 @@ def _side_by_side_table(pairs: list[tuple[Scored, dict[str, float]]]) -> list[st
                      f"{_worst(mine):>10}   {statistics.median(_pct(v) for v in theirs):16.0f}% "
                      f"{_worst(theirs):>10}   replay {wins}, aisimulate {len(both) - wins}")
     return lines
+
+
+def _peer_verdicts(pairs: list[tuple[Scored, dict[str, float]]], runs: dict[str, PeerRun]) -> str:
+    """Queue verdicts on the rate rows both run, against the source's clear ones (measured_verdict)."""
+    clear = [(s, measured_verdict(s.row) == "saturated") for s, _ in pairs
+             if s.saturated is not None and runs[s.row["id"]].saturated is not None
+             and measured_verdict(s.row) != "ambiguous"]
+    mine = sum(bool(s.saturated) == truth for s, truth in clear)
+    theirs = sum(bool(runs[s.row["id"]].saturated) == truth for s, truth in clear)
+    return (f"  queue verdicts on the rate rows, against the source's {len(clear)} clear ones: replay {mine} agree, "
+            f"aisimulate {theirs}")
 
 
 def _worst(values: list[float]) -> str:
@@ -391,6 +404,7 @@ def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE, row
             closer["replay" if mine < theirs else "aisimulate"].append(s.row["id"])
     for tool, ids in closer.items():
         lines.append(f"  TTFT closer with {tool} on {len(ids)} rows: {', '.join(ids) or '-'}")
+    lines.append(_peer_verdicts(pairs, runs))
     unlike = [i for i, r in runs.items() if r.figures and not r.like_for_like]
     if unlike:
         lines.append(f"  not compared ({len(unlike)}; the source's cache-aware router, which aisimulate's built-in "

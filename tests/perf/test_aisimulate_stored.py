@@ -52,6 +52,7 @@ def test_stored_runs_parse_and_match_public_rows(wf) -> None:
         load = e["config"]["traffic"]["load"]
         assert load == ({"type": "trace_timestamps"} if row["load"]["kind"] == "rate"
                         else {"type": "concurrency", "concurrency": row["load"]["max_concurrency"]})
+        assert ("queue_grows" in e["window"]) == (row["load"]["kind"] == "rate"), e["id"]
         for name in ("ttft_ms", "itl_ms"):
             w = e["window"][name]
             assert 0 < w["p50"] <= w["p90"] <= w["p99"], (e["id"], name)
@@ -89,3 +90,5 @@ def test_side_by_side_counts_only_like_for_like_rows(wf) -> None:
               for line in lines if line.strip().startswith("TTFT closer with")}
     expected = sum(wf._row_ttft(wf.peer_errors(rows[i], runs[i])) > math.log(1.1) for i in like)
     assert closer["replay"] == expected and closer["replay"] + closer["aisimulate"] == len(like)
+    # no replay verdicts given (saturated None): none counted
+    assert any("against the source's 0 clear ones" in line for line in lines)
