@@ -325,13 +325,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [r for r in yaml.safe_load(wf.TABLE.read_text())["rows"] if r["engine"] == "vllm"]
     if args.only is not None:
         rows = [r for r in rows if r["id"] in args.only]
-    if not args.aisim.exists() and not args.inputs:
+    if not args.aisim.exists():
         print(f"aisimulate not found at {args.aisim}: install it in its own venv (see this file's docstring) "
               f"or pass --aisim PATH")
-        return 2 if args.run else 0
-    plans = [plan(r, shipped_configs(args.aisim)) for r in rows]
+        return 2 if args.run or args.inputs else 0
+    shipped = shipped_configs(args.aisim)
+    plans = [plan(r, shipped) for r in rows]
     if not args.run:
-        for p in plans:
+        for p in [*plans, cpu_validation_plan()]:
             if p.config and args.inputs:
                 write_inputs(p)
             print(f"{p.id:<36} " + (shlex.join(command("aisimulate", p.id)) if p.config else f"(not run: {p.why})"))
