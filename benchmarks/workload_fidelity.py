@@ -405,6 +405,10 @@ def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE, row
     for tool, ids in closer.items():
         lines.append(f"  TTFT closer with {tool} on {len(ids)} rows: {', '.join(ids) or '-'}")
     lines.append(_peer_verdicts(pairs, runs))
+    missing = [s.row["id"] for s in replayed if s.errors and s.row["id"] not in runs]
+    if missing:
+        lines.append(f"  replayed rows with no stored aisimulate run ({len(missing)}; benchmarks/aisimulate_runs.py "
+                     f"--run --only ID... adds them): {', '.join(missing)}")
     unlike = [i for i, r in runs.items() if r.figures and not r.like_for_like]
     if unlike:
         lines.append(f"  not compared ({len(unlike)}; the source's cache-aware router, which aisimulate's built-in "
