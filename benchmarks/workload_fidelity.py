@@ -445,9 +445,14 @@ def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
 
 
 def peer_errors(row: dict, run: PeerRun) -> dict[str, float]:
-    """log(aisimulate / measured) on the row's TTFT and ITL figures."""
-    return {k: math.log(run.figures[k] / v) for k, v in _measured(row).items()
-            if k.startswith(("ttft_", "itl_")) and run.figures.get(k, 0) > 0}
+    """log(aisimulate / measured) on the row's TTFT and ITL figures; on inference-perf's per-line rows, aisimulate's
+    per-token ITL mean is turned into the figure that tool reported, as the model's and the replay's are."""
+    figures = dict(run.figures)
+    if figures.get("itl_mean", 0) > 0 and row["source"] in LINE_TIMESTAMP_SOURCES:
+        osl = float(row["workload"]["osl_nominal"])
+        figures["itl_mean"] = reported_itl_mean(row, figures["itl_mean"] * (osl - 1), osl, 1.0)
+    return {k: math.log(figures[k] / v) for k, v in _measured(row).items()
+            if k.startswith(("ttft_", "itl_")) and figures.get(k, 0) > 0}
 
 
 def _row_ttft(errors: dict[str, float]) -> float:
