@@ -135,3 +135,24 @@ def test_stack_distances_match_a_direct_lru(tmp_path: Path) -> None:
                 if len(cache) > capacity_blocks:
                     cache.pop(next(iter(cache)))
         assert summary.hit_share(capacity_blocks * 512) == pytest.approx(hit / total), capacity_blocks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vectorised_stack_distances_equal_an_lru_stack(seed: int) -> None:
+    """stack_distances (NumPy, bit by bit) against the definition: the block's depth in an LRU stack."""
+    from tuner.workload._trace import _INF, stack_distances
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    blocks = rng.integers(0, int(rng.integers(1, 400)), size=n) * (-1) ** seed * 2**40  # sparse, signed ids
+    stack: list[int] = []
+    expected = []
+    for b in blocks.tolist():
+        if b in stack:
+            depth = len(stack) - 1 - stack.index(b)
+            stack.remove(b)
+        else:
+            depth = _INF
+        expected.append(depth)
+        stack.append(b)
+    assert stack_distances(blocks.astype(np.int64)).tolist() == expected
