@@ -158,6 +158,17 @@ class TrialRecord:
         return self.attrs.kind
 
     @property
+    def is_level(self) -> bool:
+        """A load level of another trial (stored as its own Optuna trial: see docs/architecture.md, "Trials and
+        their load levels"), never a trial of its own in counts and listings."""
+        return self.attrs.kind is TrialKind.EXTRA
+
+    @property
+    def trial(self) -> int:
+        """The trial this record belongs to: its own number, or for a load level its trial's."""
+        return self.attrs.parent_trial if self.is_level and self.attrs.parent_trial is not None else self.number
+
+    @property
     def vllm_version(self) -> str:
         """The vLLM the trial ran on; "unknown" for trials stored before versions were kept."""
         return self.attrs.vllm_version or UNKNOWN_VERSION
