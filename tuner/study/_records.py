@@ -59,7 +59,8 @@ def is_feasible(constraints: dict[str, float]) -> bool:
 
 def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, **extra: Any) -> TrialAttrs:
     """The attributes of a trial holding one measured point (a sampled trial's representative or an extra)."""
-    return TrialAttrs(concurrency=m.concurrency, metrics=m.model_dump(), outcome=result.status,
+    return TrialAttrs(concurrency=m.concurrency, load_level=level_label(m), metrics=m.model_dump(),
+                      outcome=result.status,
                       deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name,
                       vllm_version=result.vllm_version, model_revision=result.model_revision, **extra)
 

@@ -91,6 +91,8 @@ class TrialAttrs:
     deployment_name: str | None = None
     levels: list[int] | None = None  # the concurrency levels a sampled trial measured
     parent_trial: int | None = None  # an extra level's sampled trial
+    load_level: str | None = None  # "c16" or "6 rps": the load this trial's point was measured at (the dashboard
+    # shows it beside parent_trial, so an extra reads as "trial 8 at c16")
     retry_of: int | None = None  # the trial this one runs again (reclaimed or interrupted)
     repaired_from: int | None = None  # the screened or duplicate proposal this one replaces
     warm_start: str | None = None  # "simulator" for the enqueued predicted front
