@@ -6,14 +6,12 @@ are kept in test-artifacts/."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
-import threading
 import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, served
 
 from api.main import create_app
 
@@ -28,31 +26,10 @@ def chromium() -> tuple[str, str]:
     return "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def live_server(sqlite_url, make_settings):
-    import uvicorn
-
-    port = _free_port()
-    # keep-alive longer than any pause a loaded machine puts between two polls: at uvicorn's 5 s the server can
-    # close the idle connection just as the client reuses it ("Server disconnected without sending a response",
-    # seen once with the suite at nice 19 beside two benchmark processes)
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(sqlite_url)), host="127.0.0.1", port=port,
-                                           log_level="warning", timeout_keep_alive=120))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=60)
+    with served(create_app(make_settings(sqlite_url))) as url:
+        yield url
 
 
 @pytest.fixture
