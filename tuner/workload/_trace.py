@@ -62,6 +62,8 @@ def _field_error(path: Path, line: int, field: str, message: str, fix: str) -> C
 
 def _count(path: Path, line: int, record: dict, key: str) -> int:
     value = record.get(key)
+    if type(value) is int and 0 < value <= MAX_REQUEST_TOKENS:  # the usual line, checked in one test
+        return value
     if value is None:
         raise _field_error(path, line, key, "missing", f"give {key} as a positive integer (tokens)")
     if isinstance(value, bool) or not isinstance(value, int | float) or (
@@ -262,7 +264,8 @@ def stack_distances(blocks: np.ndarray) -> np.ndarray:
 def _earlier_at_most(v: np.ndarray) -> np.ndarray:
     """For every i, #{j < i : v[j] <= v[i]} (v >= 0). From the top bit down, each group of equal high bits is kept
     in index order and split stably into its 0s and its 1s; an element with a 1 counts the 0s before it in its group
-    (all smaller); at the end a group holds equal values, and each counts the ones before it."""
+    (all smaller); at the end a group holds equal values, and each counts the ones before it. The arrays are in
+    position order and move together (a gather by the inverse of each split: local, not random, access)."""
     n = len(v)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
@@ -271,25 +274,27 @@ def _earlier_at_most(v: np.ndarray) -> np.ndarray:
     order = np.arange(n, dtype=idx)  # position -> original index
     vals = v.astype(idx)
     start = np.zeros(n, dtype=idx)  # position -> its group's first position
-    size = np.full(n, n, dtype=idx)  # position -> its group's size
-    counts = np.zeros(n, dtype=np.int64)
+    end = np.full(n, n, dtype=idx)  # position -> one past its group's last
+    acc = np.zeros(n, dtype=idx)  # position -> smaller values counted so far
     pos = np.arange(n, dtype=idx)
     zeros_upto = np.zeros(n + 1, dtype=idx)
+    bits = np.empty(n, dtype=idx)
     for bit in range(top - 1, -1, -1):
-        one = ((vals >> bit) & 1).astype(bool)
+        np.right_shift(vals, bit, out=bits)
+        np.bitwise_and(bits, 1, out=bits)
+        one = bits.astype(bool)
         np.cumsum(~one, out=zeros_upto[1:])
         base = zeros_upto[start]
         zeros_before = zeros_upto[:-1] - base
-        zeros_total = zeros_upto[start + size] - base
-        counts[order] += zeros_before * one
-        new_pos = np.where(one, pos + zeros_total - zeros_before, start + zeros_before)
-        new_start = np.where(one, start + zeros_total, start)
-        new_size = np.where(one, size - zeros_total, zeros_total)
-        moved = np.empty_like(order), np.empty_like(vals), np.empty_like(start), np.empty_like(size)
-        for out, values in zip(moved, (order, vals, new_start, new_size), strict=True):
-            out[new_pos] = values
-        order, vals, start, size = moved
-    counts[order] += pos - start  # equal values before, in index order
+        split = zeros_upto[end] - base + start  # the first position of the group's ones once split
+        acc += np.where(one, zeros_before, 0)
+        new_pos = np.where(one, pos - zeros_before + (split - start), start + zeros_before)
+        new_start, new_end = np.where(one, split, start), np.where(one, end, split)
+        back = np.empty_like(pos)
+        back[new_pos] = pos  # new position -> old
+        order, vals, acc, start, end = order[back], vals[back], acc[back], new_start[back], new_end[back]
+    counts = np.empty(n, dtype=np.int64)
+    counts[order] = acc.astype(np.int64) + (pos - start)  # + equal values before, in index order
     return counts
 
 
