@@ -84,6 +84,8 @@ def test_trace_summary_lengths_rate_and_prefix_reuse(tmp_path: Path) -> None:
     ('{"input_length": -5, "output_length": 3}', ["line 2", "input_length", "positive integer"]),
     ('{"output_length": 3}', ["line 2", "input_length", "missing"]),
     ('{"timestamp": 5, "input_length": 5, "output_length": 3}', ["line 2", "timestamp", "earlier", "sort"]),
+    ('{"timestamp": 1' + "0" * 400 + ', "input_length": 5, "output_length": 3}', ["line 2", "timestamp", "ms"]),
+    ('{"input_length": 5000, "output_length": 3, "hash_ids": [' + str(2**64) + ']}', ["line 2", "hash_ids", "64"]),
     ('{"input_length": 5, "output_length": 3, "hash_ids": ["a"]}', ["line 2", "hash_ids"]),
     ("[1, 2]", ["line 2", "not a JSON object"]),
 ])

@@ -34,6 +34,7 @@ MAX_TRACE_BYTES = 2 * 2**30  # a trace is requests, not prompts: 2 GiB is ~20 M 
 MAX_TRACE_REQUESTS = 5_000_000
 MAX_LINE_CHARS = 1_000_000
 MAX_REQUEST_TOKENS = 10_000_000  # beyond any context length
+MAX_TIMESTAMP_MS = 2**53  # exact as a float; an integer of 400 digits would not even convert
 HASH_ID_SLACK = 1  # a generator that counts the last token's block once more is not refused
 # The shortest line a request can be: {"input_length":1,"output_length":1} (36 bytes, the last line needs no
 # newline). A file smaller than this many bytes per request cannot hold more than MAX_TRACE_REQUESTS valid lines
@@ -177,8 +178,10 @@ def _timestamp(path: Path, number: int, record: dict, last_ts: float | None) -> 
     timestamp = record.get("timestamp")
     if timestamp is None:
         return None
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not math.isfinite(
-            timestamp) or timestamp < 0:
+    if type(timestamp) is int and 0 <= timestamp < MAX_TIMESTAMP_MS and (last_ts is None or timestamp >= last_ts):
+        return float(timestamp)  # the usual line, checked in one test
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or timestamp < 0 or (
+            timestamp >= MAX_TIMESTAMP_MS if isinstance(timestamp, int) else not math.isfinite(timestamp)):
         raise _field_error(path, number, "timestamp", f"must be milliseconds >= 0, got {timestamp!r}",
                            "give the arrival time in ms since the trace's start, or leave it out")
     if last_ts is not None and timestamp < last_ts:
@@ -316,9 +319,12 @@ def _hit_curve(blocks: array, requests: array, input_tokens: array, block_tokens
     cacheable = np.frombuffer(input_tokens, dtype=np.int64)[request] - 1
     tokens = np.minimum(block_tokens, cacheable - index * block_tokens)
     kept = (tokens > 0) & (running < cap)
-    hit_distance, weights = running[kept], tokens[kept].astype(np.float64)
-    finite_curve = [float(weights[hit_distance < c].sum() / total_input) for c in CAPACITY_POINTS[:-1]]
-    return (*finite_curve, float(weights.sum() / total_input))
+    # distance d hits a cache of 2**k blocks iff d < 2**k iff bit_length(d) <= k (frexp's exponent, exact here):
+    # token sums per bit length, then cumulative (integer sums: exact, whatever the order)
+    lengths = np.frexp(running[kept].astype(np.float64))[1]
+    hits = np.cumsum(np.bincount(lengths, weights=tokens[kept], minlength=len(CAPACITY_POINTS)))
+    finite_curve = [float(hits[k] / total_input) for k in range(len(CAPACITY_POINTS) - 1)]
+    return (*finite_curve, float(hits[-1] / total_input))
 
 
 def summarise_trace(path: Path | str, *, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> TraceSummary:
