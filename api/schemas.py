@@ -162,19 +162,33 @@ class StudyDetail(StudyPublic):
     recent_events: list[EventPublic]
 
 
+class LevelPublic(BaseModel):
+    """One load level a trial measured."""
+
+    level: str = Field(description='the load: "c16" (16 clients) or "6 rps" (an open-loop rate)')
+    concurrency: int | None
+    offered_rps: float | None
+    values: list[float] | None
+    feasible: bool
+    stored_as: int = Field(description="the Optuna trial number this level is stored as (the dashboard's)")
+
+
 class TrialPublic(BaseModel):
+    """One trial: one tried configuration, with every load level it measured."""
+
     phase: PhaseName
     trial_number: int
     state: str = Field(description="Optuna state: COMPLETE, FAIL, RUNNING, ...")
     status: str | None = Field(description="outcome: ok, infeasible, oom, crashed, duplicate, cancelled, ...")
-    kind: str | None = Field(description="sampled (a launch), extra (another concurrency level), screened, ...")
+    kind: str | None = Field(description="sampled (a launch), screened, duplicate, reverify")
     params: dict[str, Any]
     values: list[float] | None
     constraints: dict[str, float]
     feasible: bool
     reason: str | None
     duration_s: float | None
-    concurrency: int | None
+    concurrency: int | None = Field(description="the level the sampler was told (values are that level's)")
+    levels: list[LevelPublic] = Field(default_factory=list, description="every load level measured, by load")
 
 
 class TrialPage(BaseModel):
@@ -185,7 +199,9 @@ class TrialPage(BaseModel):
 
 
 class FrontPoint(BaseModel):
-    trial_number: int
+    trial_number: int = Field(description="the trial (tried configuration) this point is a load level of")
+    level: str = Field(description='the load it was measured at: "c16" or "6 rps"')
+    stored_as: int = Field(description="the Optuna trial number the point is stored as (the dashboard's)")
     deployment: str
     topology: str
     concurrency: int

@@ -9,15 +9,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.table import Table
 
-from tuner.advise import TIE_MARGIN, Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
+from tuner.advise import TIE_MARGIN, Advice, AdviseRequest, ServeOptions, Sla, advise
 from tuner.cli._app import (
+    CalibrationOpt,
     HardwareFileOpt,
     HardwareOpt,
+    JsonOpt,
     ModelArg,
     app,
+    calibration_factors,
+    calibration_for,
     console,
     err_console,
     print_json,
@@ -30,13 +33,9 @@ from tuner.frontier import AggregatedPoint
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
-from tuner.perf import Calibration, RooflineModel, predict_traffic
+from tuner.perf import RooflineModel, predict_traffic
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import KNOBS, Role, Topology
-
-CalibrationOpt = Annotated[Path | None, typer.Option(
-    help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _positive(**values: int | float | None) -> None:
@@ -44,28 +43,6 @@ def _positive(**values: int | float | None) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"must be >= 1, got {value}", field=f"--{name.replace('_', '-')}",
                               fix="give a positive number")
-
-
-def _calibration_factors(path: Path | None) -> dict[str, float] | None:
-    """--calibration's factors (a YAML/JSON mapping), None without the option."""
-    if path is None:
-        return None
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--calibration",
-                          fix="give a readable YAML or JSON file") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML/JSON: {exc}", field="--calibration", fix="fix the file's syntax") from exc
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping of factor: value", field="--calibration",
-                          fix="write e.g. `hbm_efficiency: 0.8`")
-    return data
-
-
-def _calibration(gpu_name: str, path: Path | None) -> Calibration:
-    with _as_flags():
-        return calibrated(gpu_name, _calibration_factors(path))
 
 
 def _levels(text: str) -> list[int]:
@@ -169,7 +146,7 @@ def simulate(
     gpu = get_gpu(hardware, hardware_file)
     topo = Topology.parse(topology, role=the_role, **knobs or {})
     topo.check(spec)
-    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    perf = RooflineModel(spec, gpu, calibration_for(gpu.name, calibration))
     predicted = predict_traffic(perf, topo, the_role, traffic)
     curve = predicted.points
     breakdown = _breakdown(perf, topo, the_role, curve, isl=isl, osl=osl)
@@ -284,7 +261,7 @@ def frontier(
         traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
         request = AdviseRequest(model=model, workload=traffic, hardware=hardware, hardware_file=hardware_file,
                                 gpus=gpus, request_rate=request_rate, arrival=arrival,  # type: ignore[arg-type]
-                                sla=sla, serve=serve, calibration=_calibration_factors(calibration),
+                                sla=sla, serve=serve, calibration=calibration_factors(calibration),
                                 weights=weights, replay_verify=replay_verify)
         with _TopologyProgress(shown=not json_out and err_console.is_terminal) as progress:
             advice = advise(request, progress=progress)
