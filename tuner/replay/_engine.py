@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from tuner.errors import ConfigError
 from tuner.replay._decoding import DecodeSet
 from tuner.replay._kvcache import BlockPool
@@ -83,7 +85,7 @@ class Engine:
         self.running: list[ReplayRequest] = []
         self.transferring: list[ReplayRequest] = []  # PD decode: blocks held, KV on its way
         self.transfer_ms = transfer_ms
-        self.samples: list[Sample] = []
+        self._samples: list[tuple[float, int, int, int]] = []  # (t_ms, waiting, running, used blocks) per step
         self.steps = 0
         self.busy_ms = 0.0
         self.preemptions = 0
@@ -96,6 +98,7 @@ class Engine:
         self._bs = limits.block_size
         self._state = limits.state_blocks
         self._stretch_context = 0.0
+        self._prices = None
         self.decode = DecodeSet(limits.block_size, limits.state_blocks, self._q, limits.mtp, self.accepted)
         self._joins = 0
 
@@ -111,6 +114,18 @@ class Engine:
     @property
     def running_count(self) -> int:
         return len(self.running) + len(self.transferring)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The engine's state at the end of every step or stretch."""
+        n = self.pool.num_blocks
+        return [Sample(t, w, r, used / n if n else 0.0) for t, w, r, used in self._samples]
+
+    def sample_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`samples` as arrays: end times (ms), waiting, running, KV share used."""
+        a = np.array(self._samples, dtype=float).reshape(-1, 4)
+        n = self.pool.num_blocks
+        return a[:, 0], a[:, 1], a[:, 2], a[:, 3] / n if n else a[:, 3] * 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -218,9 +233,10 @@ class Engine:
         if r.remote:
             return self._blocks_for(r.prompt_tokens + 1) + self.limits.state_blocks <= self.pool.available_blocks
         hits = self._hits(r)
-        hit_blocks = sum(u.blocks for u in hits)
-        full = (self._blocks_for(r.num_tokens) - hit_blocks + self.pool.evictable_among(hits)
-                + self.limits.state_blocks)
+        full = self._blocks_for(r.num_tokens) + self.limits.state_blocks
+        for u in hits:
+            if u.holders:
+                full -= u.blocks
         return full <= self.pool.available_blocks
 
     def _hits(self, r: ReplayRequest) -> list:
@@ -389,7 +405,9 @@ class Engine:
                 running.remove(r)
                 r.finish_ms = now
                 self._free(r)
-        self.samples.append(Sample(now, len(self.waiting), len(self.running), self.kv_usage))
+        pool = self.pool
+        self._samples.append((now, len(self.waiting), len(self.running), pool.num_blocks - pool.free_blocks
+                              - pool.evictable_blocks))
         return finished
 
     # -- closed form between events ---------------------------------------------------------------
@@ -403,7 +421,9 @@ class Engine:
         a = self.accepted
         k_done = math.ceil(decode.left_min() / a - _EPS)
         self._stretch_context = decode.context_sum() / n
-        spare = self.pool.available_blocks // n
+        self._prices: tuple[int, float, float] | None = None  # this stretch's prices, once asked
+        pool = self.pool
+        spare = (pool.free_blocks + pool.evictable_blocks) // n  # pool.available_blocks
         k_blocks = int(spare * self.limits.block_size / a)
         k = min(k_done, k_blocks)
         if self.transferring:
@@ -415,11 +435,16 @@ class Engine:
 
     def _stretch_prices(self, k: int) -> tuple[float, float]:
         """(first step's time, its growth per step) of the stretch `_stretch_length` just measured."""
+        known = self._prices
+        if known is not None and known[0] == k:
+            return known[1], known[2]
         n = len(self.running)
         ctx = self._stretch_context
-        first = self.pricer.step_ms(n, ctx, 0.0, 0.0)
+        first = known[1] if known is not None else self.pricer.step_ms(n, ctx, 0.0, 0.0)
         last = self.pricer.step_ms(n, ctx + (k - 1) * self.accepted, 0.0, 0.0)
-        return first, (last - first) / (k - 1) if k > 1 else 0.0
+        slope = (last - first) / (k - 1) if k > 1 else 0.0
+        self._prices = (k, first, slope)
+        return first, slope
 
     def _steps_until(self, limit_ms: float, k: int) -> int:
         """The first step count whose end reaches `limit_ms` (at most k), step time linear in the context."""
@@ -448,7 +473,7 @@ class Engine:
             self._regroup()
             return done
         self._stretch_clock(k)
-        if not self.pool.take(blocks - decode.blocks):  # bounded by _stretch_length: cannot fail
+        if blocks != decode.blocks and not self.pool.take(blocks - decode.blocks):  # bounded: cannot fail
             raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
         decode.advance(g, blocks)
         return self._finish(self._decoded())
@@ -464,8 +489,13 @@ class Engine:
 
     def _decoded(self) -> list[ReplayRequest]:
         """After the batch advanced: publish the units its requests completed, take out the finished ones."""
-        self._publish_batch(self._units_due())
-        return self._leave_finished()
+        decode = self.decode
+        if decode.units:
+            self._publish_batch(self._units_due())
+        finish = decode.finish
+        if finish and finish[0][0] - _EPS <= decode.g + 1e-6:  # DecodeSet.finished's test, ahead of the call
+            return self._leave_finished()
+        return []
 
     def _units_due(self) -> list[ReplayRequest]:
         decode = self.decode
