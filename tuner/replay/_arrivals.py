@@ -14,6 +14,7 @@ history), and vLLM's block-granular prefix hits follow from them.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -92,10 +93,30 @@ def _prefix_units(index: int, shared_tokens: int, block_size: int) -> list[Unit]
     return _chunk_units(("prefix", index), 0, shared_tokens // block_size, block_size)
 
 
+_TRACES = 8
+_traces: OrderedDict[tuple, tuple[RequestSpec, ...]] = OrderedDict()
+
+
 def trace_requests(path: Path | str, block_size: int, limit: int | None = None,
                    hash_block_tokens: int = UNIT_TOKENS) -> list[RequestSpec]:
     """A mooncake trace's requests, with their timestamps and hash ids as units (a hash block of 512 tokens is
-    512 / block_size vLLM blocks; a partial last block keeps its full blocks only)."""
+    512 / block_size vLLM blocks; a partial last block keeps its full blocks only). The last few traces read are
+    kept (keyed by the file's size and modification time): verification replays one trace per candidate."""
+    try:
+        stat = Path(path).stat()
+    except OSError:  # read_trace names what is wrong with the path
+        return _read_trace_requests(path, block_size, limit, hash_block_tokens)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, block_size, limit, hash_block_tokens)
+    found = _traces.get(key)
+    if found is None:
+        found = _traces[key] = tuple(_read_trace_requests(path, block_size, limit, hash_block_tokens))
+        while len(_traces) > _TRACES:
+            _traces.popitem(last=False)
+    return list(found)
+
+
+def _read_trace_requests(path: Path | str, block_size: int, limit: int | None,
+                         hash_block_tokens: int) -> list[RequestSpec]:
     specs = []
     per_unit = max(1, hash_block_tokens // block_size)
     for request in read_trace(path, block_tokens=hash_block_tokens):
