@@ -358,24 +358,9 @@ class Engine:
         return []
 
     def _execute(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
-        decode_n = 0
-        context = 0.0
-        chunk = 0.0
-        chunk_context = 0.0
-        for r, new, decoding in scheduled:
-            if decoding:
-                decode_n += 1
-                context += r.prompt_tokens + r.generated
-            else:
-                chunk += new
-                chunk_context += new * (r.computed + new / 2)
         if self.log is not None:
             self.log.append({r.rid: new for r, new, _ in scheduled})
-        ms = self.pricer.step_ms(decode_n, context / decode_n if decode_n else 0.0, chunk,
-                                 chunk_context / chunk if chunk else 0.0)
-        self.clock += ms
-        self.busy_ms += ms
-        self.steps += 1
+        self._clock_step(scheduled, 0, 0.0)
         finished = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
         return self._finish(finished)
 
@@ -604,8 +589,16 @@ class Engine:
     def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> None:
         """Price and clock the step: the batch's decodes from its sums, the others one by one."""
         decode = self.decode
-        decode_n = decode.n
-        context = decode.context_sum()
+        if self.log is not None:
+            batch = sorted([(r.join, r.rid, new) for r, new, _ in scheduled]
+                           + [(j, r.rid, float(self._q)) for j, r in decode.members.items()])
+            self.log.append({rid: new for _, rid, new in batch})
+        self._clock_step(scheduled, decode.n, decode.context_sum())
+
+    def _clock_step(self, scheduled: list[tuple[ReplayRequest, float, bool]], decode_n: int,
+                    context: float) -> None:
+        """Price one step (`decode_n` decodes of summed context `context` besides the scheduled requests) and
+        move the clock by it."""
         chunk = 0.0
         chunk_context = 0.0
         for r, new, decoding in scheduled:
@@ -615,10 +608,6 @@ class Engine:
             else:
                 chunk += new
                 chunk_context += new * (r.computed + new / 2)
-        if self.log is not None:
-            batch = sorted([(r.join, r.rid, new) for r, new, _ in scheduled]
-                           + [(j, r.rid, float(self._q)) for j, r in decode.members.items()])
-            self.log.append({rid: new for _, rid, new in batch})
         ms = self.pricer.step_ms(decode_n, context / decode_n if decode_n else 0.0, chunk,
                                  chunk_context / chunk if chunk else 0.0)
         self.clock += ms
