@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.advise import AdviseRequest, Sla, advise
+from tuner.advise import AdviseRequest, ServeOptions, Sla, advise
 from tuner.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,3 +134,23 @@ def test_the_gpu_count_and_the_hint_are_what_the_replay_shows(tmp_path) -> None:
     # every count the replay showed missing the SLA is not what is recommended
     assert all(v.report.num_gpus != gpus or v.meets_sla for v in decision.checked
                if v.candidate.deployment == decision.choice.candidate.deployment)
+
+
+def test_frontier_searches_the_router_where_it_changes_the_answer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One 2,048-token prefix shared by 60% of the requests: cache_aware piles them on one replica, whose ITL
+    misses 25 ms at every count the budget allows; round robin spreads them (every replica caches the one prefix
+    anyway) and carries the rate within the SLA. The search finds it, and the operating point deploys it."""
+    trace = Workload.from_trace(_prefix_trace(tmp_path / "t.jsonl", 600, 20.0), concurrency=(1,))
+    request = AdviseRequest(model=DENSE, hardware="h200", gpus=64, request_rate=20.0, workload=trace,
+                            sla=Sla(max_ttft_ms=1000, max_itl_ms=25), serve=ServeOptions(mode="agg"))
+    advice = advise(request)
+    decision = advice.verification
+    assert decision is not None and decision.choice is not None and decision.searched
+    assert decision.router == "round-robin"
+    # the same deployment under the traffic's own policy (cache-aware) was replayed and missed the SLA
+    same = [v for v in decision.checked if v.candidate.deployment.name == decision.choice.report.deployment
+            and not v.candidate.label.startswith("knob search")]
+    assert same and not any(v.meets_sla for v in same)
+    point = advice.as_json()["recommendation"]["operating_point"]
+    assert point["router"]["policy"] == "round_robin" and "replay" in point["router"]["reason"]
+    assert "--policy round_robin" in (advice.commands or "") or "round_robin" in (advice.commands or "")

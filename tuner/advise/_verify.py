@@ -135,10 +135,32 @@ def replay_verified(perf: RooflineModel, fronts: Fronts, traffic: Workload, *, m
     if arrival is None:
         return _closed_loop_knobs(check, decision, knobs_given) if choice is not None else decision
     if choice is None and checked:
-        decision = _grown(check, decision, max_gpus)
+        decision = _rescued_by_knobs(check, decision, knobs_given)
+    if decision.choice is None and checked:
+        decision = _grown(replace(check, router=decision.router), decision, max_gpus)
     if decision.choice is None:
         return decision
     return _cheaper_with_knobs(check, decision, knobs_given)
+
+
+def _rescued_by_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_given: frozenset[str]) -> ReplayDecision:
+    """No candidate carries the rate as given: the fewest-GPU ones (their serve options as given) under each knob
+    variant, the first the replay shows within the SLA kept (at most KNOB_REPLAYS replays)."""
+    budget = KNOB_REPLAYS
+    searched: list[str] = []
+    failed = list(dict.fromkeys(v.candidate.deployment.name for v in decision.checked))
+    uncapped = {v.candidate.deployment.name: v.candidate.deployment for v in decision.checked}  # the last of each
+    for name in failed:
+        for words, deployment, router in _variants(uncapped[name], decision.router, knobs_given):
+            if budget <= 0:
+                return replace(decision, searched=tuple(searched))
+            budget -= 1
+            searched.append(f"{deployment.name} with {words}")
+            choice, more = check.verify([Candidate(deployment, label=f"knob search: {words}")], router)
+            decision = replace(decision, checked=decision.checked + more)
+            if choice is not None:
+                return replace(decision, choice=choice, router=router, searched=tuple(searched))
+    return replace(decision, searched=tuple(searched))
 
 
 def _unit_gpus(deployment: Deployment) -> int:
@@ -204,9 +226,13 @@ def replay_hint(check: ReplayCheck, deployments: list[Deployment], max_gpus: int
 
 def _variants(deployment: Deployment, router: RouterPolicy, knobs_given: frozenset[str]
               ) -> list[tuple[str, Deployment, RouterPolicy]]:
-    """The deployment under the knobs the analytic sweep leaves fixed: --max-num-batched-tokens halved and doubled
-    (unless the user set it) and the other router policy (with more than one instance behind it)."""
+    """The deployment under the knobs the analytic sweep leaves fixed: the other router policy (with more than one
+    instance behind it), then --max-num-batched-tokens doubled and halved (unless the user set it)."""
     out = []
+    fronts = sum(g.count for g in deployment.groups if g.role is not Role.DECODE)
+    if fronts > 1:
+        other = OTHER_ROUTER[router]
+        out.append((f"router {other}", deployment, other))
     if "max_num_batched_tokens" not in knobs_given:
         current = deployment.groups[0].topology.max_num_batched_tokens
         for tokens in (current * 2, current // 2):
@@ -215,10 +241,6 @@ def _variants(deployment: Deployment, router: RouterPolicy, knobs_given: frozens
                     update={"max_num_batched_tokens": tokens})}) for g in deployment.groups)
                 out.append((f"--max-num-batched-tokens {tokens}", deployment.model_copy(update={"groups": groups}),
                             router))
-    fronts = sum(g.count for g in deployment.groups if g.role is not Role.DECODE)
-    if fronts > 1:
-        other = OTHER_ROUTER[router]
-        out.append((f"router {other}", deployment, other))
     return out
 
 
@@ -242,7 +264,7 @@ def _cheaper_with_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_give
     while budget > 0 and decision.choice is not None:
         found = None
         for smaller in _one_smaller(decision.choice.candidate.deployment):
-            tries = [("as given", smaller, decision.router), *_variants(smaller, decision.router, knobs_given)]
+            tries = [("the same knobs", smaller, decision.router), *_variants(smaller, decision.router, knobs_given)]
             for words, deployment, router in tries:
                 if budget <= 0:
                     break
