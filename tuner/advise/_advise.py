@@ -22,7 +22,14 @@ from tuner.advise._recommend import (
     why_it_wins,
 )
 from tuner.advise._request import AdviseRequest, Sla
-from tuner.advise._verify import ReplayCheck, ReplayDecision, offered_arrival, replay_hint, replay_verified
+from tuner.advise._verify import (
+    ReplayCheck,
+    ReplayDecision,
+    auto_replay_skipped,
+    offered_arrival,
+    replay_hint,
+    replay_verified,
+)
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
 from tuner.export import RecipeContext, export_deployment, simulated_label
@@ -58,6 +65,7 @@ class Advice:
     # replay verification (tuner/replay), with `replay_verify`: the best deployments replayed, the first within the
     # SLA decides the deployment to run
     verification: ReplayDecision | None = None
+    replay_skipped: str | None = None  # why the replay did not decide by default (a closed loop past its bound)
 
     @property
     def offered_rps(self) -> float | None:
@@ -100,7 +108,9 @@ class Advice:
     def decided_by(self) -> str:
         """Which model decided the answer: "replay" (request by request through vLLM's scheduler) or "steady-state
         model" (the analytic fronts alone: no SLA, or `replay_verify` off)."""
-        return "replay" if self.verification is not None else "steady-state model"
+        if self.verification is not None:
+            return "replay"
+        return "steady-state model" + (f" ({self.replay_skipped})" if self.replay_skipped else "")
 
     @property
     def recommended_num_gpus(self) -> int | None:
@@ -273,7 +283,10 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
         curves, fronts = rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress, hint)
     else:
         curves, fronts = closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
-    verification = None
+    verification, skipped = None, None
+    if decides and request.replay_verify is None:
+        skipped = auto_replay_skipped(fronts, traffic)
+        decides = skipped is None
     if decides:  # the replay decides among the best deployments (tuner/advise/_verify.py)
         verification = replay_verified(perf, fronts, traffic, max_ttft_ms=sla.max_ttft_ms, max_itl_ms=_itl_bound(sla),
                                        percentile=sla.percentile, max_gpus=request.gpus, router=router,
@@ -283,7 +296,7 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
                   calibration=perf.calibration,
                   num_topologies=len(topologies), num_instance_points=curves.num_points, fronts=fronts,
                   recommendation=recommend(fronts), elapsed_s=time.perf_counter() - started,
-                  verification=verification)
+                  verification=verification, replay_skipped=skipped)
 
 
 def _itl_bound(sla: Sla) -> float | None:

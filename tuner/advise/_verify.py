@@ -27,6 +27,11 @@ from tuner.topology import Role
 from tuner.workload import Workload
 
 VERIFY_TOP = 8  # front points replayed at most (each ~0.1-1 s, up to two deployments each)
+VERIFY_TOP_CLOSED = 4  # closed loop: each replays 3 x its clients' requests
+# Closed loop, by default (no `replay_verify`): the replay decides while the best point's clients are at most this
+# (3 x clients requests per replay; 1,500 clients of a large MoE take ~2 s a replay at today's replay speed);
+# past it the steady-state model answers and says so. `replay_verify` True replays any count.
+AUTO_CLOSED_CLIENTS = 256
 KNOB_REPLAYS = 6  # knob variants replayed at most, on top of the candidates
 HINT_BUDGET_FACTOR = 4  # the "about N GPUs" hint looks up to 4 x the budget
 HINT_SHAPES = 8  # deployment shapes scaled when none carries the rate (one replay each that cannot)
@@ -107,12 +112,29 @@ def _clients(point: Point) -> int:
     return point.metrics.concurrency
 
 
-def _candidates(fronts: Fronts, open_loop: bool, top: int) -> list[Candidate]:
+def _ranked(fronts: Fronts, open_loop: bool) -> list[Point]:
+    """Open loop: fewest GPUs first, then tok/s/GPU; closed loop: most tok/s/GPU first."""
     points: list[Point] = [*fronts.front, *fronts.aggregated]
     if open_loop:
         points.sort(key=lambda p: (p.num_gpus, -p.total_tok_s_per_gpu))
     else:
         points.sort(key=lambda p: -p.total_tok_s_per_gpu)
+    return points
+
+
+def auto_replay_skipped(fronts: Fronts, traffic: Workload) -> str | None:
+    """Why the replay does not decide by default (None: it does): a closed loop past AUTO_CLOSED_CLIENTS."""
+    points = _ranked(fronts, traffic.open_loop)
+    if traffic.open_loop or not points or _clients(points[0]) <= AUTO_CLOSED_CLIENTS:
+        return None
+    return (f"closed loop at {_clients(points[0]):,} clients, past the {AUTO_CLOSED_CLIENTS} the replay checks by "
+            "default (`replay_verify` replays it)")
+
+
+def _candidates(fronts: Fronts, open_loop: bool, top: int) -> list[Candidate]:
+    points = _ranked(fronts, open_loop)
+    if not open_loop:
+        top = min(top, VERIFY_TOP_CLOSED)
     candidates = []
     for p in points[:top]:
         # the operating deployment caps --max-num-seqs at the predicted batch; a burst past it queues in the

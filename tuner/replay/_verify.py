@@ -86,11 +86,13 @@ def verify_candidates(perf: RooflineModel, candidates: Sequence[Candidate], work
     checked: list[Verified] = []
     for c in candidates:
         process = arrival or ArrivalProcess("closed", concurrency=max(1, c.concurrency or 1))
-        count = num_requests
+        count, warmup = num_requests, warmup_share
         if count is not None and not process.open_loop:
             count = max(count, 3 * process.concurrency)  # every client sends a few requests
+            # every client's first request is warm-up: they all leave at once, a wave no steady state has
+            warmup = max(warmup, min(0.5, process.concurrency / count))
         plan = ReplayPlan(deployment=c.deployment, workload=workload, arrival=process, router=router,
-                          num_requests=count, warmup_share=warmup_share, sla=sla)
+                          num_requests=count, warmup_share=warmup, sla=sla)
         try:
             report = replay(perf, plan)
         except InfeasibleError:
