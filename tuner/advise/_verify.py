@@ -32,6 +32,7 @@ VERIFY_TOP_CLOSED = 4  # closed loop: each replays 3 x its clients' requests
 # (3 x clients requests per replay; 1,500 clients of a large MoE take ~2 s a replay at today's replay speed);
 # past it the steady-state model answers and says so. `replay_verify` True replays any count.
 AUTO_CLOSED_CLIENTS = 256
+CLIENT_BISECTIONS = 4  # closed loop, nothing holds the SLA at its clients: the best point at fewer, bisected
 KNOB_REPLAYS = 6  # knob variants replayed at most, on top of the candidates
 HINT_BUDGET_FACTOR = 4  # the "about N GPUs" hint looks up to 4 x the budget
 HINT_SHAPES = 8  # deployment shapes scaled when none carries the rate (one replay each that cannot)
@@ -155,7 +156,9 @@ def replay_verified(perf: RooflineModel, fronts: Fronts, traffic: Workload, *, m
     choice, checked = check.verify(_candidates(fronts, traffic.open_loop, top))
     decision = ReplayDecision(choice, checked, router)
     if arrival is None:
-        return _closed_loop_knobs(check, decision, knobs_given) if choice is not None else decision
+        if choice is None and checked:
+            decision = _fewer_clients(check, decision)
+        return _closed_loop_knobs(check, decision, knobs_given) if decision.choice is not None else decision
     if choice is None and checked:
         decision = _rescued_by_knobs(check, decision, knobs_given)
     if decision.choice is None and checked:
@@ -163,6 +166,27 @@ def replay_verified(perf: RooflineModel, fronts: Fronts, traffic: Workload, *, m
     if decision.choice is None:
         return decision
     return _cheaper_with_knobs(check, decision, knobs_given)
+
+
+def _fewer_clients(check: ReplayCheck, decision: ReplayDecision) -> ReplayDecision:
+    """Closed loop, none of the best points holds the SLA at its clients: the best one at fewer clients, bisected
+    (CLIENT_BISECTIONS replays) for the most the replay shows within the SLA."""
+    first = decision.checked[0].candidate.deployment.name  # the best point, its serve options as given (the last)
+    best = [v for v in decision.checked if v.candidate.deployment.name == first][-1]
+    low, high = 0, max(1, best.candidate.concurrency or 1)  # most clients known to pass (0: none yet), to fail
+    found: Verified | None = None
+    for _ in range(CLIENT_BISECTIONS):
+        if high - low <= 1:
+            break
+        clients = (low + high) // 2
+        choice, more = check.verify([Candidate(best.candidate.deployment, best.candidate.predicted_tok_s_per_gpu,
+                                               concurrency=clients, label=f"{best.candidate.label} at fewer clients")])
+        decision = replace(decision, checked=decision.checked + more)
+        if choice is not None:
+            low, found = clients, choice
+        else:
+            high = clients
+    return replace(decision, choice=found)
 
 
 def _rescued_by_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_given: frozenset[str]) -> ReplayDecision:
