@@ -1,9 +1,10 @@
 """A simulated trial's latencies and SLA attainment from the replay (tuner/replay): each level of an aggregated
 trial is replayed request by request through vLLM's scheduler (closed loop at its clients, or open loop at its
 offered rate), so the study's SLA constraint and goodput read what the requests did (bursts, bimodal cache hits,
-queues) rather than a steady state. Bounded: TRIAL_REPLAY_REQUESTS per trial spread over its levels, at least two
-requests per client. A PD phase trial (prefill or decode alone) keeps the analytic figures: the replay needs both
-sides of a PD deployment.
+queues) rather than a steady state. Bounded: at most TRIAL_REPLAY_REQUESTS requests per trial, the levels replayed
+from the lightest while the budget lasts (a closed-loop level takes 2 requests per client, at least 32; an open-loop
+level 32 at least); a level past the budget keeps the analytic figures (`replayed_sla_attainment` None). A PD phase
+trial (prefill or decode alone) keeps the analytic figures: the replay needs both sides of a PD deployment.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from tuner.replay import Sla as ReplaySla
 from tuner.topology import Role
 from tuner.workload import Workload
 
-TRIAL_REPLAY_REQUESTS = 400  # per trial, spread over its levels (each at least 2 per client, 32 at least)
-MAX_LEVEL_REQUESTS = 1024
+TRIAL_REPLAY_REQUESTS = 400  # per trial, over its levels
+MIN_LEVEL_REQUESTS = 32
 
 
-def _level_requests(point: ServingMetrics, levels: int) -> int:
-    share = max(32, TRIAL_REPLAY_REQUESTS // max(1, levels))
-    return min(MAX_LEVEL_REQUESTS, max(share, 2 * point.concurrency if point.offered_rps is None else share))
+def _level_requests(point: ServingMetrics) -> int:
+    return max(MIN_LEVEL_REQUESTS, 2 * point.concurrency if point.offered_rps is None else MIN_LEVEL_REQUESTS)
 
 
 def _sketch(values: list[float]) -> tuple[float, ...]:
@@ -33,13 +33,13 @@ def _sketch(values: list[float]) -> tuple[float, ...]:
 
 
 def replayed_point(perf: RooflineModel, deployment: Deployment, workload: Workload, point: ServingMetrics, *,
-                   sla: ReplaySla, levels: int) -> ServingMetrics:
+                   sla: ReplaySla, requests: int) -> ServingMetrics:
     """The point with its TTFT and ITL (mean, percentiles, sketches) and its SLA attainment from a replay at the
     point's load; the point as it was when the replay stops past its horizon (a load far past capacity)."""
     arrival = (ArrivalProcess("poisson", rate_rps=point.offered_rps) if point.offered_rps else
                ArrivalProcess("closed", concurrency=point.concurrency))
     plan = ReplayPlan(deployment=deployment, workload=workload, arrival=arrival, sla=sla, warmup_share=0.1,
-                      num_requests=_level_requests(point, levels))
+                      num_requests=requests)
     try:
         report = replay(perf, plan)
     except InfeasibleError:
@@ -61,4 +61,12 @@ def replayed_points(perf: RooflineModel, deployment: Deployment, workload: Workl
     if (max_ttft_ms is None and max_itl_ms is None) or deployment.groups[0].role is not Role.BOTH:
         return points
     sla = ReplaySla(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms)
-    return [replayed_point(perf, deployment, workload, p, sla=sla, levels=len(points)) for p in points]
+    budget = TRIAL_REPLAY_REQUESTS
+    out = list(points)
+    for i in sorted(range(len(points)), key=lambda i: (points[i].offered_rps or 0.0, points[i].concurrency)):
+        requests = _level_requests(points[i])
+        if requests > budget:
+            break
+        budget -= requests
+        out[i] = replayed_point(perf, deployment, workload, points[i], sla=sla, requests=requests)
+    return out
