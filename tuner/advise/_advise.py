@@ -40,7 +40,7 @@ from tuner.operating_point import RouterChoice, choose_router_policy
 from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
 from tuner.replay import RouterPolicy
 from tuner.replay import Sla as ReplaySla
-from tuner.topology import Topology
+from tuner.topology import Topology, knob_default
 from tuner.workload import Workload, workload_error
 
 
@@ -290,7 +290,8 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
     if decides:  # the replay decides among the best deployments (tuner/advise/_verify.py)
         verification = replay_verified(perf, fronts, traffic, max_ttft_ms=sla.max_ttft_ms, max_itl_ms=_itl_bound(sla),
                                        percentile=sla.percentile, max_gpus=request.gpus, router=router,
-                                       knobs_given=frozenset(request.serve.knobs))
+                                       knobs_given=frozenset(k for k, v in request.serve.knobs.items()
+                                                             if v != knob_default(k)))
     return Advice(request=request, model=spec, gpu=gpu, traffic=traffic, constraints=constraints,
                   pairing_rules=f"vLLM {rules.version} NIXL rules", vllm_version=str(rules.version),
                   calibration=perf.calibration,

@@ -435,12 +435,15 @@ def _print_verification(advice: Advice) -> None:
     pct = advice.request.sla.percentile
     table = Table(title=f"Replay verification (vLLM's scheduler, request by request; latencies at {pct})",
                   title_justify="left")
-    for col in ("deployment", "GPUs", "max-num-seqs", "TTFT ms", "ITL ms", "SLA met", "verdict"):
-        table.add_column(col, justify="left" if col in ("deployment", "verdict") else "right")
+    closed = advice.offered_rps is None
+    for col in ("deployment", "GPUs", *(("clients",) if closed else ()), "max-num-seqs", "knobs", "TTFT ms",
+                "ITL ms", "within SLA", "verdict"):
+        table.add_column(col, justify="left" if col in ("deployment", "knobs", "verdict") else "right")
     for v in verified.checked:
         r = v.report
-        table.add_row(r.deployment, str(r.num_gpus), "/".join(str(g.topology.max_num_seqs)
-                                                              for g in v.candidate.deployment.groups),
+        knobs = v.candidate.label.removeprefix("knob search: ") if v.candidate.label.startswith("knob") else ""
+        table.add_row(r.deployment, str(r.num_gpus), *((str(v.candidate.concurrency),) if closed else ()),
+                      "/".join(str(g.topology.max_num_seqs) for g in v.candidate.deployment.groups), knobs,
                       f"{r.ttft_ms.at(pct):,.0f}", f"{r.itl_ms.at(pct):.2f}", f"{r.sla_attainment:.1%}", v.reason)
     console.print(table)
     choice = verified.choice
@@ -451,8 +454,9 @@ def _print_verification(advice: Advice) -> None:
                       highlight=False)
         return
     knobs = [g.topology.max_num_batched_tokens for g in choice.candidate.deployment.groups]
-    console.print(f"  [bold]deploy (replay-verified)[/]: {choice.report.deployment} on {choice.report.num_gpus} GPUs "
-                  f"(--max-num-batched-tokens {'/'.join(map(str, dict.fromkeys(knobs)))}, router "
+    clients = f" at {choice.candidate.concurrency} clients" if closed else ""
+    console.print(f"  [bold]deploy (replay-verified)[/]: {choice.report.deployment} on {choice.report.num_gpus} GPUs"
+                  f"{clients} (--max-num-batched-tokens {'/'.join(map(str, dict.fromkeys(knobs)))}, router "
                   f"{verified.router})", highlight=False)
     if verified.searched:
         console.print(f"  knobs searched by replay: {'; '.join(verified.searched)}", highlight=False,
