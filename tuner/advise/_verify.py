@@ -2,12 +2,12 @@
 real stream, and the answer is what the replay shows within the SLA (tuner/replay `verify_candidates`).
 
 Open loop (a rate): candidates by fewest GPUs, then tok/s/GPU, each replayed at the offered rate (the trace's
-timestamps rescaled, or Poisson). When none of them carries the rate, the most efficient one is scaled up
-(`fewest_instances_for_rate`) within the budget; past the budget, the same search gives the "about N GPUs" hint.
-Then the engine knobs the analytic model does not sweep are searched where they change the answer: the choice one
-instance smaller with --max-num-batched-tokens halved or doubled, or under the other router policy (bounded:
-`KNOB_REPLAYS`). Closed loop: by tok/s/GPU, each at its own operating concurrency; the knob variants of the choice
-are kept when the replay shows them within the SLA at more tok/s/GPU.
+timestamps rescaled, or Poisson). When none of them carries the rate, their knob variants are tried (the other
+router policy, max_num_batched_tokens doubled and halved), then each shape is scaled up within the budget
+(`fewest_instances_for_rate`); past the budget, the same search gives the "about N GPUs" hint. With a choice, the
+choice one instance smaller is tried with the same knobs and each variant (at most `KNOB_REPLAYS`). Closed loop: by
+tok/s/GPU, each at its own clients; when none holds the SLA, the best at fewer clients (bisected); the choice's knob
+variants are kept when the replay shows them within the SLA at more tok/s/GPU.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def _variants(deployment: Deployment, router: RouterPolicy, knobs_given: frozens
             if tokens >= 1024:
                 groups = tuple(g.model_copy(update={"topology": g.topology.model_copy(
                     update={"max_num_batched_tokens": tokens})}) for g in deployment.groups)
-                out.append((f"--max-num-batched-tokens {tokens}", deployment.model_copy(update={"groups": groups}),
+                out.append((f"max_num_batched_tokens {tokens}", deployment.model_copy(update={"groups": groups}),
                             router))
     return out
 
