@@ -13,11 +13,10 @@ Prints one line per command and, last, `N of N commands compare equal`; exits 1 
 `--append ARG[,ARG]` adds arguments to every command (e.g. `--no-replay-verify`: a tree whose default decides with
 the replay, compared against one that did not, with the replay off).
 
-Since the replay decides under an SLA by default (#45), the commands with an SLA differ on purpose in
-`replay_verification` (added), `recommendation.decided_by` (added), `recommendation.winner` /
-`winner_num_gpus` (the replay's choice) and `recommendation.operating_point` (what the replay kept; its source reads
-"frontier (replay-verified)"); `compare DIR --append --no-replay-verify --ignore decided_by` is equal on all 18
-(docs/workloads.md, "Deciding with it").
+Since the replay decides under an SLA by default (#45), 4 commands with an SLA differ on purpose in
+`recommendation.operating_point` (what the replay kept; its source reads "frontier (replay-verified)") and add
+`replay_verification`; every command adds `recommendation.decided_by`; `compare DIR --append --no-replay-verify
+--ignore decided_by` is equal on all 18 (docs/workloads.md, "Deciding with it", lists each difference).
 """
 
 from __future__ import annotations
