@@ -337,6 +337,9 @@ class AdviceCreate(_In):
     sla: SlaIn = Field(default_factory=SlaIn)
     mode: Literal["both", "disagg", "agg"] = Field("both", description="which serving modes compete")
     max_mtp: int = Field(3, ge=0, le=8, description="decode MTP depths 0..N are swept (models with MTP layers)")
+    replay_verify: bool | None = Field(None, description="the replay (vLLM's scheduler, request by request) decides "
+                                       "the answer; default (null): whenever the SLA bounds something; false: the "
+                                       "steady-state model alone")
 
     @field_validator("model_path", "trace_jsonl")
     @classmethod
@@ -372,6 +375,8 @@ class AdvicePublic(BaseModel):
     num_deployments: int
     elapsed_s: float
     calibration: dict[str, Any]
+    replay_verification: dict[str, Any] | None = Field(None, description="what the replay checked and kept, when it "
+                                                       "decided (recommendation.decided_by 'replay')")
 # -- deployment watches (#48) ----------------------------------------------------------------------------------------
 class ThresholdsIn(_In):
     """When a watch asks for new advice (tuner.live.Thresholds; unset fields keep their defaults)."""
