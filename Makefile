@@ -12,7 +12,7 @@ MODEL ?= examples/models/qwen3.8-2.4t-a95b-nvfp4
 
 CPU_ENVS ?= $(HOME)/.cache/topotune/envs
 
-.PHONY: demo test lint bench venv clean cpu-vllm aiconfigurator prometheus
+.PHONY: demo test lint bench venv clean cpu-vllm aiconfigurator aisimulate prometheus
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,18 @@ aiconfigurator: $(STAMP)
 	@test -x $(AIC_VENV)/bin/aiconfigurator || { $(PYTHON) -m venv $(AIC_VENV) && \
 		$(AIC_VENV)/bin/pip install --quiet aiconfigurator==0.12.0; }
 	$(BIN)/python benchmarks/aiconfigurator_runs.py --run --aic $(AIC_VENV)/bin/aiconfigurator
+
+# NVIDIA aisimulate (aiconfigurator's successor) in a venv of its own (it pins jax and its own dependencies; topotune
+# never imports it): the stable 0.13.0 on PyPI is a stub that downloads from NVIDIA's own index, so the newest
+# pre-release, whose wheel PyPI ships. Then its predictions of every vLLM workload row on the replay's own request
+# stream, stored with their commands in benchmarks/data/aisimulate.yaml (benchmarks/workload_fidelity.py --replay
+# prints them beside the replay's; ~1 min to install, ~4 min to run on 2 cores).
+AISIM_VENV ?= $(HOME)/.cache/topotune/aisim-venv
+AISIM_VERSION ?= 0.13.0.dev202610270000000085
+aisimulate: $(STAMP)
+	@test -x $(AISIM_VENV)/bin/aisimulate || { $(PYTHON) -m venv $(AISIM_VENV) && \
+		$(AISIM_VENV)/bin/pip install --quiet --pre aisimulate==$(AISIM_VERSION); }
+	$(BIN)/python benchmarks/aisimulate_runs.py --run --aisim $(AISIM_VENV)/bin/aisimulate
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

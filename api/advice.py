@@ -26,7 +26,8 @@ ADVICE_FIELDS = {"model": "model_path", "serve.mode": "mode", "serve.max_mtp": "
 
 def uploaded_trace(text: str, block: dict[str, object] | None, settings: ApiSettings) -> Workload:
     """An uploaded mooncake trace, read by the same streaming reader (and its limits) as a trace file, from a
-    private temporary file removed at once; a bad line is a 422 naming `trace_jsonl` and the line."""
+    private temporary file (the replay reads it again: `answer` removes it, a bad upload is removed at once); a bad
+    line is a 422 naming `trace_jsonl` and the line."""
     if block is not None and any(k in block for k in ("trace", "isl", "osl", "input_tokens", "output_tokens")):
         raise FieldError(("body", "trace_jsonl"), "an uploaded trace gives the lengths: drop the workload's "
                          "trace, isl/osl and input_tokens/output_tokens")
@@ -40,13 +41,13 @@ def uploaded_trace(text: str, block: dict[str, object] | None, settings: ApiSett
         load = WorkloadSpec.model_validate({"isl": 1, "osl": 1, **(block or {})}).load()
         return Workload.model_validate({**trace.model_dump(), **load}) if load else trace
     except TopotuneError as exc:
+        path.unlink(missing_ok=True)
         where = f"{exc.field or ''}".replace(path.name, "").strip() or None
         raise FieldError(("body", "trace_jsonl"), (f"{where}: " if where else "") + exc.message.replace(
             str(path), "the uploaded trace") + (f" (fix: {exc.fix})" if exc.fix else "")) from None
     except ValidationError as exc:
-        raise _field_error(workload_error(exc)) from None
-    finally:
         path.unlink(missing_ok=True)
+        raise _field_error(workload_error(exc)) from None
 
 
 def advice_workload(block: dict[str, object] | None, settings: ApiSettings, trace_jsonl: str | None = None
@@ -85,7 +86,7 @@ def advice_request(body: AdviceCreate, settings: ApiSettings) -> AdviseRequest:
             hardware=body.hardware, gpus=body.gpus, request_rate=body.request_rate, arrival=body.arrival,
             sla=Sla(max_ttft_ms=body.sla.max_ttft_ms, max_itl_ms=body.sla.max_itl_ms,
                     min_tok_s_user=body.sla.min_tok_s_user, percentile=body.sla.percentile),
-            serve=ServeOptions(mode=body.mode, max_mtp=body.max_mtp))
+            serve=ServeOptions(mode=body.mode, max_mtp=body.max_mtp), replay_verify=body.replay_verify)
     except TopotuneError as exc:
         raise _field_error(exc) from None
 
@@ -93,11 +94,15 @@ def advice_request(body: AdviceCreate, settings: ApiSettings) -> AdviseRequest:
 def answer(body: AdviceCreate, settings: ApiSettings) -> tuple[Advice, AdvicePublic]:
     """The library's advice for the body, and its public shape. Raises FieldError (422) naming the field."""
     request = advice_request(body, settings)
+    trace = request.workload.trace
     try:
         advice = advise(request)
         commands = advice.commands
     except TopotuneError as exc:
         raise _field_error(exc) from None
+    finally:
+        if body.trace_jsonl is not None and trace is not None:
+            Path(trace.path).unlink(missing_ok=True)  # the uploaded trace's private copy
     deployment = advice.operating_deployment
     return advice, AdvicePublic.model_validate({
         **advice.as_json(), "reason": advice.reason, "setting": advice.setting, "commands": commands,

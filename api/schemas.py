@@ -162,19 +162,33 @@ class StudyDetail(StudyPublic):
     recent_events: list[EventPublic]
 
 
+class LevelPublic(BaseModel):
+    """One load level a trial measured."""
+
+    level: str = Field(description='the load: "c16" (16 clients) or "6 rps" (an open-loop rate)')
+    concurrency: int | None
+    offered_rps: float | None
+    values: list[float] | None
+    feasible: bool
+    stored_as: int = Field(description="the Optuna trial number this level is stored as (the dashboard's)")
+
+
 class TrialPublic(BaseModel):
+    """One trial: one tried configuration, with every load level it measured."""
+
     phase: PhaseName
     trial_number: int
     state: str = Field(description="Optuna state: COMPLETE, FAIL, RUNNING, ...")
     status: str | None = Field(description="outcome: ok, infeasible, oom, crashed, duplicate, cancelled, ...")
-    kind: str | None = Field(description="sampled (a launch), extra (another concurrency level), screened, ...")
+    kind: str | None = Field(description="sampled (a launch), screened, duplicate, reverify")
     params: dict[str, Any]
     values: list[float] | None
     constraints: dict[str, float]
     feasible: bool
     reason: str | None
     duration_s: float | None
-    concurrency: int | None
+    concurrency: int | None = Field(description="the level the sampler was told (values are that level's)")
+    levels: list[LevelPublic] = Field(default_factory=list, description="every load level measured, by load")
 
 
 class TrialPage(BaseModel):
@@ -185,7 +199,9 @@ class TrialPage(BaseModel):
 
 
 class FrontPoint(BaseModel):
-    trial_number: int
+    trial_number: int = Field(description="the trial (tried configuration) this point is a load level of")
+    level: str = Field(description='the load it was measured at: "c16" or "6 rps"')
+    stored_as: int = Field(description="the Optuna trial number the point is stored as (the dashboard's)")
     deployment: str
     topology: str
     concurrency: int
@@ -321,6 +337,9 @@ class AdviceCreate(_In):
     sla: SlaIn = Field(default_factory=SlaIn)
     mode: Literal["both", "disagg", "agg"] = Field("both", description="which serving modes compete")
     max_mtp: int = Field(3, ge=0, le=8, description="decode MTP depths 0..N are swept (models with MTP layers)")
+    replay_verify: bool | None = Field(None, description="the replay (vLLM's scheduler, request by request) decides "
+                                       "the answer; default (null): whenever the SLA bounds something; false: the "
+                                       "steady-state model alone")
 
     @field_validator("model_path", "trace_jsonl")
     @classmethod
@@ -356,6 +375,8 @@ class AdvicePublic(BaseModel):
     num_deployments: int
     elapsed_s: float
     calibration: dict[str, Any]
+    replay_verification: dict[str, Any] | None = Field(None, description="what the replay checked and kept, when it "
+                                                       "decided (recommendation.decided_by 'replay')")
 # -- deployment watches (#48) ----------------------------------------------------------------------------------------
 class ThresholdsIn(_In):
     """When a watch asks for new advice (tuner.live.Thresholds; unset fields keep their defaults)."""

@@ -30,14 +30,16 @@ from api.schemas import (
     ComposedFrontPoint,
     Failure,
     FrontPoint,
+    LevelPublic,
     ParetoPublic,
     PhaseFront,
     PhaseProgress,
     TrialPublic,
 )
 from tuner.errors import TopotuneError
+from tuner.metrics import ServingMetrics
 from tuner.space import SearchSpace
-from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, LiveCampaign, TrialRow
+from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, LiveCampaign, TrialRecord, TrialRow, level_label
 
 MIN_REFRESH_S = 0.5  # a snapshot younger than this is served as it is (the page polls every 3 s)
 PERSIST_EVERY_S = 2.0  # a running study's snapshot file is rewritten at most this often
@@ -162,6 +164,7 @@ class ResultCache:
 
     def _write(self, path: Path, record: StudyRecord, entry: _Entry, snap: Snapshot) -> None:
         body = {"campaign": record.campaign, "version": snap.version, "trials_stored": snap.trials_stored,
+                "points_stored": points_stored(snap),
                 "study_ids": snap.study_ids, "pareto": json.loads(pareto(record, snap)),
                 "progress": {p: v.model_dump(mode="json") for p, v in phase_progress(record, snap).items()}}
         with contextlib.suppress(OSError):
@@ -204,13 +207,22 @@ class ResultCache:
 
 
 def trial_public(row: TrialRow) -> TrialPublic:
+    """A trial with its load levels (the told one and those stored beside it), by load."""
     r = row.record
+    measured = [x for x in (r, *row.levels) if x.attrs.metrics is not None]
+    levels = sorted((_level_public(x) for x in measured), key=lambda lv: (lv.offered_rps or 0.0, lv.concurrency or 0))
     return TrialPublic(
         phase=row.phase, trial_number=r.number, state=r.state.name,  # type: ignore[arg-type]
         status=str(r.attrs.outcome) if r.attrs.outcome is not None else None,
         kind=str(r.kind) if r.kind is not None else None, params=r.params,
         values=list(r.values) if r.values else None, constraints=r.constraints, feasible=r.feasible,
-        reason=r.attrs.reason, duration_s=r.attrs.duration_s, concurrency=r.attrs.concurrency)
+        reason=r.attrs.reason, duration_s=r.attrs.duration_s, concurrency=r.attrs.concurrency, levels=levels)
+
+
+def _level_public(r: TrialRecord) -> LevelPublic:
+    m = ServingMetrics.model_validate(r.attrs.metrics)
+    return LevelPublic(level=level_label(m), concurrency=m.concurrency, offered_rps=m.offered_rps,
+                       values=list(r.values) if r.values else None, feasible=r.feasible, stored_as=r.number)
 
 
 # -- builders ------------------------------------------------------------------------------------------------------
@@ -232,6 +244,13 @@ def phase_progress(record: StudyRecord, snap: Snapshot) -> dict[str, PhaseProgre
             failures=[Failure(trial_number=f.trial_number, status=f.status, reason=f.reason[:2000],
                               params=f.params) for f in (pr.failures[:50] if pr else [])])
     return out
+
+
+def points_stored(snap: Snapshot) -> int:
+    """Measured points (every load level of every trial) the snapshot holds."""
+    if snap.result is None:
+        return int((snap.restored or {}).get("points_stored", 0))
+    return sum(len(pr.points) for pr in snap.result.phases.values())
 
 
 def exportable(result: CampaignResult) -> list:
@@ -258,7 +277,8 @@ def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
                 phases[phase] = PhaseFront(
                     study_name=pr.study_name, objectives=list(PHASE_METRICS[phase]), points_total=len(pr.points),
                     points_feasible=sum(p.feasible for p in pr.points),
-                    front=[FrontPoint(trial_number=p.trial_number, deployment=p.deployment.name,
+                    front=[FrontPoint(trial_number=p.trial, level=p.level, stored_as=p.trial_number,
+                                      deployment=p.deployment.name,
                                       topology=p.deployment.groups[0].topology.label(),
                                       concurrency=p.metrics.concurrency, params=p.params,
                                       objective_values=list(p.values),

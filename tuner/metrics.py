@@ -50,6 +50,11 @@ class ServingMetrics(BaseModel):
     offered_rps: float | None = Field(None, ge=0, description="open loop: the request rate sent (None: closed loop)")
     prefix_hit_share: float = Field(0.0, ge=0, le=1, description="input tokens served from the prefix cache")
     sla_attainment: float = Field(1.0, ge=0, le=1, description="share of requests within the study's SLA")
+    # A simulated trial's replay (tuner/replay, request by request through vLLM's scheduler) under the trial's SLA:
+    # the share of its requests whose TTFT and ITL both met it (not read off independent sketches). None: not
+    # replayed (a measured run, or no SLA).
+    replayed_sla_attainment: float | None = Field(None, ge=0, le=1, description="share of the replayed requests "
+                                                  "within the SLA (simulated trials)")
 
     @property
     def goodput_tok_s_per_gpu(self) -> float:

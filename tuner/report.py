@@ -75,15 +75,14 @@ def phase_figure(result: PhaseResult, axis_titles: tuple[str, str]) -> go.Figure
         pts = [p for p in result.points if p.feasible == feasible]
         fig.add_trace(go.Scatter(
             x=[p.values[1] for p in pts], y=[p.values[0] for p in pts], mode="markers", name=name, marker=marker,
-            hoverinfo="text", text=[f"trial {p.trial_number}: {p.deployment.name} @ {p.metrics.concurrency}"
-                                    for p in pts]))
+            hoverinfo="text", text=[f"trial {p.label}: {p.deployment.name}" for p in pts]))
     front = sorted(result.front, key=lambda p: p.values[1])
     fig.add_trace(go.Scatter(
         x=[p.values[1] for p in front], y=[p.values[0] for p in front], mode="lines+markers", name="front",
         line=FRONT_LINE, marker={"size": 8}, hoverinfo="text",
-        text=[f"<b>{p.deployment.name}</b> seqs={p.params.get('max_num_seqs')} @ {p.metrics.concurrency}"
-              for p in front]))
-    fig.update_layout(title=f"{result.phase}: {result.launched} launched trials", template="plotly_white",
+        text=[f"<b>trial {p.label}</b>: {p.deployment.name} seqs={p.params.get('max_num_seqs')}" for p in front]))
+    fig.update_layout(title=f"{result.phase}: {result.launched} launched trials, {len(result.points)} measured points",
+                      template="plotly_white",
                       xaxis_title=axis_titles[1], yaxis_title=axis_titles[0])
     return fig
 

@@ -283,6 +283,8 @@ class StudyConstraints(_Strict):
         """The point with its share of requests within the SLA: what a study's goodput objective counts."""
         if self.max_ttft_ms is None and self.max_itl_ms is None:
             return m
+        if m.replayed_sla_attainment is not None:  # a simulated trial's replay counted each request
+            return m.model_copy(update={"sla_attainment": m.replayed_sla_attainment})
         return m.within_sla(max_ttft_ms=self.max_ttft_ms, max_itl_ms=self.max_itl_ms)
 
 

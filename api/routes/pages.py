@@ -27,7 +27,7 @@ from api.deps import CacheDep, SessionDep, SettingsDep, StudyDep
 from api.live import LiveView, live_view
 from api.models import EventRecord, StudyRecord
 from api.schemas import AdviceCreate, ReverifyCreate, StudyCreate
-from api.views import Snapshot, dashboard_url, exportable, phase_progress
+from api.views import Snapshot, dashboard_url, exportable, phase_progress, points_stored
 from tuner.advise import Fronts, recommend
 from tuner.cluster import ClusterKey
 from tuner.errors import TopotuneError
@@ -86,7 +86,7 @@ def version_figures(snap: Snapshot) -> list[dict[str, Any]]:
             data.append({"type": "scatter", "mode": "markers", "name": "regression (slower / no longer starts)",
                          "marker": {"symbol": "x", "size": 13, "color": "#c0392b"},
                          "x": [p.values[0] for p in marked], "y": [p.values[1] for p in marked],
-                         "text": [f"trial {p.trial_number} {p.deployment.groups[0].topology.label()}: "
+                         "text": [f"trial {p.label} {p.deployment.groups[0].topology.label()}: "
                                   f"{verdicts[(phase, p.trial_number)]}" for p in marked]})
         out.append({"data": data, "layout": {"title": {"text": f"{phase}: front per vLLM version"},
                                              "xaxis": {"title": {"text": x_title}},
@@ -215,6 +215,7 @@ def study_page(request: Request, record: StudyDep, session: SessionDep, cache: C
     return TEMPLATES.TemplateResponse(request, "study.html", {
         "study": record, "snap": snap, "result": result, "phases": phase_progress(record, snap),
         "constraints": record.space.get("constraints", {}), "violations": constraint_summary(snap),
+        "points_stored": points_stored(snap),
         "front": front, "recommended": recommended, "binding": binding, "traffic": _traffic(record.space),
         "loads": [_load(p) for p in result.composed_front] if result else [],
         "phase_fronts": {ph: sorted(pr.front, key=lambda p: -p.values[0]) for ph, pr in result.phases.items()}
@@ -281,7 +282,8 @@ def study_figures(record: StudyDep, cache: CacheDep) -> JSONResponse:
         figs, snap.error = [], exc.user_message()
     phases = {name: {"launched": p.launched, "budget": p.budget, "counts": p.counts}
               for name, p in phase_progress(record, snap).items()}
-    return JSONResponse({"status": record.status.value, "trials_stored": snap.trials_stored, "figures": figs,
+    return JSONResponse({"status": record.status.value, "trials_stored": snap.trials_stored,
+                         "points_stored": points_stored(snap), "figures": figs,
                          "active": record.status.active, "phases": phases})
 
 

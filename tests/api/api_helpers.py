@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from _support.paths import MODELS as MODELS  # re-exported for the service tests
@@ -33,3 +36,33 @@ def wait_for(client: TestClient, study_id: int, until: Callable[[dict], bool], t
 
 def finished(detail: dict) -> bool:
     return detail["status"] in ("succeeded", "failed", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """The app on a real port in a thread (what a browser reaches), its base URL; stopped on exit."""
+    import uvicorn
+
+    port = free_port()
+    # keep-alive longer than any pause a loaded machine puts between two polls: at uvicorn's 5 s the server can
+    # close the idle connection just as the client reuses it ("Server disconnected without sending a response",
+    # seen once with the suite at nice 19 beside two benchmark processes)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_keep_alive=120))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

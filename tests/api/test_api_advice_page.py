@@ -5,13 +5,12 @@ same winner POST /v1/advice gives; then a trace from the picker at its own rate.
 from __future__ import annotations
 
 import shutil
-import threading
 import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN
-from test_api_browser import _free_port, _wait, chromium, driver  # noqa: F401 - the browser fixtures
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, served
+from test_api_browser import _wait, chromium, driver  # noqa: F401 - the browser fixtures
 
 from api.main import create_app
 
@@ -19,24 +18,12 @@ from api.main import create_app
 @pytest.fixture
 def advice_server(sqlite_url, make_settings, model_store, tmp_path):  # type: ignore[no-untyped-def]
     """The service with a folder of traces among its allowed roots (the page's trace picker lists them)."""
-    import uvicorn
-
     traces = tmp_path / "traces"
     traces.mkdir()
     shutil.copy(REPO / "examples" / "traces" / "chat-multiturn.jsonl", traces / "chat.jsonl")
     settings = make_settings(sqlite_url, allowed_roots=[model_store, REPO / "search_spaces", traces])
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_keep_alive=120))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}", str((traces / "chat.jsonl").resolve())
-    server.should_exit = True
-    thread.join(timeout=60)
+    with served(create_app(settings)) as url:
+        yield url, str((traces / "chat.jsonl").resolve())
 
 
 def _type(browser, element_id: str, text: str) -> None:  # type: ignore[no-untyped-def]

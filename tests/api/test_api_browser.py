@@ -6,14 +6,12 @@ are kept in test-artifacts/."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
-import threading
 import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, served
 
 from api.main import create_app
 
@@ -28,31 +26,10 @@ def chromium() -> tuple[str, str]:
     return "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def live_server(sqlite_url, make_settings):
-    import uvicorn
-
-    port = _free_port()
-    # keep-alive longer than any pause a loaded machine puts between two polls: at uvicorn's 5 s the server can
-    # close the idle connection just as the client reuses it ("Server disconnected without sending a response",
-    # seen once with the suite at nice 19 beside two benchmark processes)
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(sqlite_url)), host="127.0.0.1", port=port,
-                                           log_level="warning", timeout_keep_alive=120))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=60)
+    with served(create_app(make_settings(sqlite_url))) as url:
+        yield url
 
 
 @pytest.fixture
@@ -82,13 +59,16 @@ def test_study_page_renders_the_front(driver, live_server):
         while http.get(f"/v1/studies/{sid}").json()["status"] != "succeeded":
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        n_front = len(http.get(f"/v1/studies/{sid}/pareto").json()["composed_front"])
+        pareto = http.get(f"/v1/studies/{sid}/pareto").json()
+        n_front = len(pareto["composed_front"])
+        trials = http.get(f"/v1/studies/{sid}/trials", params={"limit": 1000}).json()
 
     driver.get(f"{live_server}/ui/studies/{sid}")
     points = WebDriverWait(driver, 30).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, "#front-chart .scatterlayer .points path") or False)
     assert len(points) >= n_front > 0
     assert driver.find_elements(By.CSS_SELECTOR, "#phase-charts .scatterlayer .points path")
+    _check_trial_numbering(driver, trials, pareto)
     rows = driver.find_elements(By.CSS_SELECTOR, "#front-table tr")
     assert len(rows) == n_front + 1
     links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "#front-table a")]
@@ -105,6 +85,29 @@ def test_study_page_renders_the_front(driver, live_server):
     create_in_dashboard(driver, "refused-signed-out")
     WebDriverWait(driver, 30).until(lambda d: "Failed to create a study" in d.find_element(By.TAG_NAME, "body").text)
     driver.save_screenshot(str(ARTIFACTS / "ui-dashboard.png"))
+
+
+def _check_trial_numbering(driver, trials: dict, pareto: dict) -> None:
+    """One meaning of "trial": the header counts trials (configurations) and measured points apart, and every
+    table row and chart point is numbered by its trial with its load ("#8 c16"), never by a load level's own
+    stored number."""
+    from selenium.webdriver.common.by import By
+
+    numbers = {(t["phase"], t["trial_number"]) for t in trials["items"]}
+    assert all(t["kind"] != "extra" for t in trials["items"])
+    assert driver.find_element(By.ID, "stored").text == str(trials["total"])
+    points = sum(ph["points_total"] for ph in pareto["phases"].values())
+    assert int(driver.find_element(By.ID, "points-stored").text) == points > trials["total"]  # several loads each
+    rows = driver.find_elements(By.CSS_SELECTOR, "table.phase-front tr[data-trial]")
+    assert rows
+    for row in rows:
+        cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+        assert any(n == int(cells[0]) for _, n in numbers) and re.fullmatch(r"c\d+", cells[2]), cells
+    texts = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#phase-charts .js-plotly-plot')).flatMap(function (d) {"
+        "  return d.data.flatMap(function (t) { return t.text || []; }); });")
+    labelled = [re.match(r"(?:<b>)?trial #(\d+) c\d+", t) for t in texts if "trial" in t]
+    assert labelled and all(m is not None and any(n == int(m.group(1)) for _, n in numbers) for m in labelled), texts
 
 
 def create_in_dashboard(driver, name: str) -> None:

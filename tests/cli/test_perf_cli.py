@@ -154,6 +154,34 @@ def test_frontier_bad_calibration_file(ref: str, tmp_path: Path, capsys: pytest.
     assert "hbm_efficiency" in capsys.readouterr().err
 
 
+def _bomb(levels: int = 9, width: int = 9) -> str:
+    """Billion laughs: a few hundred bytes that expand to width**levels nodes when walked."""
+    lines = ['a0: &a0 [0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\nhbm_efficiency: 0.8\n"
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("bomb", "YAML nodes"), ("aliases", "aliases"), ("deep", "nests deeper"), ("fifo", "FIFO"),
+    ("huge", "at most 64.0 KiB is read"), ("list", "expected a mapping")])
+def test_a_hostile_calibration_file_is_refused_before_it_is_walked(
+        ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, says: str) -> None:
+    """--calibration goes through the guarded YAML reader every user YAML takes (tuner/_yaml.py, tuner/files.py):
+    an alias bomb, absurd nesting, a FIFO (a naive read blocks forever) or a huge file is a field error, exit 2."""
+    import os
+
+    path = tmp_path / "cal.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text({"bomb": _bomb(), "aliases": _bomb(levels=4, width=30), "deep": "[" * 40 + "]" * 40,
+                         "huge": "# pad\n" * 20_000 + "hbm_efficiency: 0.8\n", "list": "[0.8]\n"}[kind])
+    for command in (["frontier", ref], ["simulate", ref, "--role", "decode", "--topology", "TP4"]):
+        assert main([*command, "--calibration", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+
+
 def _mix_trace(tmp_path: Path) -> Path:
     rows = [{"timestamp": 100 * i, "input_length": 1000 + 300 * (i % 7), "output_length": 100 + 20 * (i % 5),
              "hash_ids": [0, 1, 2 + i]} for i in range(50)]

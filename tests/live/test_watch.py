@@ -126,3 +126,17 @@ def test_the_state_survives_a_json_round_trip() -> None:
     assert back.pending == 1 and back.sla_alerted and back.baseline is not None and back.baseline_windows == 2
     assert back.baseline.rate_rps == 1.5 and math.isnan(back.baseline.attainment)
     assert state_from_json(None) == WatchState()
+
+
+def test_a_bad_percentile_is_checked_once_and_names_the_watch_field(target: WatchTarget) -> None:
+    """`Sla` is the one check of the SLA's percentile; the watch's error names its own field and the fix."""
+    from dataclasses import replace
+
+    from tuner.errors import TopotuneError
+    from tuner.live import advise_traffic
+
+    bad = replace(target.advice, percentile="p95")
+    with pytest.raises(TopotuneError) as caught:
+        advise_traffic(bad, live_traffic(PHASE1, 8.0, ("s",)).workload)
+    assert caught.value.field == "percentile" and "p95" in caught.value.message
+    assert caught.value.fix == "use p50, p90 or p99"

@@ -34,3 +34,25 @@ def test_hit_share_and_preemption_match_real_vllm(tmp_path: Path) -> None:
         assert predicted["hit_share"] == pytest.approx(measured["hit_share"], abs=0.1), run["kind"]
         if run["kind"] == "closed":
             assert measured["preemptions"] > 0 and predicted["preemptions"] > 0
+
+
+def test_step_costs_fitted_on_closed_loop_fit_it_better_than_the_defaults(tmp_path: Path) -> None:
+    """The benchmark's bounded fit, on a stored measurement: the closed-loop runs it sees are predicted closer than
+    with the catalog's CPU defaults, and every fitted factor stays within its documented range."""
+    import json
+
+    from tuner.perf import factor_range
+
+    bench = _bench()
+    data = json.loads(bench.LATEST.read_text())
+    perf, dep, workload = bench._setup(data, tmp_path)
+    closed = [r for r in data["runs"] if r["kind"] == "closed"][:3]
+    fitted = bench.fit_step_costs(perf, dep, workload, closed)
+
+    def cost(model) -> float:
+        return sum(e * e for e in bench._residuals(model, dep, workload, closed))
+
+    assert cost(perf.with_calibration(fitted)) < cost(perf)
+    for name in bench.FIT_FACTORS:
+        low, high = factor_range(name)
+        assert low <= fitted.factor(name) <= high, name

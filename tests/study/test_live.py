@@ -29,6 +29,13 @@ def _same(live: LiveCampaign, storage_url: str) -> None:
         [(p.name, p.total_tok_s_per_gpu, p.tok_s_per_user) for p in full.composed_front]
     assert live.result.composition_error == full.composition_error
     assert live.trials_stored == sum(len(rows) for rows in [live.rows("prefill"), live.rows("decode")])
+    for phase, pr in full.phases.items():  # a trial is a configuration: its load levels are listed under it
+        rows = live.rows(phase)
+        assert not any(r.record.is_level for r in rows)
+        assert all(level.trial == r.record.number for r in rows for level in r.levels)
+        measured = {r.record.number: 1 + len(r.levels) for r in rows if r.record.attrs.metrics is not None}
+        assert sum(measured.values()) == len(pr.points) + len(pr.superseded)
+        assert {p.trial for p in pr.points} <= set(measured)
 
 
 def test_live_fold_matches_full_load_at_every_trial(tmp_path: Path) -> None:

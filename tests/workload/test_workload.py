@@ -84,6 +84,8 @@ def test_trace_summary_lengths_rate_and_prefix_reuse(tmp_path: Path) -> None:
     ('{"input_length": -5, "output_length": 3}', ["line 2", "input_length", "positive integer"]),
     ('{"output_length": 3}', ["line 2", "input_length", "missing"]),
     ('{"timestamp": 5, "input_length": 5, "output_length": 3}', ["line 2", "timestamp", "earlier", "sort"]),
+    ('{"timestamp": 1' + "0" * 400 + ', "input_length": 5, "output_length": 3}', ["line 2", "timestamp", "ms"]),
+    ('{"input_length": 5000, "output_length": 3, "hash_ids": [' + str(2**64) + ']}', ["line 2", "hash_ids", "64"]),
     ('{"input_length": 5, "output_length": 3, "hash_ids": ["a"]}', ["line 2", "hash_ids"]),
     ("[1, 2]", ["line 2", "not a JSON object"]),
 ])
@@ -135,3 +137,24 @@ def test_stack_distances_match_a_direct_lru(tmp_path: Path) -> None:
                 if len(cache) > capacity_blocks:
                     cache.pop(next(iter(cache)))
         assert summary.hit_share(capacity_blocks * 512) == pytest.approx(hit / total), capacity_blocks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_vectorised_stack_distances_equal_an_lru_stack(seed: int) -> None:
+    """stack_distances (NumPy, bit by bit) against the definition: the block's depth in an LRU stack."""
+    from tuner.workload._trace import _INF, stack_distances
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    blocks = rng.integers(0, int(rng.integers(1, 400)), size=n) * (-1) ** seed * 2**40  # sparse, signed ids
+    stack: list[int] = []
+    expected = []
+    for b in blocks.tolist():
+        if b in stack:
+            depth = len(stack) - 1 - stack.index(b)
+            stack.remove(b)
+        else:
+            depth = _INF
+        expected.append(depth)
+        stack.append(b)
+    assert stack_distances(blocks.astype(np.int64)).tolist() == expected

@@ -17,10 +17,11 @@ from tuner.advise._recommend import (
     recommend,
 )
 from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, ServeOptions, ServingMode, Sla
+from tuner.advise._verify import ReplayDecision, replay_verified
 
 __all__ = [
     "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "Fronts", "Recommendation",
-    "ServeOptions",
+    "ReplayDecision", "ServeOptions",
     "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "calibrated",
     "offered_traffic", "operating_deployment", "point_json", "recommend", "replay_verified",
 ]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
 from pydantic import ValidationError
 
-from tuner.advise._fronts import Fronts, NoProgress, SweepProgress, closed_loop_fronts, rate_fronts
+from tuner.advise._fronts import Fronts, NoProgress, ReplayHint, SweepProgress, closed_loop_fronts, rate_fronts
 from tuner.advise._recommend import (
     Point,
     Recommendation,
@@ -21,17 +21,26 @@ from tuner.advise._recommend import (
     recommend,
     why_it_wins,
 )
-from tuner.advise._request import AdviseRequest
-from tuner.advise._verify import replay_verified
+from tuner.advise._request import AdviseRequest, Sla
+from tuner.advise._verify import (
+    ReplayCheck,
+    ReplayDecision,
+    auto_replay_skipped,
+    offered_arrival,
+    replay_hint,
+    replay_verified,
+)
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
 from tuner.export import RecipeContext, export_deployment, simulated_label
 from tuner.frontier import Constraints, binding_bound
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
+from tuner.operating_point import RouterChoice, choose_router_policy
 from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
-from tuner.replay import VerifiedChoice
-from tuner.topology import Topology
+from tuner.replay import RouterPolicy
+from tuner.replay import Sla as ReplaySla
+from tuner.topology import Topology, knob_default
 from tuner.workload import Workload, workload_error
 
 
@@ -55,7 +64,8 @@ class Advice:
     elapsed_s: float
     # replay verification (tuner/replay), with `replay_verify`: the best deployments replayed, the first within the
     # SLA decides the deployment to run
-    verification: VerifiedChoice | None = None
+    verification: ReplayDecision | None = None
+    replay_skipped: str | None = None  # why the replay did not decide by default (a closed loop past its bound)
 
     @property
     def offered_rps(self) -> float | None:
@@ -95,9 +105,47 @@ class Advice:
         return model.name if isinstance(model, ModelSpec) else str(model)
 
     @property
+    def decided_by(self) -> str:
+        """Which model decided the answer: "replay" (request by request through vLLM's scheduler) or "steady-state
+        model" (the analytic fronts alone: no SLA, or `replay_verify` off)."""
+        if self.verification is not None:
+            return "replay"
+        return "steady-state model" + (f" ({self.replay_skipped})" if self.replay_skipped else "")
+
+    @property
+    def recommended_num_gpus(self) -> int | None:
+        """The GPUs of the deployment the answer runs (the replay's choice when it decided)."""
+        if self.verification is not None:
+            choice = self.verification.choice
+            return None if choice is None else choice.report.num_gpus
+        winner = self.recommendation.winner
+        return None if winner is None else winner.num_gpus
+
+    def _replay_reason(self, limits: str) -> str:
+        decision, rate = self.verification, self.offered_rps
+        assert decision is not None
+        choice = decision.choice
+        if choice is None:
+            hint = (f"; it shows {decision.hint_deployment} on {decision.hint_gpus} GPUs carrying it"
+                    if decision.hint_gpus else "")
+            return (f"the replay shows no deployment it checked within {limits} on up to {self.request.gpus} GPUs"
+                    + hint)
+        r, pct = choice.report, self.request.sla.percentile
+        mode = "disaggregated" if choice.candidate.deployment.is_disaggregated else "aggregated"
+        replayed = (f"replayed: TTFT {r.ttft_ms.at(pct):,.0f} ms, ITL {r.itl_ms.at(pct):.1f} ms at {pct}, "
+                    f"{r.sla_attainment:.0%} of requests within the SLA")
+        if rate is not None:
+            return (f"{mode} {r.deployment} carries {rate:.4g} req/s under {limits} on the fewest GPUs the replay "
+                    f"shows doing it ({r.num_gpus} of up to {self.request.gpus}; {replayed})")
+        return (f"{mode} {r.deployment} gives the most tok/s/GPU the replay shows within {limits} "
+                f"({r.total_tok_s_per_gpu:,.0f} at {choice.candidate.concurrency} clients; {replayed})")
+
+    @property
     def reason(self) -> str:
         """Why the winner, in one line: what it is best at, under which limits, by how much, and what binds."""
         pick, sla, rate = self.recommendation, self.request.sla, self.offered_rps
+        if self.verification is not None:
+            return self._replay_reason(f"{sla.describe()} at {sla.percentile}")
         winner = pick.winner
         limits = f"{sla.describe()} at {sla.percentile}"
         if winner is None:
@@ -127,11 +175,17 @@ class Advice:
         """What the recommendation deploys (#46: its operating point): the traffic's typical request, its longest
         for --max-model-len, prefix caching and the router policy its prefixes call for."""
         weights = self.request.weights
-        return RecipeContext.for_traffic(
+        context = RecipeContext.for_traffic(
             self.traffic, model_path=weights or self.model_path, model_name=self.model.name, gpu=self.gpu.name,
             gpus_per_host=self.gpu.gpus_per_host,
             model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None,
             vllm_version=self.vllm_version, verified_on=simulated_label(f"vLLM {self.vllm_version}"))
+        if self.verification is not None and self.verification.router != replay_router(self.traffic):
+            policy = "cache_aware" if self.verification.router == "cache-aware" else "round_robin"
+            return replace(context, router=RouterChoice(policy=policy, reason=(
+                f"the replay shows {policy} carrying the traffic on fewer GPUs or at more tok/s/GPU than "
+                f"{context.router.policy} (searched by `frontier`)")))
+        return context
 
     def operating_point(self, point: Point) -> dict[str, object]:
         """What `plan --from` / `export --from` deploy for a front point; its benchmark runs the point's clients
@@ -160,6 +214,17 @@ class Advice:
         deployment = self.operating_deployment
         return None if deployment is None else export_deployment(deployment, "vllm", self.recipe_context)
 
+    def _recommendation_json(self) -> dict[str, object]:
+        """The analytic best of each mode and, when the replay decided, the winner it kept (mode and GPUs)."""
+        body = {**self.recommendation.as_json(), "why": self.why, "tie": self.recommendation.tie,
+                "operating_point": self.recommended_point(), "decided_by": self.decided_by}
+        if self.verification is not None:
+            choice = self.verification.choice
+            body["winner"] = None if choice is None else (
+                "disaggregated" if choice.candidate.deployment.is_disaggregated else "aggregated")
+            body["winner_num_gpus"] = self.recommended_num_gpus
+        return body
+
     def as_json(self) -> dict[str, object]:
         """What `topotune frontier --json` prints; its `recommendation` is what `POST /v1/advice` answers."""
         traffic, sla, rate = self.traffic, self.request.sla, self.offered_rps
@@ -173,8 +238,7 @@ class Advice:
                 "constraints": {"max_ttft_ms": sla.max_ttft_ms, "max_itl_ms": sla.max_itl_ms,
                                 "percentile": sla.percentile, "min_tok_s_per_user": sla.min_tok_s_user,
                                 "pairing": self.pairing_rules},
-                "recommendation": {**self.recommendation.as_json(), "why": self.why, "tie": self.recommendation.tie,
-                                   "operating_point": self.recommended_point()},
+                "recommendation": self._recommendation_json(),
                 "calibration": self.calibration.model_dump(), "num_topologies": self.num_topologies,
                 "num_instance_points": self.num_instance_points, "num_deployments": len(fronts.points),
                 "elapsed_s": round(self.elapsed_s, 3),
@@ -212,23 +276,52 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
                           fix="allow more GPUs")
     serving = request.serve.mode
     progress.start(len(topologies))
+    decides = request.replay_decides
+    router = replay_router(traffic)
     if traffic.open_loop:
-        curves, fronts = rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
+        hint = _replay_hint(perf, traffic, sla, router) if decides else None
+        curves, fronts = rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress, hint)
     else:
         curves, fronts = closed_loop_fronts(perf, topologies, traffic, constraints, serving, depths, progress)
-    verification = None
-    if request.replay_verify:  # the replay decides among the best deployments (tuner/advise/_verify.py)
-        itl = sla.max_itl_ms
-        if sla.min_tok_s_user:
-            itl = min(itl or float("inf"), 1000.0 / sla.min_tok_s_user)
-        verification = replay_verified(perf, fronts, traffic, max_ttft_ms=sla.max_ttft_ms, max_itl_ms=itl,
-                                       percentile=sla.percentile)
+    verification, skipped = None, None
+    if decides and request.replay_verify is None:
+        skipped = auto_replay_skipped(fronts, traffic)
+        decides = skipped is None
+    if decides:  # the replay decides among the best deployments (tuner/advise/_verify.py)
+        verification = replay_verified(perf, fronts, traffic, max_ttft_ms=sla.max_ttft_ms, max_itl_ms=_itl_bound(sla),
+                                       percentile=sla.percentile, max_gpus=request.gpus, router=router,
+                                       knobs_given=frozenset(k for k, v in request.serve.knobs.items()
+                                                             if v != knob_default(k)))
     return Advice(request=request, model=spec, gpu=gpu, traffic=traffic, constraints=constraints,
                   pairing_rules=f"vLLM {rules.version} NIXL rules", vllm_version=str(rules.version),
                   calibration=perf.calibration,
                   num_topologies=len(topologies), num_instance_points=curves.num_points, fronts=fronts,
                   recommendation=recommend(fronts), elapsed_s=time.perf_counter() - started,
-                  verification=verification)
+                  verification=verification, replay_skipped=skipped)
+
+
+def _itl_bound(sla: Sla) -> float | None:
+    """The ITL the replay holds a deployment to: the SLA's, or 1000 / the per-user floor when tighter."""
+    itl = sla.max_itl_ms
+    if sla.min_tok_s_user:
+        itl = min(itl or float("inf"), 1000.0 / sla.min_tok_s_user)
+    return itl
+
+
+def replay_router(traffic: Workload) -> RouterPolicy:
+    """The router policy the replay runs: the one the operating point deploys for this traffic."""
+    return "cache-aware" if choose_router_policy(traffic).policy == "cache_aware" else "round-robin"
+
+
+def _replay_hint(perf: RooflineModel, traffic: Workload, sla: Sla, router: RouterPolicy) -> ReplayHint:
+    """The "about N GPUs" of an error, from the replay: the fewest GPUs it shows carrying the rate in the SLA."""
+    def hint(deployments: list[Deployment], max_gpus: int) -> tuple[int, str] | None:
+        check = ReplayCheck(perf, traffic, ReplaySla(max_ttft_ms=sla.max_ttft_ms, max_itl_ms=_itl_bound(sla)),
+                            sla.percentile, router, offered_arrival(traffic))
+        found = replay_hint(check, deployments, max_gpus)
+        return None if found.hint_gpus is None else (found.hint_gpus, found.hint_deployment or "")
+
+    return hint
 
 
 def offered_traffic(request: AdviseRequest) -> Workload:

@@ -5,10 +5,11 @@ the error says which limit removed everything and what would be enough."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from tuner.deployment import at_decode_depths
+from tuner.deployment import Deployment, InstanceGroup, at_decode_depths
 from tuner.errors import InfeasibleError
 from tuner.frontier import (
     AggregatedPoint,
@@ -118,7 +119,8 @@ def _fronts(curves: Curves, constraints: Constraints, serving: str) -> Fronts:
 
 
 def rate_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Workload, constraints: Constraints,
-                serving: str, depths: tuple[int, ...], progress: SweepProgress) -> tuple[RateCurves, Fronts]:
+                serving: str, depths: tuple[int, ...], progress: SweepProgress,
+                hint: ReplayHint | None = None) -> tuple[RateCurves, Fronts]:
     """Open loop: every instance count of every topology that carries the rate, composed; when none does, an
     error that says how many GPUs would, and when none meets the SLA, the best latency that can be had."""
     spec, c = perf.model, constraints
@@ -139,39 +141,61 @@ def rate_fronts(perf: RooflineModel, topologies: list[Topology], traffic: Worklo
     points, aggregated = compose(c)
     if not points and not aggregated:
         raise rate_failure(curves, c, serving, *compose(Constraints(max_gpus=c.max_gpus, percentile=c.percentile,
-                                                                    pairing=c.pairing)))
+                                                                    pairing=c.pairing)), hint=hint)
     front = combined_front(points)
     agg_front = pareto_front(aggregated, x="total_tok_s_per_gpu", y="tok_s_per_user")
     return curves, Fronts(points, front, agg_front, which_wins(front, agg_front))
 
 
-def _fewest_gpus(curves: RateCurves, serving: str) -> int | None:
-    """The fewest GPUs whose instances carry the rate: one aggregated topology, or one prefill plus one decode."""
-    def fewest(role: Role) -> int | None:
-        need = [t.num_gpus * n for (t, r), n in curves.instances_needed.items() if r is role]
-        return min(need) if need else None
+def fewest_deployments(curves: RateCurves, serving: str) -> list[Deployment]:
+    """The deployments whose instances carry the rate by the steady-state model, fewest GPUs first: each aggregated
+    topology's instances, and one prefill and one decode topology's (each side's fewest)."""
+    def fewest(role: Role) -> list[InstanceGroup]:
+        return sorted((InstanceGroup(role=r, topology=t, count=n) for (t, r), n in curves.instances_needed.items()
+                       if r is role), key=lambda g: g.num_gpus)
 
-    options = []
-    agg, prefill, decode = fewest(Role.BOTH), fewest(Role.PREFILL), fewest(Role.DECODE)
-    if serving != "disagg" and agg is not None:
-        options.append(agg)
-    if serving != "agg" and prefill is not None and decode is not None:
-        options.append(prefill + decode)
-    return min(options) if options else None
+    options = [Deployment(groups=(g,)) for g in fewest(Role.BOTH)] if serving != "disagg" else []
+    prefill, decode = fewest(Role.PREFILL), fewest(Role.DECODE)
+    if serving != "agg" and prefill and decode:
+        options.append(Deployment(groups=(prefill[0], decode[0])))
+    return sorted(options, key=lambda d: d.num_gpus)
+
+
+# The replay's "about N GPUs" (tuner/advise/_verify.py): the fewest GPUs, scaling the deployments given past the
+# budget, it shows carrying the rate within the SLA, with that deployment's name; None: none up to its bound.
+ReplayHint = Callable[[list[Deployment], int], tuple[int, str] | None]
+
+
+def _needs_more_gpus(c: Constraints, rate: float, needed: list[Deployment], hint: ReplayHint | None
+                     ) -> InfeasibleError:
+    """Every deployment within the budget saturates: how many GPUs would carry the rate, from the replay when it
+    decides (a count it shows carrying the rate within the SLA), else from the steady-state model."""
+    head = (f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s: every one saturates (its queue "
+            "and TTFT grow without bound)")
+    if hint is None:
+        gpus = needed[0].num_gpus
+        return InfeasibleError(f"{head}; about {gpus} GPUs would carry it", field="gpus",
+                               fix=f"allow at least {gpus} GPUs (`gpus` {gpus}) or offer a lower `request_rate`")
+    replayed = hint(needed, c.max_gpus)
+    if replayed is None:
+        return InfeasibleError(f"{head}; replayed, {needed[0].name} and the other fewest-GPU deployments scaled up "
+                               "do not carry it within the limits either", field="gpus",
+                               fix="offer a lower `request_rate` or relax the limits")
+    gpus, name = replayed
+    return InfeasibleError(f"{head}; the replay shows {name} on {gpus} GPUs carrying it within the limits",
+                           field="gpus", fix=f"allow at least {gpus} GPUs (`gpus` {gpus}) or offer a lower "
+                                             "`request_rate`")
 
 
 def rate_failure(curves: RateCurves, c: Constraints, serving: str, carried: list[ComposedPoint],
-                 carried_agg: list[AggregatedPoint]) -> InfeasibleError:
+                 carried_agg: list[AggregatedPoint], hint: ReplayHint | None = None) -> InfeasibleError:
     """Why nothing is left at the offered rate: no deployment carries it in the budget (and how many GPUs
     would), or every one that does breaks the SLA (and the best latency one reaches)."""
     rate = curves.offered_rps
     if not carried and not carried_agg:
-        needed = _fewest_gpus(curves, serving)
-        if needed is not None and needed > c.max_gpus:
-            return InfeasibleError(
-                f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s: every one saturates (its queue "
-                f"and TTFT grow without bound); about {needed} GPUs would carry it", field="gpus",
-                fix=f"allow at least {needed} GPUs (`gpus` {needed}) or offer a lower `request_rate`")
+        needed = fewest_deployments(curves, serving)
+        if needed and needed[0].num_gpus > c.max_gpus:
+            return _needs_more_gpus(c, rate, needed, hint)
         return InfeasibleError(f"no deployment of up to {c.max_gpus} GPUs carries {rate:g} req/s", field="gpus",
                                fix="allow more GPUs (`gpus`) or offer a lower `request_rate`")
     pct = c.percentile

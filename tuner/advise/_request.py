@@ -85,7 +85,9 @@ class AdviseRequest:
     serve: ServeOptions = field(default_factory=ServeOptions)
     calibration: Mapping[str, float] | None = None  # factors over the GPU's defaults (docs/perf-model.md)
     weights: str | None = None  # the model path the recommended commands load (default: `model`)
-    replay_verify: bool = False  # replay the best deployments through vLLM's scheduler; the replay decides
+    # Replay the best deployments through vLLM's scheduler and let the replay decide the answer (tuner/replay).
+    # None: whenever the SLA bounds something (a latency or a per-user floor); False: the steady-state model alone.
+    replay_verify: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.gpus >= 1:
@@ -95,3 +97,11 @@ class AdviseRequest:
                               fix="give the requests/s the deployment must carry, e.g. 2.5")
         if self.arrival is not None and self.arrival not in ("poisson", "trace"):
             raise ConfigError(f"unknown arrival {self.arrival!r}", field="arrival", fix="use poisson or trace")
+
+    @property
+    def replay_decides(self) -> bool:
+        """Whether the replay decides the answer: asked for, or by default under an SLA."""
+        if self.replay_verify is not None:
+            return self.replay_verify
+        sla = self.sla
+        return any(v is not None for v in (sla.max_ttft_ms, sla.max_itl_ms, sla.min_tok_s_user))

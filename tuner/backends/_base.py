@@ -36,6 +36,9 @@ class TrialRequest(BaseModel):
     # a repeated measurement of one config (re-verification): 0 is the study's own run; each repeat k > 0 is a
     # fresh run of the same deployment (the simulated backend draws its run-to-run noise anew per repeat)
     repeat: int = Field(0, ge=0, le=1000)
+    # the study's SLA (a simulated trial replays its levels and reports the share of requests within it)
+    max_ttft_ms: float | None = Field(None, gt=0)
+    max_itl_ms: float | None = Field(None, gt=0)
 
 
 class AccuracyGate(BaseModel):

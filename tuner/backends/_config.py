@@ -23,9 +23,12 @@ class SimulatedConfig(BaseModel):
     noise: float = Field(0.0, ge=0.0, lt=1.0, description="seeded relative noise per deployment")
     delay_s: float = Field(0.0, ge=0.0, description="wall time per trial")
     vllm_version: str | None = Field(None, description="answer as this vLLM version (an emulated upgrade)")
+    replay: bool = Field(True, description="under an SLA, an aggregated trial's latencies and SLA attainment come "
+                                           "from the replay (request by request), not the steady state")
 
     def options(self) -> dict[str, Any]:
-        return {"noise": self.noise, "delay_s": self.delay_s, "vllm_version": self.vllm_version}
+        return {"noise": self.noise, "delay_s": self.delay_s, "vllm_version": self.vllm_version,
+                "replay": self.replay}
 
 
 class VllmConfig(BaseModel):

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from tuner.backends._base import Backend, TrialRequest, TrialResult, TrialStatus
+from tuner.backends._replayed import replayed_points
 from tuner.backends._version_shift import SIMULATED_VLLM_VERSION, VersionShift
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.memory import MemoryInputs, compute_memory
@@ -39,13 +40,21 @@ def _perf(path: str, gpu: GpuSpec, calibration: Calibration | None) -> RooflineM
 
 
 def _noisy(m: ServingMetrics, rate_factor: float, latency_factor: float) -> ServingMetrics:
-    """Scale rates by rate_factor and latencies by latency_factor, keeping the schema consistent."""
+    """Scale rates by rate_factor and latencies by latency_factor, keeping the schema consistent. A replayed point
+    keeps its percentiles and sketches (scaled); its attainment is then read off the scaled sketches."""
     itl = m.itl_ms_mean * latency_factor
-    return ServingMetrics.from_rates(
+    noisy = ServingMetrics.from_rates(
         concurrency=m.concurrency, num_gpus=m.num_gpus, isl=m.isl, osl=m.osl,
         request_rps=m.request_throughput_rps * rate_factor, ttft_ms=m.ttft_ms_mean * latency_factor, itl_ms=itl,
         ttft_ms_p99=m.ttft_ms_p99 * latency_factor, itl_ms_p99=m.itl_ms_p99 * latency_factor,
         max_concurrency=m.max_concurrency, running=m.running_requests)
+    if m.replayed_sla_attainment is None:
+        return noisy
+    scaled = {name: getattr(m, name) * latency_factor for name in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50",
+                                                                   "itl_ms_p90")}
+    return noisy.model_copy(update={**scaled, "ttft_ms_sketch": tuple(v * latency_factor for v in m.ttft_ms_sketch),
+                                    "itl_ms_sketch": tuple(v * latency_factor for v in m.itl_ms_sketch),
+                                    "offered_rps": m.offered_rps})
 
 
 class SimulatedBackend(Backend):
@@ -58,13 +67,16 @@ class SimulatedBackend(Backend):
     request targets (the space's cluster.vllm_version, else SIMULATED_VLLM_VERSION), with the model's physics.
     Another version emulates an upgrade from the targeted one (tuner/backends/_version_shift.py): some layouts
     faster or slower by bounded seeded factors, some configurations no longer starting.
+    replay: under the trial's SLA, an aggregated trial's levels are replayed request by request (tuner/replay) for
+    their latencies and SLA attainment (tuner/backends/_replayed.py).
     """
 
     name = "simulated"
 
     def __init__(self, *, noise: float = 0.0, delay_s: float = 0.0, calibration: Calibration | None = None,
-                 noise_seed: int = 0, vllm_version: str | None = None) -> None:
+                 noise_seed: int = 0, vllm_version: str | None = None, replay: bool = True) -> None:
         self.noise = noise
+        self.replay = replay
         self.vllm_version = vllm_version
         self.noise_seed = noise_seed
         self.delay_s = delay_s
@@ -140,6 +152,9 @@ class SimulatedBackend(Backend):
                                       duration_s=time.monotonic() - started)
         perf = _perf(request.model_path, gpu, self.calibration)
         points = predict_traffic(perf, topo, group.role, workload).points
+        if self.replay:  # latencies and SLA attainment request by request (tuner/backends/_replayed.py)
+            points = replayed_points(perf, request.deployment, workload, list(points),
+                                     max_ttft_ms=request.max_ttft_ms, max_itl_ms=request.max_itl_ms)
         factor = shift.step_factor(topo)
         if factor != 1.0:
             points = [_noisy(p, 1.0 / factor, factor) for p in points]

@@ -3,17 +3,26 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from tuner.errors import ConfigError
+from tuner._yaml import safe_load_bounded
+from tuner.errors import ConfigError, TopotuneError
+from tuner.files import read_text
+
+if TYPE_CHECKING:
+    from tuner.perf import Calibration
 
 # Options shared by several commands, declared once.
 ModelArg = Annotated[Path, typer.Argument(help="config.json or a model folder (safetensors headers are read).")]
 HardwareOpt = Annotated[str, typer.Option("--hardware", "-g", help="GPU from the catalog: gb300, gb200, b200, ...")]
 HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPUs to the catalog.")]
+CalibrationOpt = Annotated[Path | None, typer.Option(
+    help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+MAX_CALIBRATION_FILE_BYTES = 64 * 1024  # a mapping of a dozen factors
 
 app = typer.Typer(
     name="topotune",
@@ -43,6 +52,31 @@ def write_script(text: str, out: Path | None, what: str = "script") -> None:
     except OSError as exc:
         raise ConfigError(f"cannot write {out}: {exc.strerror}", field="--out", fix="give a writable path") from exc
     err_console.print(f"{what} written to {out}", highlight=False)
+
+
+def calibration_factors(path: Path | None) -> dict[str, float] | None:
+    """--calibration's factors (a YAML/JSON mapping), None without the option. Read like every YAML a user hands
+    topotune: a regular file under its size bound, aliases and nesting bounded (tuner._yaml)."""
+    if path is None:
+        return None
+    text = read_text(path, max_bytes=MAX_CALIBRATION_FILE_BYTES, field="--calibration",
+                     fix="give a YAML or JSON mapping of factor: value", what="a calibration file")
+    data = safe_load_bounded(text, str(path), what="the calibration file",
+                             example="the factor list in docs/perf-model.md") or {}
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of factor: value", field="--calibration",
+                          fix="write e.g. `hbm_efficiency: 0.8`")
+    return data
+
+
+def calibration_for(gpu_name: str, path: Path | None) -> Calibration:
+    """The GPU's default calibration with --calibration's factors over it."""
+    from tuner.advise import calibrated
+
+    try:
+        return calibrated(gpu_name, calibration_factors(path))
+    except TopotuneError as exc:
+        raise exc.renamed({"calibration": "--calibration"}) from None
 
 
 @app.callback()

@@ -8,8 +8,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
-from tuner.cli._perf import CalibrationOpt, _calibration
+from tuner.cli._app import (
+    CalibrationOpt,
+    HardwareFileOpt,
+    HardwareOpt,
+    ModelArg,
+    app,
+    calibration_for,
+    console,
+    print_json,
+)
 from tuner.cli._workload import live_window
 from tuner.cluster import ClusterKey, ClusterStore
 from tuner.hardware import get_gpu
@@ -54,7 +62,7 @@ def live_check(
         g.topology.check(spec)
     urls = [u for part in (from_metrics or []) for u in part.split(",") if u.strip()]
     live = live_window(urls[0] if urls else None, urls[1:], window, from_prometheus, query, range_)
-    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    perf = RooflineModel(spec, gpu, calibration_for(gpu.name, calibration))
     check = check_deployment(perf, plan, live)
     stored = None
     if record:

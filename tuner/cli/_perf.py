@@ -9,15 +9,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.table import Table
 
-from tuner.advise import TIE_MARGIN, Advice, AdviseRequest, ServeOptions, Sla, advise, calibrated
+from tuner.advise import TIE_MARGIN, Advice, AdviseRequest, ServeOptions, Sla, advise
 from tuner.cli._app import (
+    CalibrationOpt,
     HardwareFileOpt,
     HardwareOpt,
+    JsonOpt,
     ModelArg,
     app,
+    calibration_factors,
+    calibration_for,
     console,
     err_console,
     print_json,
@@ -30,13 +33,9 @@ from tuner.frontier import AggregatedPoint
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
-from tuner.perf import Calibration, RooflineModel, predict_traffic
+from tuner.perf import RooflineModel, predict_traffic
 from tuner.report import composed_front_figure, write_figures
 from tuner.topology import KNOBS, Role, Topology
-
-CalibrationOpt = Annotated[Path | None, typer.Option(
-    help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _positive(**values: int | float | None) -> None:
@@ -44,28 +43,6 @@ def _positive(**values: int | float | None) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"must be >= 1, got {value}", field=f"--{name.replace('_', '-')}",
                               fix="give a positive number")
-
-
-def _calibration_factors(path: Path | None) -> dict[str, float] | None:
-    """--calibration's factors (a YAML/JSON mapping), None without the option."""
-    if path is None:
-        return None
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--calibration",
-                          fix="give a readable YAML or JSON file") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML/JSON: {exc}", field="--calibration", fix="fix the file's syntax") from exc
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping of factor: value", field="--calibration",
-                          fix="write e.g. `hbm_efficiency: 0.8`")
-    return data
-
-
-def _calibration(gpu_name: str, path: Path | None) -> Calibration:
-    with _as_flags():
-        return calibrated(gpu_name, _calibration_factors(path))
 
 
 def _levels(text: str) -> list[int]:
@@ -169,7 +146,7 @@ def simulate(
     gpu = get_gpu(hardware, hardware_file)
     topo = Topology.parse(topology, role=the_role, **knobs or {})
     topo.check(spec)
-    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    perf = RooflineModel(spec, gpu, calibration_for(gpu.name, calibration))
     predicted = predict_traffic(perf, topo, the_role, traffic)
     curve = predicted.points
     breakdown = _breakdown(perf, topo, the_role, curve, isl=isl, osl=osl)
@@ -265,10 +242,12 @@ def frontier(
     serving: Annotated[str, typer.Option(
         "--mode", help="both (PD-disaggregated and aggregated fronts side by side), disagg or agg.")] = "both",
     html: Annotated[Path | None, typer.Option(help="Write an interactive Plotly chart here.")] = None,
-    replay_verify: Annotated[bool, typer.Option(
-        "--replay-verify", help="Replay the best deployments request by request through vLLM's scheduler (`topotune "
-                                "replay`) and let the replay decide which one meets the SLA (docs/workloads.md).")]
-    = False,
+    replay_verify: Annotated[bool | None, typer.Option(
+        "--replay-verify/--no-replay-verify",
+        help="Replay the best deployments request by request through vLLM's scheduler (`topotune replay`) and let "
+             "the replay decide which one meets the SLA, the fewest GPUs for a rate and the knobs it searches "
+             "(docs/workloads.md). Default: on whenever an SLA bound is given; --no-replay-verify answers from the "
+             "steady-state model alone.")] = None,
     json_out: JsonOpt = False,
     out: Annotated[Path | None, typer.Option(help="Write the recommended script to this file.")] = None,
     knobs: dict[str, Any] | None = None,
@@ -284,7 +263,7 @@ def frontier(
         traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
         request = AdviseRequest(model=model, workload=traffic, hardware=hardware, hardware_file=hardware_file,
                                 gpus=gpus, request_rate=request_rate, arrival=arrival,  # type: ignore[arg-type]
-                                sla=sla, serve=serve, calibration=_calibration_factors(calibration),
+                                sla=sla, serve=serve, calibration=calibration_factors(calibration),
                                 weights=weights, replay_verify=replay_verify)
         with _TopologyProgress(shown=not json_out and err_console.is_terminal) as progress:
             advice = advise(request, progress=progress)
@@ -401,8 +380,11 @@ def _print_recommendation(advice: Advice, out: Path | None = None) -> None:
         return
     if offered_rps is not None:  # one rate for every deployment: more tok/s/GPU is fewer GPUs
         margin = f" (the other mode needs x{pick.margin:.2f} its GPUs)" if pick.margin else ""
-        console.print(f"  fewest GPUs that carry {offered_rps:.4g} req/s under the limits: {winner.num_gpus}",
-                      highlight=False)
+        fewest: object = winner.num_gpus
+        if advice.verification is not None:
+            fewest = (f"{advice.recommended_num_gpus or 'none the replay checked'} (decided by the replay; the "
+                      f"steady-state model says {winner.num_gpus})")
+        console.print(f"  fewest GPUs that carry {offered_rps:.4g} req/s under the limits: {fewest}", highlight=False)
     else:
         margin = f" by x{pick.margin:.2f} tok/s/GPU" if pick.margin else ""
     if mode != "both":
@@ -430,18 +412,29 @@ def _print_verification(advice: Advice) -> None:
     pct = advice.request.sla.percentile
     table = Table(title=f"Replay verification (vLLM's scheduler, request by request; latencies at {pct})",
                   title_justify="left")
-    for col in ("deployment", "GPUs", "max-num-seqs", "TTFT ms", "ITL ms", "SLA met", "verdict"):
-        table.add_column(col, justify="left" if col in ("deployment", "verdict") else "right")
+    closed = advice.offered_rps is None
+    for col in ("deployment", "GPUs", *(("clients",) if closed else ()), "max-num-seqs", "knobs", "TTFT ms",
+                "ITL ms", "within SLA", "verdict"):
+        table.add_column(col, justify="left" if col in ("deployment", "knobs", "verdict") else "right")
     for v in verified.checked:
         r = v.report
-        table.add_row(r.deployment, str(r.num_gpus), "/".join(str(g.topology.max_num_seqs)
-                                                              for g in v.candidate.deployment.groups),
+        knobs = v.candidate.label.removeprefix("knob search: ") if v.candidate.label.startswith("knob") else ""
+        table.add_row(r.deployment, str(r.num_gpus), *((str(v.candidate.concurrency),) if closed else ()),
+                      "/".join(str(g.topology.max_num_seqs) for g in v.candidate.deployment.groups), knobs,
                       f"{r.ttft_ms.at(pct):,.0f}", f"{r.itl_ms.at(pct):.2f}", f"{r.sla_attainment:.1%}", v.reason)
     console.print(table)
     choice = verified.choice
     if choice is None:
-        console.print("  [bold]the replay finds no checked deployment within the SLA[/]: no commands",
+        hint = (f"; it shows {verified.hint_deployment} on {verified.hint_gpus} GPUs carrying the rate within the "
+                f"SLA (--gpus {verified.hint_gpus})" if verified.hint_gpus else "")
+        console.print(f"  [bold]the replay finds no checked deployment within the SLA[/]: no commands{hint}",
                       highlight=False)
         return
-    console.print(f"  [bold]deploy (replay-verified)[/]: {choice.report.deployment} on {choice.report.num_gpus} GPUs",
-                  highlight=False)
+    knobs = [g.topology.max_num_batched_tokens for g in choice.candidate.deployment.groups]
+    clients = f" at {choice.candidate.concurrency} clients" if closed else ""
+    console.print(f"  [bold]deploy (replay-verified)[/]: {choice.report.deployment} on {choice.report.num_gpus} GPUs"
+                  f"{clients} (--max-num-batched-tokens {'/'.join(map(str, dict.fromkeys(knobs)))}, router "
+                  f"{verified.router})", highlight=False)
+    if verified.searched:
+        console.print(f"  knobs searched by replay: {'; '.join(verified.searched)}", highlight=False,
+                      soft_wrap=True)

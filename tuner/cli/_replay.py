@@ -8,9 +8,18 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
+from tuner.cli._app import (
+    CalibrationOpt,
+    HardwareFileOpt,
+    HardwareOpt,
+    JsonOpt,
+    ModelArg,
+    app,
+    calibration_for,
+    console,
+    print_json,
+)
 from tuner.cli._knobs import knob_options
-from tuner.cli._perf import CalibrationOpt, JsonOpt, _calibration
 from tuner.cli._workload import WorkloadOpt, load_workload
 from tuner.deployment import parse_deployment
 from tuner.errors import ConfigError, TopotuneError
@@ -96,7 +105,7 @@ def replay_command(
         raise exc.renamed({"deployment": "--deployment", "topology": "--deployment"}) from None
     for group in deployed.groups:
         group.topology.check(spec)
-    perf = RooflineModel(spec, gpu, _calibration(gpu.name, calibration))
+    perf = RooflineModel(spec, gpu, calibration_for(gpu.name, calibration))
     plan = ReplayPlan(deployment=deployed, workload=traffic, arrival=process, router=check_router(router),
                       num_requests=num_requests, warmup_share=warmup,
                       sessions=Sessions(turns=turns, think_ms=think_ms) if turns else None,

@@ -33,7 +33,8 @@ def report_table(report) -> Table:  # type: ignore[no-untyped-def]
         c = r.comparison
         style = _STYLE.get(r.verdict, "")
         sla = " (SLA now missed)" if r.meets_sla_before and r.meets_sla_after is False and c else ""
-        table.add_row(r.phase, str(r.trial), r.config, str(r.concurrency), r.why, r.from_version.split(" · ")[0],
+        trial = r.of_trial if r.of_trial is not None else r.trial  # the stored point's own number before of_trial
+        table.add_row(r.phase, str(trial), r.config, str(r.concurrency), r.why, r.from_version.split(" · ")[0],
                       _figure(r.front_before, c and c["old_tok_s"]), _figure(r.front_after, c and c["new_tok_s"]),
                       f"{c['ratio']:.3f}" if c else "", f"{c['p_value']:.2g}" if c else "",
                       f"[{style}]{r.verdict}{sla}[/]" if style else r.verdict + sla,

@@ -70,16 +70,17 @@ def _phase_table(pr) -> Table:  # type: ignore[no-untyped-def]
     from tuner.study import PHASE_METRICS
 
     x, y = PHASE_METRICS[pr.phase]
-    table = Table(title=f"{pr.phase} front ({pr.study_name}): {pr.launched} launched, "
+    table = Table(title=f"{pr.phase} front ({pr.study_name}): {pr.launched} launched, {len(pr.points)} measured "
+                        "points (a trial measures its config at several loads), "
                         + ", ".join(f"{k} {v}" for k, v in sorted(pr.counts.items())), title_justify="left")
     hits = any(p.metrics.prefix_hit_share for p in pr.front)  # a workload with shared prefixes
-    for col in ("trial", "config", "concurrency", x, y, "TTFT ms p50/p90", "ITL ms p50/p90",
+    for col in ("trial", "config", "load", x, y, "TTFT ms p50/p90", "ITL ms p50/p90",
                 *(("prefix hits",) if hits else ())):
         table.add_column(col, justify="left" if col == "config" else "right")
     for p in sorted(pr.front, key=lambda p: -p.values[0]):
         topo = p.deployment.groups[0].topology
         m = p.metrics
-        table.add_row(str(p.trial_number), topo.label(), str(m.concurrency), f"{p.values[0]:,.0f}",
+        table.add_row(str(p.trial), topo.label(), p.level, f"{p.values[0]:,.0f}",
                       f"{p.values[1]:,.1f}", f"{m.ttft_ms_p50:,.0f}/{m.ttft_ms_at('p90'):,.0f}",
                       f"{m.itl_ms_p50:.2f}/{m.itl_ms_at('p90'):.2f}",
                       *((f"{m.prefix_hit_share:.0%}",) if hits else ()))
@@ -92,7 +93,8 @@ def _result_json(result, report: Path | None) -> dict:  # type: ignore[no-untype
         "report": str(report) if report else None, "composition_error": result.composition_error,
         "phases": {phase: {"study": pr.study_name, "launched": pr.launched, "counts": pr.counts,
                            "failures": [f.as_json() for f in pr.failures[:50]],
-                           "front": [{"trial": p.trial_number, "topology": p.deployment.groups[0].topology.label(),
+                           "front": [{"trial": p.trial, "level": p.level, "stored_as": p.trial_number,
+                                      "topology": p.deployment.groups[0].topology.label(),
                                       "params": p.params, "values": list(p.values),
                                       "metrics": p.metrics.model_dump()} for p in pr.front]}
                    for phase, pr in result.phases.items()},

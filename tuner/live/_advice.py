@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tuner.errors import InfeasibleError
-from tuner.frontier import PERCENTILES, AggregatedPoint, ComposedPoint
+from tuner.errors import InfeasibleError, TopotuneError
+from tuner.frontier import AggregatedPoint, ComposedPoint
 from tuner.workload import Workload
 
 
@@ -25,6 +25,12 @@ class WatchAdviceRequest:
     max_itl_ms: float | None
     percentile: str = "p90"
     mode: str = "both"  # both, disagg or agg (frontier's --mode)
+
+
+# The advise request's fields under the watch's names (WatchAdviceRequest, the watch API's body)
+WATCH_FIELDS: dict[str, str] = {"sla.percentile": "percentile", "sla.max_ttft_ms": "max_ttft_ms",
+                                "sla.max_itl_ms": "max_itl_ms", "gpus": "max_gpus", "model": "model_path",
+                                "serve.mode": "mode"}
 
 
 @dataclass(frozen=True)
@@ -58,14 +64,14 @@ def advise_traffic(request: WatchAdviceRequest, workload: Workload) -> WatchAdvi
     with the fewest GPUs that carries the rate. InfeasibleError (naming the bound or the budget) when none does."""
     from tuner.advise import AdviseRequest, ServeOptions, Sla, advise
 
-    if request.percentile not in PERCENTILES:
-        raise InfeasibleError(f"unknown percentile {request.percentile!r}", field="percentile",
-                              fix="use p50, p90 or p99")
-    answer = advise(AdviseRequest(
-        model=Path(request.model_path), workload=workload, hardware=request.hardware, gpus=request.max_gpus,
-        sla=Sla(max_ttft_ms=request.max_ttft_ms, max_itl_ms=request.max_itl_ms,
-                percentile=request.percentile),  # type: ignore[arg-type]
-        serve=ServeOptions(mode=request.mode, max_mtp=0)))  # type: ignore[arg-type]
+    try:  # the SLA is checked once, by `Sla`; its errors are renamed to the watch's own fields
+        answer = advise(AdviseRequest(
+            model=Path(request.model_path), workload=workload, hardware=request.hardware, gpus=request.max_gpus,
+            sla=Sla(max_ttft_ms=request.max_ttft_ms, max_itl_ms=request.max_itl_ms,
+                    percentile=request.percentile),  # type: ignore[arg-type]
+            serve=ServeOptions(mode=request.mode, max_mtp=0)))  # type: ignore[arg-type]
+    except TopotuneError as exc:
+        raise exc.renamed(WATCH_FIELDS) from exc
     winner = answer.recommendation.winner
     if winner is None or answer.commands is None:
         raise InfeasibleError("no deployment meets the SLA at this traffic", field="max_gpus",

@@ -14,6 +14,7 @@ history), and vLLM's block-granular prefix hits follow from them.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -82,13 +83,9 @@ class Sessions:
 
 def _chunk_units(key: tuple, first_block: int, last_block: int, block_size: int) -> list[Unit]:
     """Blocks first_block..last_block - 1 as units of at most UNIT_TOKENS, each keyed by where it starts."""
-    units: list[Unit] = []
-    start = first_block
-    while start < last_block:
-        take = min(max(1, UNIT_TOKENS // block_size), last_block - start)
-        units.append(((*key, start, take), take))
-        start += take
-    return units
+    step = max(1, UNIT_TOKENS // block_size)
+    return [((*key, start, take), take) for start in range(first_block, last_block, step)
+            for take in (min(step, last_block - start),)]
 
 
 def _prefix_units(index: int, shared_tokens: int, block_size: int) -> list[Unit]:
@@ -96,10 +93,30 @@ def _prefix_units(index: int, shared_tokens: int, block_size: int) -> list[Unit]
     return _chunk_units(("prefix", index), 0, shared_tokens // block_size, block_size)
 
 
+_TRACES = 8
+_traces: OrderedDict[tuple, tuple[RequestSpec, ...]] = OrderedDict()
+
+
 def trace_requests(path: Path | str, block_size: int, limit: int | None = None,
                    hash_block_tokens: int = UNIT_TOKENS) -> list[RequestSpec]:
     """A mooncake trace's requests, with their timestamps and hash ids as units (a hash block of 512 tokens is
-    512 / block_size vLLM blocks; a partial last block keeps its full blocks only)."""
+    512 / block_size vLLM blocks; a partial last block keeps its full blocks only). The last few traces read are
+    kept (keyed by the file's size and modification time): verification replays one trace per candidate."""
+    try:
+        stat = Path(path).stat()
+    except OSError:  # read_trace names what is wrong with the path
+        return _read_trace_requests(path, block_size, limit, hash_block_tokens)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, block_size, limit, hash_block_tokens)
+    found = _traces.get(key)
+    if found is None:
+        found = _traces[key] = tuple(_read_trace_requests(path, block_size, limit, hash_block_tokens))
+        while len(_traces) > _TRACES:
+            _traces.popitem(last=False)
+    return list(found)
+
+
+def _read_trace_requests(path: Path | str, block_size: int, limit: int | None,
+                         hash_block_tokens: int) -> list[RequestSpec]:
     specs = []
     per_unit = max(1, hash_block_tokens // block_size)
     for request in read_trace(path, block_tokens=hash_block_tokens):
@@ -133,12 +150,16 @@ def sampled_requests(workload: Workload, count: int, block_size: int, seed: int 
     draws_in = inputs[rng.integers(len(inputs), size=count)].tolist()
     draws_out = outputs[rng.integers(len(outputs), size=count)].tolist()
     draws_prefix = rng.integers(prefix.num_prefixes, size=count).tolist() if prefix is not None else []
+    prefixes: dict[int, list[Unit]] = {}
     while len(specs) < count:
         turns = sessions.turns if sessions else 1
         history = 0
         units: list[Unit] = []
         if prefix is not None:
-            units = _prefix_units(draws_prefix[session % count], prefix.shared_tokens, block_size)
+            index = draws_prefix[session % count]
+            if index not in prefixes:
+                prefixes[index] = _prefix_units(index, prefix.shared_tokens, block_size)
+            units = list(prefixes[index])
             history = prefix.shared_tokens
         done_blocks = sum(b for _, b in units)  # blocks of the history already cut into units
         for turn in range(turns):
@@ -155,7 +176,7 @@ def sampled_requests(workload: Workload, count: int, block_size: int, seed: int 
                                      session=session if sessions else None, turn=turn,
                                      think_ms=sessions.think_ms if sessions and turn else 0.0))
             units += mine
-            done_blocks += sum(b for _, b in mine)
+            done_blocks = max(done_blocks, covered // block_size)
             history = prompt + out
         session += 1
     return specs

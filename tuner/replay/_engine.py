@@ -22,7 +22,11 @@ Each rule cites vLLM 0.32's source (vllm/v1/core/sched/scheduler.py `Scheduler.s
   a shared prefix is being prefilled can already hit its finished blocks.
 
 Between events (an arrival, a completion, a chunk, the KV running out) a batch of decoding requests is advanced
-in closed form: k steps at once, the step time linear in the growing context (priced at both ends).
+in closed form: k steps at once, the step time linear in the growing context (priced at both ends). The decoding
+requests are held as one batch (`DecodeSet`: offsets from one counter, their sums kept), so neither a stretch nor a
+step that carries a prefill chunk passes over them one by one; a step that would preempt, run out of token budget
+before the last decode, or publish a decode's cached unit while the pool evicts, writes the batch back and runs
+request by request (`_step_each`, `_stretch_each`), with the same rules.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from tuner.errors import ConfigError
+from tuner.replay._decoding import DecodeSet
 from tuner.replay._kvcache import BlockPool
 from tuner.replay._pricing import StepPricer
 from tuner.replay._requests import ReplayRequest
@@ -78,7 +85,7 @@ class Engine:
         self.running: list[ReplayRequest] = []
         self.transferring: list[ReplayRequest] = []  # PD decode: blocks held, KV on its way
         self.transfer_ms = transfer_ms
-        self.samples: list[Sample] = []
+        self._samples: list[tuple[float, int, int, int]] = []  # (t_ms, waiting, running, used blocks) per step
         self.steps = 0
         self.busy_ms = 0.0
         self.preemptions = 0
@@ -91,6 +98,9 @@ class Engine:
         self._bs = limits.block_size
         self._state = limits.state_blocks
         self._stretch_context = 0.0
+        self._prices = None
+        self.decode = DecodeSet(limits.block_size, limits.state_blocks, self._q, limits.mtp, self.accepted)
+        self._joins = 0
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -104,6 +114,18 @@ class Engine:
     @property
     def running_count(self) -> int:
         return len(self.running) + len(self.transferring)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The engine's state at the end of every step or stretch."""
+        n = self.pool.num_blocks
+        return [Sample(t, w, r, used / n if n else 0.0) for t, w, r, used in self._samples]
+
+    def sample_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`samples` as arrays: end times (ms), waiting, running, KV share used."""
+        a = np.array(self._samples, dtype=float).reshape(-1, 4)
+        n = self.pool.num_blocks
+        return a[:, 0], a[:, 1], a[:, 2], a[:, 3] / n if n else a[:, 3] * 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -182,19 +204,39 @@ class Engine:
         still = []
         for r in self.transferring:
             if r.ready_ms <= self.clock + _EPS:
-                self.running.append(r)
+                self._join(r)
             else:
                 still.append(r)
         self.transferring = still
+
+    def _join(self, r: ReplayRequest) -> None:
+        """Append to the running list, which stays in join order."""
+        r.join = self._joins
+        self._joins += 1
+        self.running.append(r)
+
+    def _write_back(self) -> None:
+        """Every decoding request leaves the batch with its own state (before a step run request by request)."""
+        decode = self.decode
+        for r in list(decode.members.values()):
+            decode.leave(r)
+
+    def _regroup(self) -> None:
+        """Running requests that decode (first token sampled, only the last token to compute) join the batch."""
+        decode = self.decode
+        for r in self.running:
+            if not r.in_decode and r.generated >= 1 and r.prompt_tokens + r.generated - r.computed <= 1.0 + _EPS:
+                decode.enter(r)
 
     def _admissible(self, r: ReplayRequest) -> bool:
         """Whether the head of the queue would be admitted now (blocks only; the caller checked the rest)."""
         if r.remote:
             return self._blocks_for(r.prompt_tokens + 1) + self.limits.state_blocks <= self.pool.available_blocks
         hits = self._hits(r)
-        hit_blocks = sum(u.blocks for u in hits)
-        full = (self._blocks_for(r.num_tokens) - hit_blocks + self.pool.evictable_among(hits)
-                + self.limits.state_blocks)
+        full = self._blocks_for(r.num_tokens) + self.limits.state_blocks
+        for u in hits:
+            if u.holders:
+                full -= u.blocks
         return full <= self.pool.available_blocks
 
     def _hits(self, r: ReplayRequest) -> list:
@@ -203,6 +245,17 @@ class Engine:
         return self.pool.lookup(r.units, int(r.num_tokens - 1) // self.limits.block_size)
 
     def _step(self, limit_ms: float) -> list[ReplayRequest]:
+        if self.decode.n:
+            done = self._step_batched()
+            if done is not None:
+                return done
+            self._write_back()
+        done = self._step_each(limit_ms)
+        self._regroup()
+        return done
+
+    def _step_each(self, limit_ms: float) -> list[ReplayRequest]:
+        """One step, request by request (the reference the batched step must equal)."""
         lim = self.limits
         budget = lim.max_num_batched_tokens
         threshold = lim.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
@@ -285,7 +338,7 @@ class Engine:
                 self.prompt_tokens_queried += r.prompt_tokens
                 self.prompt_tokens_hit += hit_tokens
             waiting.popleft()
-            self.running.append(r)
+            self._join(r)
             scheduled.append((r, float(new), False))
             budget -= new
         return budget
@@ -305,55 +358,41 @@ class Engine:
         return []
 
     def _execute(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
-        decode_n = 0
-        context = 0.0
-        chunk = 0.0
-        chunk_context = 0.0
-        for r, new, decoding in scheduled:
-            if decoding:
-                decode_n += 1
-                context += r.prompt_tokens + r.generated
-            else:
-                chunk += new
-                chunk_context += new * (r.computed + new / 2)
         if self.log is not None:
             self.log.append({r.rid: new for r, new, _ in scheduled})
-        ms = self.pricer.step_ms(decode_n, context / decode_n if decode_n else 0.0, chunk,
-                                 chunk_context / chunk if chunk else 0.0)
-        self.clock += ms
-        self.busy_ms += ms
-        self.steps += 1
-        now = self.clock
-        a = self.accepted
-        finished = []
-        for r, new, decoding in scheduled:
-            if decoding:
-                r.generated += a if r.generated >= 1 else 1.0
-                r.computed = r.prompt_tokens + r.generated - 1.0
-            else:
-                r.computed += new
-                if r.computed < r.prompt_tokens + r.generated - _EPS:
-                    self._publish(r)
-                    continue
-                r.generated += 1.0
-                r.computed = r.prompt_tokens + r.generated - 1.0
-            if r.first_token_ms is None:
-                r.first_token_ms = now
-            if r.units and r.published < len(r.units):
-                self._publish(r)
-            if r.generated >= r.output_tokens - _EPS:
-                finished.append(r)
+        self._clock_step(scheduled, 0, 0.0)
+        finished = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
         return self._finish(finished)
+
+    def _update(self, r: ReplayRequest, new: float, decoding: bool) -> bool:
+        """A scheduled request after the step: its tokens, first token, cached units; whether it finished."""
+        if decoding:
+            r.generated += self.accepted if r.generated >= 1 else 1.0
+            r.computed = r.prompt_tokens + r.generated - 1.0
+        else:
+            r.computed += new
+            if r.computed < r.prompt_tokens + r.generated - _EPS:
+                self._publish(r)
+                return False
+            r.generated += 1.0
+            r.computed = r.prompt_tokens + r.generated - 1.0
+        if r.first_token_ms is None:
+            r.first_token_ms = self.clock
+        if r.units and r.published < len(r.units):
+            self._publish(r)
+        return r.generated >= r.output_tokens - _EPS
 
     def _finish(self, finished: list[ReplayRequest]) -> list[ReplayRequest]:
         now = self.clock
         if finished:
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
+            running = self.running
             for r in finished:
+                running.remove(r)
                 r.finish_ms = now
                 self._free(r)
-        self.samples.append(Sample(now, len(self.waiting), len(self.running), self.kv_usage))
+        pool = self.pool
+        self._samples.append((now, len(self.waiting), len(self.running), pool.num_blocks - pool.free_blocks
+                              - pool.evictable_blocks))
         return finished
 
     # -- closed form between events ---------------------------------------------------------------
@@ -361,21 +400,15 @@ class Engine:
         """Steps every running request can decode, alike, before anything changes (0/1: take a single step)."""
         running = self.running
         n = len(running)
-        if n * self._q > self.limits.max_num_batched_tokens:
-            return 0
+        decode = self.decode
+        if decode.n != n or n * self._q > self.limits.max_num_batched_tokens:
+            return 0  # a request still prefilling (every decoding one is in the batch)
         a = self.accepted
-        k_done = 1 << 30
-        context = 0.0
-        for r in running:
-            tokens = r.prompt_tokens + r.generated
-            if r.generated < 1 or tokens - r.computed > 1.0 + _EPS:
-                return 0
-            context += tokens
-            left = r.output_tokens - r.generated
-            if left < k_done * a:
-                k_done = math.ceil(left / a - _EPS)
-        self._stretch_context = context / n
-        spare = self.pool.available_blocks // n
+        k_done = math.ceil(decode.left_min() / a - _EPS)
+        self._stretch_context = decode.context_sum() / n
+        self._prices: tuple[int, float, float] | None = None  # this stretch's prices, once asked
+        pool = self.pool
+        spare = (pool.free_blocks + pool.evictable_blocks) // n  # pool.available_blocks
         k_blocks = int(spare * self.limits.block_size / a)
         k = min(k_done, k_blocks)
         if self.transferring:
@@ -387,11 +420,16 @@ class Engine:
 
     def _stretch_prices(self, k: int) -> tuple[float, float]:
         """(first step's time, its growth per step) of the stretch `_stretch_length` just measured."""
+        known = self._prices
+        if known is not None and known[0] == k:
+            return known[1], known[2]
         n = len(self.running)
         ctx = self._stretch_context
-        first = self.pricer.step_ms(n, ctx, 0.0, 0.0)
+        first = known[1] if known is not None else self.pricer.step_ms(n, ctx, 0.0, 0.0)
         last = self.pricer.step_ms(n, ctx + (k - 1) * self.accepted, 0.0, 0.0)
-        return first, (last - first) / (k - 1) if k > 1 else 0.0
+        slope = (last - first) / (k - 1) if k > 1 else 0.0
+        self._prices = (k, first, slope)
+        return first, slope
 
     def _steps_until(self, limit_ms: float, k: int) -> int:
         """The first step count whose end reaches `limit_ms` (at most k), step time linear in the context."""
@@ -410,6 +448,22 @@ class Engine:
         return max(1, min(k, steps))
 
     def _stretch(self, k: int) -> list[ReplayRequest]:
+        decode = self.decode
+        g = decode.g + k * self.accepted
+        blocks = decode.blocks_at(g)
+        if decode.units_due(g) and blocks - decode.blocks > self.pool.free_blocks:
+            # a decode completes a cached unit while the pool evicts: the order of the two matters
+            self._write_back()
+            done = self._stretch_each(k)
+            self._regroup()
+            return done
+        self._stretch_clock(k)
+        if blocks != decode.blocks and not self.pool.take(blocks - decode.blocks):  # bounded: cannot fail
+            raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
+        decode.advance(g, blocks)
+        return self._finish(self._decoded())
+
+    def _stretch_clock(self, k: int) -> None:
         first, slope = self._stretch_prices(k)
         ms = k * first + slope * k * (k - 1) / 2
         if self.log is not None:
@@ -417,6 +471,41 @@ class Engine:
         self.clock += ms
         self.busy_ms += ms
         self.steps += k
+
+    def _decoded(self) -> list[ReplayRequest]:
+        """After the batch advanced: publish the units its requests completed, take out the finished ones."""
+        decode = self.decode
+        if decode.units:
+            self._publish_batch(self._units_due())
+        finish = decode.finish
+        if finish and finish[0][0] - _EPS <= decode.g + 1e-6:  # DecodeSet.finished's test, ahead of the call
+            return self._leave_finished()
+        return []
+
+    def _units_due(self) -> list[ReplayRequest]:
+        decode = self.decode
+        return sorted(decode.units_now(), key=_join_order) if decode.units_due(decode.g) else []
+
+    def _publish_batch(self, due: list[ReplayRequest]) -> None:
+        decode = self.decode
+        for r in due:
+            r.computed = r.prompt_tokens + (decode.g - r.g0) - 1.0
+            self._publish(r)
+            decode.watch_units(r)
+
+    def _leave_finished(self) -> list[ReplayRequest]:
+        """The batch's finished requests, out of it with their state, in running order."""
+        decode = self.decode
+        finished = decode.finished()
+        if finished:
+            finished.sort(key=_join_order)
+            for r in finished:
+                decode.leave(r)
+        return finished
+
+    def _stretch_each(self, k: int) -> list[ReplayRequest]:
+        """A stretch, request by request (the reference the batched stretch must equal)."""
+        self._stretch_clock(k)
         gained = k * self.accepted
         finished = []
         lookahead = self._q + self._lookahead - self.accepted  # slots of the last step past its computed tokens
@@ -430,3 +519,124 @@ class Engine:
             if r.generated >= r.output_tokens - _EPS:
                 finished.append(r)
         return self._finish(finished)
+
+    # -- a step with the decode batch held together -------------------------------------------------
+    def _step_batched(self) -> list[ReplayRequest] | None:
+        """The step `_step_each` would run, when it preempts nothing and every decode gets its tokens: the
+        batch's requests take 1 + drafts tokens each; the others (prefilling, or a PD decode's first step)
+        are scheduled one by one in their place in the running order; then admission. None: run it one by one."""
+        plan = self._plan_others()
+        if plan is None:
+            return None
+        others, budget, need = plan
+        decode = self.decode
+        g = decode.g + self.accepted
+        blocks = decode.blocks_at(g)
+        if blocks - decode.blocks + need > self.pool.available_blocks:
+            return None  # someone would be preempted
+        self.pool.take(blocks - decode.blocks)
+        for r, _, _, slots in others:
+            self._grow(r, slots)
+        threshold = self._threshold()
+        scheduled = [(r, new, decoding) for r, new, decoding, _ in others]
+        self._admit(budget, threshold, scheduled)
+        self._execute_batched(scheduled)
+        decode.advance(g, blocks)
+        return self._finish_batched(scheduled)
+
+    def _threshold(self) -> int:
+        lim = self.limits
+        return lim.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+
+    def _plan_others(self) -> tuple[list, int, int] | None:
+        """The running requests outside the batch, in order, with their tokens and slots; the budget left after
+        everyone running; the blocks they need. None when the budget runs out before the last running request."""
+        decode, running = self.decode, self.running
+        q, lookahead, bs, state = self._q, self._lookahead, self._bs, self._state
+        threshold = self._threshold()
+        if 0 < threshold < q:
+            return None
+        outside = len(running) - decode.n
+        others: list[tuple[ReplayRequest, float, bool, float]] = []
+        if outside:
+            for r in reversed(running):
+                if not r.in_decode:
+                    others.append((r, 0.0, False, 0.0))
+                    if len(others) == outside:
+                        break
+            others.reverse()
+        budget = self.limits.max_num_batched_tokens
+        spent = need = 0
+        for index, (r, _, _, _) in enumerate(others):
+            left = budget - spent - q * decode.before(r.join)
+            if left <= 0:
+                return None
+            tokens = r.prompt_tokens + r.generated
+            decoding = tokens - r.computed <= 1.0 + _EPS
+            new = q if decoding else math.ceil(tokens - r.computed - _EPS)
+            if 0 < threshold < new:
+                new = threshold
+            if new > left:
+                new = left
+            slots = r.computed + new + lookahead
+            if not (r.blocks and slots <= (r.blocks - state) * bs + _EPS):
+                need += max(0, self._blocks_for(slots) + state - r.blocks)
+            others[index] = (r, new, decoding, slots)
+            spent += new
+        left = budget - spent - q * decode.n
+        return (others, left, need) if left >= 0 else None
+
+    def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> None:
+        """Price and clock the step: the batch's decodes from its sums, the others one by one."""
+        decode = self.decode
+        if self.log is not None:
+            batch = sorted([(r.join, r.rid, new) for r, new, _ in scheduled]
+                           + [(j, r.rid, float(self._q)) for j, r in decode.members.items()])
+            self.log.append({rid: new for _, rid, new in batch})
+        self._clock_step(scheduled, decode.n, decode.context_sum())
+
+    def _clock_step(self, scheduled: list[tuple[ReplayRequest, float, bool]], decode_n: int,
+                    context: float) -> None:
+        """Price one step (`decode_n` decodes of summed context `context` besides the scheduled requests) and
+        move the clock by it."""
+        chunk = 0.0
+        chunk_context = 0.0
+        for r, new, decoding in scheduled:
+            if decoding:
+                decode_n += 1
+                context += r.prompt_tokens + r.generated
+            else:
+                chunk += new
+                chunk_context += new * (r.computed + new / 2)
+        ms = self.pricer.step_ms(decode_n, context / decode_n if decode_n else 0.0, chunk,
+                                 chunk_context / chunk if chunk else 0.0)
+        self.clock += ms
+        self.busy_ms += ms
+        self.steps += 1
+
+    def _finish_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
+        """The others' tokens and units, the batch's units (all in running order: two may share a key), the
+        finished, and the requests that now decode joining the batch."""
+        due = self._units_due()
+        done = []
+        if due:
+            order = sorted([(r.join, r, 0.0, None) for r in due] + [(r.join, r, new, d) for r, new, d in scheduled])
+            for _, r, new, decoding in order:
+                if decoding is None:
+                    self._publish_batch([r])
+                elif self._update(r, new, decoding):
+                    done.append(r)
+        else:
+            done = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
+        finished = self._leave_finished()
+        if done:
+            finished = sorted(finished + done, key=_join_order) if finished else done
+        decode = self.decode
+        for r, _, _ in scheduled:
+            if r.generated >= 1 and r.prompt_tokens + r.generated - r.computed <= 1.0 + _EPS and r not in done:
+                decode.enter(r)
+        return self._finish(finished)
+
+
+def _join_order(r: ReplayRequest) -> int:
+    return r.join

@@ -3,12 +3,14 @@
 The per-topology constants (`InstanceCosts`) are computed once; a step is priced by the same `mixed_step`,
 `decode_step` and `prefill_step` the analytic model uses, on that step's own decode count, decode context and
 prefill chunk. Prices are memoised on the batch rounded to ~1% (context and chunk sizes on a log grid; decode
-counts exact up to 64), so a replay of thousands of steps prices a few hundred distinct batches.
+counts exact up to 64), so a replay of thousands of steps prices a few thousand distinct batches; the memo is
+shared by pricers of the same step costs, topology and role.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from tuner.hardware import GpuSpec
@@ -36,6 +38,27 @@ def _uncount(b: int) -> float:
     return float(b) if b <= 64 else _unbucket(b - 64)
 
 
+_SHARED_PRICERS = 32
+_shared: OrderedDict[tuple, tuple[tuple[object, ...], dict[tuple[int, int, int, int], float]]] = OrderedDict()
+
+
+def _shared_memo(pricer: StepPricer) -> dict[tuple[int, int, int, int], float]:
+    """The memo of an earlier pricer of the same step costs (the same objects, topology and role), so replays
+    of one deployment (verification, the fewest instances for a rate, a service answering again) price each batch
+    once; the last `_SHARED_PRICERS` are kept."""
+    refs = (pricer.costs, pricer.gpu, pricer.calibration)
+    key = (*map(id, refs), pricer.topology, pricer.role)
+    found = _shared.get(key)
+    if found is not None and all(a is b for a, b in zip(found[0], refs, strict=True)):
+        _shared.move_to_end(key)
+        return found[1]
+    memo: dict[tuple[int, int, int, int], float] = {}
+    _shared[key] = (refs, memo)
+    while len(_shared) > _SHARED_PRICERS:
+        _shared.popitem(last=False)
+    return memo
+
+
 @dataclass(slots=True)
 class StepPricer:
     """Prices one DP rank's step; every rank of the instance is taken to run a batch like it (DP lockstep)."""
@@ -47,6 +70,9 @@ class StepPricer:
     role: Role
     _memo: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._memo = _shared_memo(self)
+
     @property
     def accepted(self) -> float:
         """Tokens a decoding request gains per step: 1 + the expected accepted MTP drafts."""
@@ -56,7 +82,11 @@ class StepPricer:
                 chunk_context: float) -> float:
         """One step with `decode_requests` decoding at mean context `decode_context` and `chunk_tokens` prompt
         tokens whose queries see `chunk_context` tokens on average (their cached prefix included)."""
-        key = (_count_bucket(decode_requests), _bucket(decode_context), _bucket(chunk_tokens), _bucket(chunk_context))
+        log = math.log  # the buckets of _bucket / _count_bucket, inline: a replay prices every step
+        key = (decode_requests if decode_requests <= 64 else _count_bucket(decode_requests),
+               0 if decode_context < 1.0 else int(log(decode_context) * _GRID + 0.5) + 1,
+               0 if chunk_tokens < 1.0 else int(log(chunk_tokens) * _GRID + 0.5) + 1,
+               0 if chunk_context < 1.0 else int(log(chunk_context) * _GRID + 0.5) + 1)
         price = self._memo.get(key)
         if price is None:
             price = self._memo[key] = self._price(_uncount(key[0]), _unbucket(key[1]), _unbucket(key[2]),

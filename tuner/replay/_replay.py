@@ -272,9 +272,10 @@ class _Run:
         heap = self.heap
         while True:
             busy = None
-            for e in engines:
-                if e.has_work and (busy is None or e.clock < busy.clock):
-                    busy = e
+            earliest = math.inf
+            for e in engines:  # the earliest engine with work (Engine.has_work, inline: this loop runs per step)
+                if (e.running or e.waiting or e.transferring) and e.clock < earliest:
+                    busy, earliest = e, e.clock
             t_next = heap[0][0] if heap else math.inf
             if busy is None and not heap:
                 break
@@ -289,7 +290,7 @@ class _Run:
                 self._stop(busy.clock)
             limit = t_next
             for e in self.feeds[id(busy)]:
-                if e.has_work and e.clock < limit:
+                if (e.running or e.waiting or e.transferring) and e.clock < limit:
                     limit = e.clock
             for r in busy.advance(limit):
                 self._finished(busy, r)
@@ -353,17 +354,14 @@ class _Run:
         kv = np.zeros(points)
         kv_ranks = [e for e in self.engines if not self.pd or self.engine_instance[id(e)].group.role is Role.DECODE]
         for e in self.engines:
-            if not e.samples:
+            t, w, r, k = e.sample_arrays()
+            if not len(t):
                 continue
-            t = np.fromiter((s.t_ms for s in e.samples), float)
             idx = np.searchsorted(t, grid, side="right") - 1
             ok = idx >= 0
-            w = np.fromiter((s.waiting for s in e.samples), float)
-            r = np.fromiter((s.running for s in e.samples), float)
             waiting[ok] += w[idx[ok]]
             running[ok] += r[idx[ok]]
             if e in kv_ranks:
-                k = np.fromiter((s.kv_used for s in e.samples), float)
                 kv[ok] += k[idx[ok]] / len(kv_ranks)
         return downsample([TimelinePoint(float(g / 1e3), int(wv), int(rv), float(kv_)) for g, wv, rv, kv_ in
                            zip(grid, waiting, running, kv, strict=True)], points)

@@ -107,13 +107,25 @@ class ReplayReport:
     def total_tok_s_per_gpu(self) -> float:
         return self.total_tok_s / self.num_gpus
 
+    @property
+    def sustained_rps(self) -> float:
+        """Requests sent per second over the measured sending window (first measured send to the last send). Open
+        loop: the offered rate. Closed loop: every send follows an answer, so it is the rate of answers while every
+        client is busy; `request_rps` also counts the drain after the last send (fewer clients left) as time, which
+        understates what the deployment sustains (benchmarks/closed_open_agreement.py)."""
+        sent = sorted(r.sent_ms for r in self.requests)
+        if len(sent) < 2 or sent[-1] <= sent[0]:
+            return self.request_rps
+        return (len(sent) - 1) / ((sent[-1] - sent[0]) / 1e3)
+
     def summary_json(self) -> dict[str, object]:
         """Everything but the per-request records and the timeline."""
         return {
             "deployment": self.deployment, "arrival": self.arrival, "requests": len(self.requests),
             "warmup_requests": self.warmup_requests, "ttft_ms": asdict(self.ttft_ms), "itl_ms": asdict(self.itl_ms),
             "e2e_ms": asdict(self.e2e_ms), "duration_s": self.duration_s, "request_rps": self.request_rps,
-            "output_tok_s": self.output_tok_s, "total_tok_s": self.total_tok_s, "num_gpus": self.num_gpus,
+            "sustained_rps": self.sustained_rps, "output_tok_s": self.output_tok_s, "total_tok_s": self.total_tok_s,
+            "num_gpus": self.num_gpus,
             "total_tok_s_per_gpu": self.total_tok_s_per_gpu, "sla": asdict(self.sla),
             "sla_attainment": self.sla_attainment, "goodput_rps": self.goodput_rps,
             "prefix_hit_share": self.prefix_hit_share, "preemptions": self.preemptions,

@@ -57,6 +57,12 @@ class ReplayRequest:
     rest: tuple[RequestSpec, ...] = ()  # the session's later turns, sent once this one is answered
     instance: int = 0  # the instance the router picked
     front: ReplayRequest | None = None  # PD: the prefill side of this request
+    join: int = -1  # when it joined its engine's running list (that list is in join order)
+    in_decode: bool = False  # a member of the engine's DecodeSet: generated, computed, blocks are held there
+    g0: float = 0.0  # DecodeSet: generated = counter - g0
+    g_entry: float = 0.0
+    d_base: int = 0
+    d_phase: float = 0.0
 
     @property
     def num_tokens(self) -> float:

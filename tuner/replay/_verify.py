@@ -8,6 +8,7 @@ asked percentile and, open loop, its queue not growing. `advise()` calls `verify
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,11 +86,13 @@ def verify_candidates(perf: RooflineModel, candidates: Sequence[Candidate], work
     checked: list[Verified] = []
     for c in candidates:
         process = arrival or ArrivalProcess("closed", concurrency=max(1, c.concurrency or 1))
-        count = num_requests
+        count, warmup = num_requests, warmup_share
         if count is not None and not process.open_loop:
             count = max(count, 3 * process.concurrency)  # every client sends a few requests
+            # every client's first request is warm-up: they all leave at once, a wave no steady state has
+            warmup = max(warmup, min(0.5, process.concurrency / count))
         plan = ReplayPlan(deployment=c.deployment, workload=workload, arrival=process, router=router,
-                          num_requests=count, warmup_share=warmup_share, sla=sla)
+                          num_requests=count, warmup_share=warmup, sla=sla)
         try:
             report = replay(perf, plan)
         except InfeasibleError:
@@ -103,21 +106,48 @@ def verify_candidates(perf: RooflineModel, candidates: Sequence[Candidate], work
     return VerifiedChoice(choice, tuple(checked))
 
 
+def _scaled(deployment: Deployment, scale: int) -> Deployment:
+    groups = tuple(g.model_copy(update={"count": g.count * scale}) for g in deployment.groups)
+    return deployment.model_copy(update={"groups": groups})
+
+
 def fewest_instances_for_rate(perf: RooflineModel, deployment: Deployment, workload: Workload, *, rate_rps: float,
                               sla: Sla, percentile: str = "p90", max_gpus: int, arrival_kind: str = "poisson",
                               router: RouterPolicy = "cache-aware",
-                              num_requests: int | None = DEFAULT_VERIFY_REQUESTS) -> VerifiedChoice:
-    """Scale a deployment's instance counts (each group by the same factor, PD keeping its ratio) from 1 x up to
-    the GPU budget and return the smallest the replay shows carrying `rate_rps` within the SLA."""
+                              num_requests: int | None = DEFAULT_VERIFY_REQUESTS,
+                              start_scale: int = 1, floor_scale: int = 0) -> VerifiedChoice:
+    """Scale a deployment's instance counts (each group by the same factor, PD keeping its ratio) within the GPU
+    budget and return the smallest the replay shows carrying `rate_rps` within the SLA.
+
+    From `start_scale` (an estimate; 1 scans from one copy) it grows by half until a scale passes, then bisects
+    between the largest failing and the smallest passing scale (more instances never carry less): about
+    2 log2(scales) replays, not one per scale. `floor_scale`: the largest scale already known to fail (a start at
+    the budget's scale then costs one replay when even that fails). A replay stopped past its horizon fails."""
     arrival = ArrivalProcess(arrival_kind, rate_rps=rate_rps)  # type: ignore[arg-type]
-    candidates = []
-    scale = 1
-    while True:
-        groups = tuple(g.model_copy(update={"count": g.count * scale}) for g in deployment.groups)
-        scaled = deployment.model_copy(update={"groups": groups})
-        if scaled.num_gpus > max_gpus:
-            break
-        candidates.append(Candidate(scaled, label=f"x{scale}"))
-        scale += 1
-    return verify_candidates(perf, candidates, workload, sla=sla, percentile=percentile, arrival=arrival,
-                             router=router, num_requests=num_requests)
+    top = max_gpus // max(1, deployment.num_gpus)
+    checked: list[Verified] = []
+    passed: dict[int, Verified] = {}
+
+    def meets(scale: int) -> bool:
+        one = verify_candidates(perf, [Candidate(_scaled(deployment, scale), label=f"x{scale}")], workload, sla=sla,
+                                percentile=percentile, arrival=arrival, router=router, num_requests=num_requests)
+        checked.extend(one.checked)
+        if one.choice is not None:
+            passed[scale] = one.choice
+        return one.choice is not None
+
+    low, high = max(0, floor_scale), None  # the largest scale known to fail, the smallest known to pass
+    scale = min(max(low + 1, start_scale), top)
+    while high is None and low < top:
+        if meets(scale):
+            high = scale
+        else:
+            low = scale
+            scale = min(top, max(scale + 1, math.ceil(scale * 1.5)))
+    while high is not None and high - low > 1:
+        mid = (low + high) // 2
+        if meets(mid):
+            high = mid
+        else:
+            low = mid
+    return VerifiedChoice(passed[high] if high is not None else None, tuple(checked))

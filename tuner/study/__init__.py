@@ -10,6 +10,7 @@ from tuner.study._naming import campaign_name
 from tuner.study._noise_test import NoiseTest, Verdict
 from tuner.study._objectives import PHASE_AXES, PHASE_METRICS, phase_values
 from tuner.study._options import TuneOptions
+from tuner.study._records import level_label
 from tuner.study._reverify import (
     ReverifyOptions,
     ReverifyReport,
@@ -67,6 +68,7 @@ __all__ = [
     "close_storage",
     "cluster_notes",
     "current_versions",
+    "level_label",
     "list_campaigns",
     "load_campaign",
     "make_sampler",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -44,10 +44,13 @@ MAX_FAILURES_KEPT = 200
 
 @dataclass(frozen=True)
 class TrialRow:
-    """One stored trial of a phase, typed (the API lists these and never reads Optuna's attributes itself)."""
+    """One trial of a phase (one tried configuration), typed (the API lists these and never reads Optuna's
+    attributes itself), with its other load levels: each is stored as its own Optuna trial (docs/architecture.md,
+    "Trials and their load levels") but listed here, under the trial it belongs to."""
 
     phase: str
     record: TrialRecord
+    levels: tuple[TrialRecord, ...] = ()  # the load levels stored beside the one the trial was told, by number
 
 
 @dataclass
@@ -65,7 +68,8 @@ class _PhaseFold:
     feasible: int = 0
     curves: dict[Topology, list[StoredPoint]] = field(default_factory=dict)  # each topology's own front
     front: list[StoredPoint] = field(default_factory=list)
-    rows: dict[int, TrialRow] = field(default_factory=dict)  # trial number -> row
+    rows: dict[int, TrialRow] = field(default_factory=dict)  # trial number -> row (load levels not included)
+    levels: dict[int, dict[int, TrialRecord]] = field(default_factory=dict)  # trial -> its levels by number
 
     def fold(self, trials: list[FrozenTrial]) -> tuple[bool, bool]:
         """(anything changed, a per-topology front changed)."""
@@ -76,7 +80,10 @@ class _PhaseFold:
             self.watermark = max(self.watermark, trial_id(t))
             r = TrialRecord.read(t)
             records.append(r)
-            self.rows[t.number] = TrialRow(self.phase, r)
+            if r.is_level:
+                self.levels.setdefault(r.trial, {})[r.number] = r
+            else:
+                self.rows[t.number] = TrialRow(self.phase, r)
             changed = True
             if t.state not in _FINISHED:
                 self.open_trials[trial_id(t)] = r
@@ -156,11 +163,18 @@ class LiveCampaign:
 
     @property
     def trials_stored(self) -> int:
+        """Trials (tried configurations), not the Optuna trials their load levels are stored as."""
         return sum(len(fold.rows) for fold in self._phases.values())
 
     def rows(self, phase: str | None = None) -> list[TrialRow]:
         phases = [phase] if phase is not None else list(ALL_PHASES)
-        return [row for p in phases if p in self._phases for _, row in sorted(self._phases[p].rows.items())]
+        out = []
+        for p in (p for p in phases if p in self._phases):
+            fold = self._phases[p]
+            for number, row in sorted(fold.rows.items()):
+                levels = fold.levels.get(number, {})
+                out.append(replace(row, levels=tuple(levels[n] for n in sorted(levels))) if levels else row)
+        return out
 
     def _open_new_phases(self) -> bool:
         storage = open_storage(self.storage_url)

@@ -59,7 +59,8 @@ def is_feasible(constraints: dict[str, float]) -> bool:
 
 def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, **extra: Any) -> TrialAttrs:
     """The attributes of a trial holding one measured point (a sampled trial's representative or an extra)."""
-    return TrialAttrs(concurrency=m.concurrency, metrics=m.model_dump(), outcome=result.status,
+    return TrialAttrs(concurrency=m.concurrency, load_level=level_label(m), metrics=m.model_dump(),
+                      outcome=result.status,
                       deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name,
                       vllm_version=result.vllm_version, model_revision=result.model_revision, **extra)
 
@@ -112,6 +113,25 @@ class StoredPoint:
     @property
     def values(self) -> tuple[float, float]:
         return phase_values(self.phase, self.metrics)
+
+    @property
+    def trial(self) -> int:
+        """The trial (one tried configuration) this point is a load level of: what every view numbers it by."""
+        return self.measurement if self.measurement is not None else self.trial_number
+
+    @property
+    def level(self) -> str:
+        """The load it was measured at: "c16" (16 clients) or "6.0 rps" (an open-loop rate)."""
+        return level_label(self.metrics)
+
+    @property
+    def label(self) -> str:
+        """"#8 c16": trial 8 at its 16-client level."""
+        return f"#{self.trial} {self.level}"
+
+
+def level_label(m: ServingMetrics) -> str:
+    return f"{m.offered_rps:g} rps" if m.offered_rps is not None else f"c{m.concurrency}"
 
 
 def stored_points(study: optuna.Study, phase: str, records: list[TrialRecord] | None = None

@@ -109,6 +109,13 @@ class ReverifyRow:
     # a "before/after" shows, so it reads the number the front printed (the test compares total tok/s/GPU runs).
     front_before: float | None = None
     front_after: float | None = None
+    of_trial: int | None = None  # the trial (tried configuration) the stored point is a load level of
+
+    @property
+    def label(self) -> str:
+        """"#8 c16": the trial and load compared (a row stored before `of_trial` was kept shows the point's own
+        stored number)."""
+        return f"#{self.of_trial if self.of_trial is not None else self.trial} c{self.concurrency}"
 
     @property
     def ratio(self) -> float | None:
@@ -444,7 +451,8 @@ class Reverifier:
         study = self.studies[target.phase]
         base = {"phase": target.phase, "trial": p.trial_number, "config": p.deployment.groups[0].topology.label(),
                 "params": p.params, "concurrency": p.metrics.concurrency, "why": target.why,
-                "from_version": VersionTag.of(p).label, "meets_sla_before": p.feasible, "front_before": p.values[0]}
+                "from_version": VersionTag.of(p).label, "meets_sla_before": p.feasible, "front_before": p.values[0],
+                "of_trial": p.trial}
         ok = [(req, res, m) for req, res in runs if res.status.ok
               and (m := _at_level(res.points, p.metrics.concurrency)) is not None and m.total_tok_s_per_gpu > 0]
         if not ok:

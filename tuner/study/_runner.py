@@ -242,7 +242,8 @@ class PhaseRun:
             deployment=Deployment.single(topo), workload=self.space.phase_workload(self.phase),
             artifacts_dir=str(folder), timeout_s=self.options.trial_timeout_s,
             min_accuracy=self.space.constraints.min_accuracy, seed=self.options.seed * 1_000_003 + trial.number,
-            vllm_version=self.space.cluster.vllm_version)
+            vllm_version=self.space.cluster.vllm_version, max_ttft_ms=self.space.constraints.max_ttft_ms,
+            max_itl_ms=self.space.constraints.max_itl_ms)
 
     def tell(self, study: optuna.Study, trial: optuna.Trial, request: TrialRequest, result: TrialResult) -> None:
         if self.transfer is not None and self.transfer.record(self.study_name, trial.number, request, result):

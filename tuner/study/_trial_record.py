@@ -91,6 +91,8 @@ class TrialAttrs:
     deployment_name: str | None = None
     levels: list[int] | None = None  # the concurrency levels a sampled trial measured
     parent_trial: int | None = None  # an extra level's sampled trial
+    load_level: str | None = None  # "c16" or "6 rps": the load this trial's point was measured at (the dashboard
+    # shows it beside parent_trial, so an extra reads as "trial 8 at c16")
     retry_of: int | None = None  # the trial this one runs again (reclaimed or interrupted)
     repaired_from: int | None = None  # the screened or duplicate proposal this one replaces
     warm_start: str | None = None  # "simulator" for the enqueued predicted front
@@ -156,6 +158,17 @@ class TrialRecord:
     @property
     def kind(self) -> TrialKind | None:
         return self.attrs.kind
+
+    @property
+    def is_level(self) -> bool:
+        """A load level of another trial (stored as its own Optuna trial: see docs/architecture.md, "Trials and
+        their load levels"), never a trial of its own in counts and listings."""
+        return self.attrs.kind is TrialKind.EXTRA
+
+    @property
+    def trial(self) -> int:
+        """The trial this record belongs to: its own number, or for a load level its trial's."""
+        return self.attrs.parent_trial if self.is_level and self.attrs.parent_trial is not None else self.number
 
     @property
     def vllm_version(self) -> str:
