@@ -9,8 +9,10 @@ launch plan checks without importing a backend.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
+from functools import reduce
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -145,6 +147,14 @@ class Deployment(BaseModel):
     @property
     def num_gpus(self) -> int:
         return sum(g.num_gpus for g in self.groups)
+
+    @property
+    def unit(self) -> Deployment:
+        """The smallest deployment of the same shape, every count over the counts' gcd (4P2D -> 2P1D): what a
+        deployment scales by."""
+        scale = reduce(math.gcd, (g.count for g in self.groups))
+        return self.model_copy(update={"groups": tuple(
+            g.model_copy(update={"count": g.count // scale}) for g in self.groups)})
 
     @property
     def name(self) -> str:

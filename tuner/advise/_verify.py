@@ -12,9 +12,7 @@ variants are kept when the replay shows them within the SLA at more tok/s/GPU.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from functools import reduce
 
 from tuner.advise._fronts import Fronts
 from tuner.advise._recommend import Point, operating_deployment
@@ -68,9 +66,7 @@ class ReplayCheck:
         than `floor_scale` (known to fail); the budget's scale is replayed first, so a unit that cannot meet the
         SLA at any scale (too small a TP for the ITL) costs one replay."""
         assert self.arrival is not None and self.arrival.rate_rps is not None
-        unit_count = reduce(math.gcd, (g.count for g in deployment.groups))
-        unit = deployment.model_copy(update={"groups": tuple(
-            g.model_copy(update={"count": g.count // unit_count}) for g in deployment.groups)})
+        unit = deployment.unit
         found = fewest_instances_for_rate(
             self.perf, unit, self.traffic, rate_rps=self.arrival.rate_rps, sla=self.sla, percentile=self.percentile,
             max_gpus=max_gpus, arrival_kind="trace" if self.arrival.kind == "trace" else "poisson",
@@ -209,17 +205,12 @@ def _rescued_by_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_given:
     return replace(decision, searched=tuple(searched))
 
 
-def _unit_gpus(deployment: Deployment) -> int:
-    return deployment.num_gpus // reduce(math.gcd, (g.count for g in deployment.groups))
-
-
 def _shapes(deployments: list[Deployment]) -> list[Deployment]:
     """One deployment per shape (its groups' roles, topologies and count ratio), in the order given, at most
     HINT_SHAPES: each is scaled on its own."""
     seen: dict[tuple, Deployment] = {}
     for d in deployments:
-        unit = reduce(math.gcd, (g.count for g in d.groups))
-        key = tuple((g.role, g.topology.name, g.topology.mtp, g.count // unit) for g in d.groups)
+        key = tuple((g.role, g.topology.name, g.topology.mtp, g.count) for g in d.unit.groups)
         seen.setdefault(key, d)
     return list(seen.values())[:HINT_SHAPES]
 
@@ -233,8 +224,8 @@ def fewest_of(check: ReplayCheck, deployments: list[Deployment], max_gpus: int, 
     checked: tuple[Verified, ...] = ()
     for d in _shapes(deployments):
         bound = max_gpus if best is None else best.report.num_gpus - 1
-        floor = (d.num_gpus if past_gpus is None else past_gpus) // _unit_gpus(d)
-        if (floor + 1) * _unit_gpus(d) > bound:
+        floor = (d.num_gpus if past_gpus is None else past_gpus) // d.unit.num_gpus
+        if (floor + 1) * d.unit.num_gpus > bound:
             continue
         choice, more = check.fewest(d, bound, floor)
         checked += more

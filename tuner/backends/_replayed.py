@@ -15,7 +15,7 @@ from tuner.deployment import Deployment
 from tuner.errors import InfeasibleError
 from tuner.metrics import SKETCH_PROBABILITIES, ServingMetrics
 from tuner.perf import RooflineModel
-from tuner.replay import ArrivalProcess, ReplayPlan, replay
+from tuner.replay import ArrivalProcess, Percentiles, ReplayPlan, replay
 from tuner.replay import Sla as ReplaySla
 from tuner.topology import Role
 from tuner.workload import Workload
@@ -45,12 +45,12 @@ def replayed_point(perf: RooflineModel, deployment: Deployment, workload: Worklo
     except InfeasibleError:
         return point
     ttft = [r.ttft_ms for r in report.requests]
-    itl = [r.itl_ms for r in report.requests if r.itl_ms is not None] or [0.0]
+    itl = [r.itl_ms for r in report.requests if r.itl_ms is not None] or [0.0]  # one-token answers: no gap
+    itl_ms = Percentiles.of(itl)
     return point.model_copy(update={
         "ttft_ms_mean": report.ttft_ms.mean, "ttft_ms_p50": report.ttft_ms.p50, "ttft_ms_p90": report.ttft_ms.p90,
         "ttft_ms_p99": report.ttft_ms.p99, "ttft_ms_sketch": _sketch(ttft),
-        "itl_ms_mean": float(np.mean(itl)), "itl_ms_p50": float(np.percentile(itl, 50)),
-        "itl_ms_p90": float(np.percentile(itl, 90)), "itl_ms_p99": float(np.percentile(itl, 99)),
+        "itl_ms_mean": itl_ms.mean, "itl_ms_p50": itl_ms.p50, "itl_ms_p90": itl_ms.p90, "itl_ms_p99": itl_ms.p99,
         "itl_ms_sketch": _sketch(itl), "replayed_sla_attainment": report.sla_attainment})
 
 
