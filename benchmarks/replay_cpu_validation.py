@@ -145,13 +145,13 @@ def _server_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICE)
 
 
-def _serve(envs: Path, model: Path, work: Path) -> subprocess.Popen:
+def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> subprocess.Popen:
     from tuner.backends.vllm._backend import LAUNCHER
 
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
     argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
             "--host", "127.0.0.1", "--port", str(PORT), "--dtype", "bfloat16", "--enforce-eager",
-            "--enable-prefix-caching", "--kv-cache-memory-bytes", str(KV_BYTES),
+            "--enable-prefix-caching", "--kv-cache-memory-bytes", str(kv_bytes),
             "--max-num-seqs", str(FLAGS["max_num_seqs"]), "--max-num-batched-tokens",
             str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"])]
     server = subprocess.Popen(argv, env=env, stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
@@ -200,7 +200,7 @@ def _capacity_rps(run: dict) -> float:
 
 
 def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = CLOSED,
-            rate_shares: tuple[float, ...] = RATE_SHARES) -> dict:
+            rate_shares: tuple[float, ...] = RATE_SHARES, kv_bytes: int = KV_BYTES) -> dict:
     """Serve, replay the trace through AIPerf at each load, write and return the data.
 
     The closed-loop run at the highest concurrency comes first (its rate sets the open-loop rates); then open and
@@ -213,7 +213,7 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
     subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
                    capture_output=True)
     trace = _trace(work / "trace.jsonl", requests)
-    server = _serve(envs, model, work)
+    server = _serve(envs, model, work, kv_bytes)
     nice = _nice_of(server.pid)
     seeds = itertools.count(101)
     try:
@@ -235,7 +235,7 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
     data = {
         "source": "benchmarks/replay_cpu_validation.py measure", "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                       time.gmtime()),
-        "vllm": "vllm-cpu 0.32.0, TP1, --enable-prefix-caching", "kv_cache_memory_bytes": KV_BYTES,
+        "vllm": "vllm-cpu 0.32.0, TP1, --enable-prefix-caching", "kv_cache_memory_bytes": kv_bytes,
         "block_tokens": BLOCK, "flags": FLAGS, "cores": os.cpu_count(), "interleaved": True,
         "client_cpus": " ".join(_client_cpus()[2:]) or "unpinned", "server_nice": nice, "client_nice": nice,
         "trace": [json.loads(line) for line in trace.read_text().splitlines()], "runs": runs}

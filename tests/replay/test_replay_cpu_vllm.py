@@ -26,14 +26,20 @@ def _bench():
 @pytest.mark.slow
 def test_hit_share_and_preemption_match_real_vllm(tmp_path: Path) -> None:
     bench = _bench()
-    data = bench.measure(tmp_path / "data.json", requests=40, closed=(8,), rate_shares=(1.3,))
+    # A closed loop at max-num-seqs clients on a KV cache of ~17 blocks, against 16 prompts of 3-6 blocks: both
+    # preempt whatever the machine's timing (measured 5, 5; replayed 6). At the benchmark's 8 clients and ~22
+    # blocks, whether the 8 running at once overfill the cache depends on which 8 they are: CI once saw none of 40
+    # preempt. docs/workloads.md (CPU validation) has the probe's figures.
+    data = bench.measure(tmp_path / "data.json", requests=40, closed=(bench.FLAGS["max_num_seqs"],),
+                         rate_shares=(1.3,), kv_bytes=1_250_000)
     perf, dep, workload = bench._setup(data, tmp_path)
     for run in data["runs"]:
         measured = bench._measured(run)
         predicted = bench._predicted(bench._predict(perf, dep, workload, run))
         assert predicted["hit_share"] == pytest.approx(measured["hit_share"], abs=0.1), run["kind"]
         if run["kind"] == "closed":
-            assert measured["preemptions"] > 0 and predicted["preemptions"] > 0
+            assert measured["preemptions"] > 0, measured
+            assert predicted["preemptions"] > 0, predicted
 
 
 def test_step_costs_fitted_on_closed_loop_fit_it_better_than_the_defaults(tmp_path: Path) -> None:
