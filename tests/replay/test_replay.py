@@ -180,3 +180,33 @@ def test_a_trace_with_its_own_block_size_replays(dense: ModelSpec, h200: GpuSpec
     report = replay(RooflineModel(dense, h200), ReplayPlan(deployment=parse_deployment("TP8"), workload=w,
                                                            arrival=ArrivalProcess("trace")))
     assert len(report.requests) == 6 and report.prefix_hit_share > 0
+
+
+def test_a_closed_loops_next_request_waits_for_the_answer_being_finished(dense: ModelSpec, h200: GpuSpec) -> None:
+    """`answer_finish_ms`: the front end finishing an answer delays a request sent meanwhile. One client sends
+    each request as the previous answer ends, so every request but the first waits the whole finish; open-loop
+    requests far apart never meet one. `client_gap_ms`: the client's own time between an answer and its next
+    request stretches the run but leaves TTFT alone, and once it outlasts the finish nothing waits."""
+    base = RooflineModel(dense, h200)
+    finishing = base.with_calibration(base.calibration.model_copy(update={"answer_finish_ms": 7.0}))
+
+    def run(perf: RooflineModel, arrival: ArrivalProcess) -> list:
+        report = replay(perf, ReplayPlan(deployment=parse_deployment("TP8"), workload=_fixed(isl=1000, osl=20),
+                                         arrival=arrival, num_requests=6))
+        return sorted(report.requests, key=lambda r: r.sent_ms)
+
+    one = ArrivalProcess("closed", concurrency=1)
+    plain, waited = run(base, one), run(finishing, one)
+    assert waited[0].ttft_ms == pytest.approx(plain[0].ttft_ms)
+    for p, w in zip(plain[1:], waited[1:], strict=True):
+        assert w.ttft_ms == pytest.approx(p.ttft_ms + 7.0, rel=1e-6)
+    sparse = ArrivalProcess("poisson", rate_rps=0.01)
+    assert [r.ttft_ms for r in run(finishing, sparse)] == pytest.approx([r.ttft_ms for r in run(base, sparse)])
+    gap = ArrivalProcess("closed", concurrency=1, client_gap_ms=30.0)
+    gapped = run(finishing, gap)
+    assert [r.ttft_ms for r in gapped] == pytest.approx([r.ttft_ms for r in plain])
+    assert gapped[-1].sent_ms == pytest.approx(plain[-1].sent_ms + 5 * 30.0, rel=1e-6)
+    assert "30 ms between an answer" in gap.describe()
+    with pytest.raises(ConfigError, match="client gap") as bad:
+        ArrivalProcess("closed", concurrency=1, client_gap_ms=-1.0)
+    assert bad.value.field == "client_gap_ms"
