@@ -2,11 +2,9 @@
 
 Arrivals: the trace's own timestamps (bursts kept; rescaled when a rate is asked for), Poisson, a gamma renewal
 process of a stated coefficient of variation (CV 1 is Poisson, > 1 bursty), or a closed loop of C clients each
-sending its next request when the previous answer ends (AIPerf's --concurrency), or `client_gap_ms` later (the
-client's own work between the two: AIPerf records the answer and issues the next request's credit). Multi-turn
-sessions: each turn's prompt is the whole history (earlier prompts and answers) plus its new tokens, sent
-`think_ms` after the previous answer; sessions start by the arrival process (open loop) or one per client (closed
-loop).
+sending its next request when the previous answer ends (AIPerf's --concurrency). Multi-turn sessions: each turn's
+prompt is the whole history (earlier prompts and answers) plus its new tokens, sent `think_ms` after the previous
+answer; sessions start by the arrival process (open loop) or one per client (closed loop).
 
 Prompts are cut into cacheable units of `UNIT_TOKENS` tokens (a trace's 512-token hash blocks): a unit's key names
 its content, so two prompts share a unit exactly where they share the text (a shared prefix, a session's
@@ -42,12 +40,8 @@ class ArrivalProcess:
     rate_rps: float | None = None
     cv: float = 1.0
     concurrency: int = 0
-    client_gap_ms: float = 0.0  # closed: a client's own time between an answer's end and its next request
 
     def __post_init__(self) -> None:
-        if not (self.client_gap_ms >= 0 and math.isfinite(self.client_gap_ms)):
-            raise ConfigError(f"client gap must be >= 0 ms, got {self.client_gap_ms:g}", field="client_gap_ms",
-                              fix="give the benchmark client's time between an answer and its next request")
         if self.kind == "closed" and self.concurrency < 1:
             raise ConfigError("a closed loop needs a concurrency >= 1", field="--concurrency",
                               fix="give --concurrency C (clients)")
@@ -64,8 +58,7 @@ class ArrivalProcess:
 
     def describe(self) -> str:
         if self.kind == "closed":
-            gap = f", {self.client_gap_ms:g} ms between an answer and the next request" if self.client_gap_ms else ""
-            return f"closed loop at concurrency {self.concurrency}{gap}"
+            return f"closed loop at concurrency {self.concurrency}"
         if self.kind == "trace":
             return "the trace's own timestamps" + (f" rescaled to {self.rate_rps:g} req/s" if self.rate_rps else "")
         if self.kind == "gamma":

@@ -266,11 +266,7 @@ class _Run:
         if rest:
             self._send(rest[0], t + rest[0].think_ms, rest[1:])
         elif not self.plan.arrival.open_loop:
-            gap = self.plan.arrival.client_gap_ms
-            if gap:
-                self._push(t + gap, 1, None)  # the client's next request, after its own work
-            else:
-                self._start_group(t)
+            self._start_group(t)
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> ReplayReport:
