@@ -2,6 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure [OUT]   # ~6-10 min
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]  # prints errors and targets
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse FILE FILE...  # each, then pooled
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py agreement [FILE...]  # vLLM vs #45's bar
 
 Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
 replay_cpu_validation.json and _run2.json (closed runs first, then open; client unpinned; load 14-40), _run3.json
@@ -20,9 +22,12 @@ queries and hits, preemptions) and vLLM's step and latency histograms (sum and c
 average and the flags are written to OUT.
 
 `analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
-efficiency, the front end's time) to the closed-loop runs only, then predicts the open-loop runs with the replay:
-p50/p90 TTFT and ITL errors, the prefix-hit share and the rate where preemption starts, each against its target
-(25% latency, 10% hit share and onset) as met or not met.
+efficiency, the front end's time, and its time finishing an answer, which a request sent meanwhile waits behind) to
+the closed-loop runs only, then predicts the open-loop runs with the replay: p50/p90 TTFT and ITL errors, the
+prefix-hit share and the rate where preemption starts, each against its target (25% latency, 10% hit share and
+onset) as met or not met; given several files, each is fitted on its own closed loops and the held-out errors are
+also pooled. `agreement` reads issue #45's closed/open bar off the real runs alone (docs/benchmarks/
+closed-open-agreement.md).
 """
 
 from __future__ import annotations
