@@ -180,3 +180,26 @@ def test_a_trace_with_its_own_block_size_replays(dense: ModelSpec, h200: GpuSpec
     report = replay(RooflineModel(dense, h200), ReplayPlan(deployment=parse_deployment("TP8"), workload=w,
                                                            arrival=ArrivalProcess("trace")))
     assert len(report.requests) == 6 and report.prefix_hit_share > 0
+
+
+def test_a_closed_loops_next_request_waits_for_the_answer_being_finished(dense: ModelSpec, h200: GpuSpec) -> None:
+    """`answer_finish_ms`: the front end finishing an answer delays a request sent meanwhile. One client sends
+    each request as the previous answer ends, so every request but the first waits the whole finish; open-loop
+    requests far apart never meet one."""
+    base = RooflineModel(dense, h200)
+    finishing = base.with_calibration(base.calibration.model_copy(update={"answer_finish_ms": 7.0}))
+
+    def run(perf: RooflineModel, arrival: ArrivalProcess) -> list:
+        report = replay(perf, ReplayPlan(deployment=parse_deployment("TP8"), workload=_fixed(isl=1000, osl=20),
+                                         arrival=arrival, num_requests=6))
+        return sorted(report.requests, key=lambda r: r.sent_ms)
+
+    one = ArrivalProcess("closed", concurrency=1)
+    plain, waited = run(base, one), run(finishing, one)
+    assert waited[0].ttft_ms == pytest.approx(plain[0].ttft_ms)
+    for p, w in zip(plain[1:], waited[1:], strict=True):
+        assert w.ttft_ms == pytest.approx(p.ttft_ms + 7.0, rel=1e-6)
+    sparse = ArrivalProcess("poisson", rate_rps=0.01)
+    assert [r.ttft_ms for r in run(finishing, sparse)] == pytest.approx([r.ttft_ms for r in run(base, sparse)])
+    # each waited request answers 7 ms later, so the next leaves 7 ms later: the 6th, 4 x 7 ms
+    assert waited[-1].sent_ms == pytest.approx(plain[-1].sent_ms + 4 * 7.0, rel=1e-6)

@@ -292,6 +292,11 @@ class RooflineModel(PerformanceModel):
         cal = self.calibration
         return cal.request_overhead_ms + cal.tokenize_us_per_token * 1e-3 * isl
 
+    def answer_finish_ms(self) -> float:
+        """Time the front end spends finishing an answer after its last token; a request arriving meanwhile waits
+        (the replay's front end: `answer_finish_ms`)."""
+        return self.calibration.answer_finish_ms
+
     def _mixed(self, topo: Topology, isl: int, osl: int, busy: int,
                new: int | None = None) -> Callable[[float, float], MixedStep]:
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)

@@ -1,10 +1,11 @@
 """Replay a request stream through a deployment: instances of engines, a router, and one event loop.
 
 The loop always moves the earliest thing next: a request reaching a router (sent + the front end's time, as
-`RooflineModel.front_end_ms` prices it) or the engine whose clock is earliest running its next step. An engine
-running decode steps in closed form stops at the first step end past the next arrival (and, when answers feed
-new requests: a closed loop, sessions, PD transfers, past the earliest other busy engine), so a request is never
-admitted later than the step boundary after it arrives.
+`RooflineModel.front_end_ms` prices it, after the rest of any answer the front end is finishing when it is sent,
+`RooflineModel.answer_finish_ms`: one front end for the deployment) or the engine whose clock is earliest running
+its next step. An engine running decode steps in closed form stops at the first step end past the next arrival
+(and, when answers feed new requests: a closed loop, sessions, PD transfers, past the earliest other busy engine),
+so a request is never admitted later than the step boundary after it arrives.
 
 PD: a prefill instance runs the prompt (the answer's first token is its output, max_tokens 1 as vLLM's PD proxy
 sends it); the request then queues at a decode instance, which allocates the prompt's blocks, pulls its KV over
@@ -195,6 +196,9 @@ class _Run:
             self.feeds[id(e)] = [s for s in sources if s is not e]
         self.horizon_ms = math.inf
         self.last_send_ms = 0.0
+        # the front end finishing answers (`RooflineModel.answer_finish_ms`): busy over [start, end)
+        self.finish_ms = perf.answer_finish_ms()
+        self.answer_start = self.answer_end = -math.inf
 
     # -- events ------------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -209,7 +213,17 @@ class _Run:
         self.requests.append(r)
         self.in_flight += 1
         self.sent_order.append((t, self.in_flight))
-        self._push(t + self.perf.front_end_ms(spec.prompt_tokens), 0, r)
+        start = self.answer_end if self.answer_start <= t < self.answer_end else t
+        self._push(start + self.perf.front_end_ms(spec.prompt_tokens), 0, r)
+
+    def _answered(self, t: float) -> None:
+        """An answer's last token at `t`: the front end finishes it next (after any answer still being finished);
+        a request sent meanwhile waits for that."""
+        if t > self.answer_end:
+            self.answer_start, self.answer_end = t, t + self.finish_ms
+        else:
+            self.answer_start = min(self.answer_start, t)
+            self.answer_end += self.finish_ms
 
     def _start_group(self, t: float) -> None:
         if self.next_group >= len(self.groups):
@@ -246,6 +260,8 @@ class _Run:
             self._push(t, 0, d)
             return
         self.in_flight -= 1
+        if self.finish_ms:
+            self._answered(t)
         rest = r.rest
         if rest:
             self._send(rest[0], t + rest[0].think_ms, rest[1:])
