@@ -16,9 +16,11 @@ _STYLE = ("position:fixed;bottom:0;left:0;right:0;z-index:9999;padding:6px 12px;
 READ_ONLY_BANNER = (f'<div id="topotune-banner" style="{_STYLE}">Read-only inside topotune: these studies are '
                     "topotune's phase studies, so creating, renaming, deleting and editing notes here are refused. "
                     'Start, cancel and re-verify studies on <a href="/ui">topotune\'s pages</a> or with its API '
-                    '(<code>/v1/studies</code>). A topotune trial is one configuration measured at several loads; '
-                    "Optuna stores each load as its own trial: one whose <code>kind</code> is <code>extra</code> is "
-                    "the load <code>load_level</code> of trial <code>parent_trial</code>.</div>")
+                    '(<code>/v1/studies</code>). A topotune trial is one configuration measured at several loads: '
+                    "one row here, its values those of the load it was told with (<code>load_level</code>), every "
+                    "load's metrics in <code>load_levels</code>. (In a study stored before that, a row whose "
+                    "<code>kind</code> is <code>extra</code> is the load <code>load_level</code> of trial "
+                    "<code>parent_trial</code>.)</div>")
 
 
 class DashboardBanner:

@@ -170,7 +170,9 @@ class LevelPublic(BaseModel):
     offered_rps: float | None
     values: list[float] | None
     feasible: bool
-    stored_as: int = Field(description="the Optuna trial number this level is stored as (the dashboard's)")
+    told: bool = Field(description="the level the trial was told to Optuna with (its values, the sampler's)")
+    stored_as: int = Field(description="the Optuna trial holding this level: the trial itself (a study stored "
+                                       "before levels were kept in their trial: the level's own trial)")
 
 
 class TrialPublic(BaseModel):
@@ -201,7 +203,8 @@ class TrialPage(BaseModel):
 class FrontPoint(BaseModel):
     trial_number: int = Field(description="the trial (tried configuration) this point is a load level of")
     level: str = Field(description='the load it was measured at: "c16" or "6 rps"')
-    stored_as: int = Field(description="the Optuna trial number the point is stored as (the dashboard's)")
+    stored_as: int = Field(description="the Optuna trial holding the point: its trial (a study stored before levels "
+                                       "were kept in their trial: the level's own trial)")
     deployment: str
     topology: str
     concurrency: int

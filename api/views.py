@@ -37,9 +37,8 @@ from api.schemas import (
     TrialPublic,
 )
 from tuner.errors import TopotuneError
-from tuner.metrics import ServingMetrics
 from tuner.space import SearchSpace
-from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, LiveCampaign, TrialRecord, TrialRow, level_label
+from tuner.study import PHASE_METRICS, CampaignMeta, CampaignResult, LiveCampaign, StoredPoint, TrialRecord, TrialRow
 
 MIN_REFRESH_S = 0.5  # a snapshot younger than this is served as it is (the page polls every 3 s)
 PERSIST_EVERY_S = 2.0  # a running study's snapshot file is rewritten at most this often
@@ -207,10 +206,9 @@ class ResultCache:
 
 
 def trial_public(row: TrialRow) -> TrialPublic:
-    """A trial with its load levels (the told one and those stored beside it), by load."""
+    """A trial with every load level it measured, by load."""
     r = row.record
-    measured = [x for x in (r, *row.levels) if x.attrs.metrics is not None]
-    levels = sorted((_level_public(x) for x in measured), key=lambda lv: (lv.offered_rps or 0.0, lv.concurrency or 0))
+    levels = [_level_public(r, p) for p in row.levels]
     return TrialPublic(
         phase=row.phase, trial_number=r.number, state=r.state.name,  # type: ignore[arg-type]
         status=str(r.attrs.outcome) if r.attrs.outcome is not None else None,
@@ -219,10 +217,10 @@ def trial_public(row: TrialRow) -> TrialPublic:
         reason=r.attrs.reason, duration_s=r.attrs.duration_s, concurrency=r.attrs.concurrency, levels=levels)
 
 
-def _level_public(r: TrialRecord) -> LevelPublic:
-    m = ServingMetrics.model_validate(r.attrs.metrics)
-    return LevelPublic(level=level_label(m), concurrency=m.concurrency, offered_rps=m.offered_rps,
-                       values=list(r.values) if r.values else None, feasible=r.feasible, stored_as=r.number)
+def _level_public(r: TrialRecord, p: StoredPoint) -> LevelPublic:
+    told = p.stored_as == r.number and r.attrs.load_level in (None, p.level)
+    return LevelPublic(level=p.level, concurrency=p.metrics.concurrency, offered_rps=p.metrics.offered_rps,
+                       values=list(p.values), feasible=p.feasible, told=told, stored_as=p.stored_as)
 
 
 # -- builders ------------------------------------------------------------------------------------------------------
@@ -277,7 +275,7 @@ def pareto(record: StudyRecord, snap: Snapshot) -> bytes:
                 phases[phase] = PhaseFront(
                     study_name=pr.study_name, objectives=list(PHASE_METRICS[phase]), points_total=len(pr.points),
                     points_feasible=sum(p.feasible for p in pr.points),
-                    front=[FrontPoint(trial_number=p.trial, level=p.level, stored_as=p.trial_number,
+                    front=[FrontPoint(trial_number=p.trial, level=p.level, stored_as=p.stored_as,
                                       deployment=p.deployment.name,
                                       topology=p.deployment.groups[0].topology.label(),
                                       concurrency=p.metrics.concurrency, params=p.params,

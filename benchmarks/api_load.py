@@ -111,6 +111,8 @@ def _replicate(db: Path, campaign: str, target: int, rng: random.Random) -> int:
                 "SELECT key, value_json FROM trial_system_attributes WHERE trial_id = ?", (src,))]
             for key, value in conn.execute("SELECT key, value_json FROM trial_user_attributes WHERE trial_id = ?",
                                            (src,)):
+                if key in ("load_levels", "told_level"):  # a copy is one point (as a study stored before levels
+                    continue  # were kept in their trial stored each level): 10k copies are 10k points, as before
                 if key == "metrics":
                     m = json.loads(value)
                     value = json.dumps({**m, **{k: m[k] * f for k in RATE_KEYS}})

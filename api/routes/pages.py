@@ -35,7 +35,7 @@ from tuner.export import simulated_label
 from tuner.frontier import ComposedPoint, binding_bound
 from tuner.hardware import default_catalog, get_gpu
 from tuner.space import WorkloadSpec
-from tuner.study import PHASE_AXES, ReverifyReport, recipe_versions, stored_reports, version_fronts
+from tuner.study import PHASE_AXES, ReverifyReport, ReverifyRow, recipe_versions, stored_reports, version_fronts
 
 router = APIRouter(prefix="/ui", tags=["pages"], include_in_schema=False)
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[1] / "templates"))
@@ -66,13 +66,14 @@ def version_figures(snap: Snapshot) -> list[dict[str, Any]]:
     every config a re-verification found slower or no longer starting marked (a red x where it used to be)."""
     if snap.result is None:
         return []
-    verdicts = {(row.phase, int(row.record.attrs.reverify["trial"])): row.record.attrs.reverify["verdict"]
-                for row in snap.rows if row.record.attrs.reverify}
+    regressions = [(row.phase, r) for row in snap.rows if row.record.attrs.reverify
+                   and (r := ReverifyRow.from_json(row.record.attrs.reverify)).verdict in REGRESSIONS]
     out = []
     for phase, pr in snap.result.phases.items():
         every = [*pr.points, *pr.superseded]
         fronts = version_fronts(every)
-        marked = [p for p in every if verdicts.get((phase, p.trial_number)) in REGRESSIONS]
+        verdicts = {id(p): r.verdict for p in every for ph, r in regressions if ph == phase and r.compared(p)}
+        marked = [p for p in every if id(p) in verdicts]
         if len(fronts) < 2 and not marked:
             continue
         x_title, y_title = PHASE_AXES[phase]
@@ -87,7 +88,7 @@ def version_figures(snap: Snapshot) -> list[dict[str, Any]]:
                          "marker": {"symbol": "x", "size": 13, "color": "#c0392b"},
                          "x": [p.values[0] for p in marked], "y": [p.values[1] for p in marked],
                          "text": [f"trial {p.label} {p.deployment.groups[0].topology.label()}: "
-                                  f"{verdicts[(phase, p.trial_number)]}" for p in marked]})
+                                  f"{verdicts[id(p)]}" for p in marked]})
         out.append({"data": data, "layout": {"title": {"text": f"{phase}: front per vLLM version"},
                                              "xaxis": {"title": {"text": x_title}},
                                              "yaxis": {"title": {"text": y_title}},

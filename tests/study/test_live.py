@@ -22,7 +22,7 @@ def _same(live: LiveCampaign, storage_url: str) -> None:
     for phase, pr in full.phases.items():
         mine = live.result.phases[phase]
         assert mine.counts == pr.counts and mine.launched == pr.launched, phase
-        assert [p.trial_number for p in mine.points] == [p.trial_number for p in pr.points]
+        assert [p.ref for p in mine.points] == [p.ref for p in pr.points]
         assert sorted(p.values for p in mine.front) == sorted(p.values for p in pr.front)
         assert mine.failures == pr.failures
     assert [(p.name, p.total_tok_s_per_gpu, p.tok_s_per_user) for p in live.result.composed_front] == \
@@ -33,7 +33,7 @@ def _same(live: LiveCampaign, storage_url: str) -> None:
         rows = live.rows(phase)
         assert not any(r.record.is_level for r in rows)
         assert all(level.trial == r.record.number for r in rows for level in r.levels)
-        measured = {r.record.number: 1 + len(r.levels) for r in rows if r.record.attrs.metrics is not None}
+        measured = {r.record.number: len(r.levels) for r in rows if r.record.attrs.metrics is not None}
         assert sum(measured.values()) == len(pr.points) + len(pr.superseded)
         assert {p.trial for p in pr.points} <= set(measured)
 

@@ -80,7 +80,7 @@ def _version_with_every_change(url: str, name: str, test: NoiseTest, repeats: in
     targets = front_targets(result)
     for version in CANDIDATE_VERSIONS:
         shift = VersionShift(SIMULATED_VLLM_VERSION, version)
-        expected = {(t.phase, t.point.trial_number): _expected(t.phase, t.point.params, shift, test, repeats)
+        expected = {(t.phase, t.point.stored_as): _expected(t.phase, t.point.params, shift, test, repeats)
                     for t in targets}
         if {Verdict.FASTER, Verdict.SLOWER, Verdict.NO_LONGER_STARTS} <= set(expected.values()):
             return version, expected
@@ -104,12 +104,12 @@ def test_reverify_reports_exactly_the_configs_the_emulated_upgrade_changed(study
     result, _, _ = load_campaign(url, name)
     for r in report.rows:
         pr = result.phases[r.phase]
-        assert all(p.trial_number != r.trial for p in pr.points)  # the old point is history now
-        assert any(p.trial_number == r.trial for p in pr.superseded)
+        assert all(p.stored_as != r.trial for p in pr.points)  # the old trial's every level is history now
+        assert any(r.compared(p) for p in pr.superseded)
         # "before" reads the figure the front printed for that point (#46: the front's goodput tok/s/GPU)
-        stored = next(p for p in pr.superseded if p.trial_number == r.trial)
-        assert r.front_before == stored.values[0]
-        current = [p for p in pr.points if p.measurement == r.new_trial]
+        stored = next(p for p in pr.superseded if r.compared(p))
+        assert r.front_before == stored.values[0] and r.label == stored.label
+        current = [p for p in pr.points if p.trial == r.new_trial]
         if r.verdict == Verdict.NO_LONGER_STARTS:
             assert current == []  # a config that no longer starts is on no front and in no export
         else:

@@ -28,7 +28,11 @@ def trial_artifacts_dir(storage_url: str, study: str, trial: int) -> Path:
     if found is None:
         raise ConfigError(f"study {study!r} has no trial {trial} (it has {len(trials)})", field="TRIAL",
                           fix="use a trial number shown by `topotune show`")
-    folder = TrialRecord.read(found).attrs.artifacts_dir
+    record = TrialRecord.read(found)
+    if record.is_level:  # a load level an old study stored as its own trial: its run's logs are its trial's
+        found = next((t for t in trials if t.number == record.trial), found)
+        record = TrialRecord.read(found)
+    folder = record.attrs.artifacts_dir
     if not folder:
         raise ConfigError(f"trial {trial} of {study!r} has no artifacts_dir (screened out, or never launched)",
                           field="artifacts_dir", fix="pick a launched trial")

@@ -93,7 +93,7 @@ def _result_json(result, report: Path | None) -> dict:  # type: ignore[no-untype
         "report": str(report) if report else None, "composition_error": result.composition_error,
         "phases": {phase: {"study": pr.study_name, "launched": pr.launched, "counts": pr.counts,
                            "failures": [f.as_json() for f in pr.failures[:50]],
-                           "front": [{"trial": p.trial, "level": p.level, "stored_as": p.trial_number,
+                           "front": [{"trial": p.trial, "level": p.level, "stored_as": p.stored_as,
                                       "topology": p.deployment.groups[0].topology.label(),
                                       "params": p.params, "values": list(p.values),
                                       "metrics": p.metrics.model_dump()} for p in pr.front]}

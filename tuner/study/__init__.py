@@ -10,10 +10,11 @@ from tuner.study._naming import campaign_name
 from tuner.study._noise_test import NoiseTest, Verdict
 from tuner.study._objectives import PHASE_AXES, PHASE_METRICS, phase_values
 from tuner.study._options import TuneOptions
-from tuner.study._records import level_label
+from tuner.study._records import PointRef, StoredPoint
 from tuner.study._reverify import (
     ReverifyOptions,
     ReverifyReport,
+    ReverifyRow,
     ReverifyState,
     current_versions,
     recipe_versions,
@@ -49,11 +50,14 @@ __all__ = [
     "NoiseTest",
     "PhaseResult",
     "PhaseRun",
+    "PointRef",
     "ReverifyOptions",
     "ReverifyReport",
+    "ReverifyRow",
     "ReverifyState",
     "StopReason",
     "StopSignal",
+    "StoredPoint",
     "StudyTransfer",
     "TrialAttrs",
     "TrialEvent",
@@ -68,7 +72,6 @@ __all__ = [
     "close_storage",
     "cluster_notes",
     "current_versions",
-    "level_label",
     "list_campaigns",
     "load_campaign",
     "make_sampler",

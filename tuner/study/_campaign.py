@@ -40,7 +40,6 @@ from tuner.study._trial_record import (
     RUNNING_STATUS,
     CampaignMeta,
     TrialFailure,
-    TrialKind,
     TrialRecord,
     read_trials,
 )
@@ -118,7 +117,7 @@ def _phase_result(study: optuna.Study, phase: str) -> PhaseResult:
     counts: Counter[str] = Counter()
     failures = []
     for r in records:
-        if r.kind is TrialKind.EXTRA:
+        if r.is_level:  # an old study's load level, stored as its own Optuna trial
             continue
         counts[r.status] += 1
         if r.status not in (TrialStatus.OK, RUNNING_STATUS) and r.attrs.reason:
@@ -128,18 +127,15 @@ def _phase_result(study: optuna.Study, phase: str) -> PhaseResult:
     launches = [r for r in records if r.is_launch and r.state == TrialState.COMPLETE]
     return PhaseResult(phase=phase, study_name=study.study_name, counts=dict(counts), launched=len(launches),
                        points=points, front=front_of([p for p in points if p.feasible], phase), failures=failures,
-                       hypervolume_history=_hypervolume_history(records, launches, points), superseded=superseded)
+                       hypervolume_history=_hypervolume_history(launches, points), superseded=superseded)
 
 
-def _hypervolume_history(records: list[TrialRecord], launches: list[TrialRecord], points: list[StoredPoint]
-                         ) -> list[float]:
-    """The feasible hypervolume after each launched trial, every concurrency level of it included (an extra
-    level is stored as its own trial, pointing at its launch by `parent_trial`)."""
-    parent_of = {r.number: r.attrs.parent_trial for r in records if r.attrs.parent_trial is not None}
+def _hypervolume_history(launches: list[TrialRecord], points: list[StoredPoint]) -> list[float]:
+    """The feasible hypervolume after each launched trial, every load level of it included."""
     by_launch: dict[int, list[tuple[float, float]]] = {}
     for p in points:
         if p.feasible:
-            by_launch.setdefault(parent_of.get(p.trial_number, p.trial_number), []).append(p.values)
+            by_launch.setdefault(p.trial, []).append(p.values)
     history: list[float] = []
     seen: list[tuple[float, float]] = []
     for r in launches:

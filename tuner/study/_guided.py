@@ -125,12 +125,12 @@ class GuidedSampler(optuna.samplers.BaseSampler):
                 running.append(idx)
             elif record.state == TrialState.COMPLETE and record.kind in (TrialKind.SAMPLED, TrialKind.EXTRA):
                 taken.add(idx)
-                # the load a point was measured at: its offered rate (open loop), else its clients
-                offered = (record.attrs.metrics or {}).get("offered_rps")
-                level = float(offered) if offered is not None else record.attrs.concurrency
-                if record.attrs.outcome is TrialStatus.OK and level in prior.levels and record.values:
-                    points.setdefault(idx, []).append((prior.levels.index(level), record.values[0],
-                                                       record.values[1], record.feasible))
+                if record.attrs.outcome is not TrialStatus.OK:
+                    continue
+                for level in record.load_levels:  # every load it measured (an old study's extra: its one)
+                    if level.load in prior.levels:
+                        points.setdefault(idx, []).append((prior.levels.index(level.load), level.values[0],
+                                                           level.values[1], level.feasible))
             elif record.state == TrialState.FAIL and record.kind is TrialKind.SAMPLED:
                 taken.add(idx)
         return _Observed(points=points, taken=taken, running=[i for i in running if i not in points])

@@ -45,12 +45,12 @@ MAX_FAILURES_KEPT = 200
 @dataclass(frozen=True)
 class TrialRow:
     """One trial of a phase (one tried configuration), typed (the API lists these and never reads Optuna's
-    attributes itself), with its other load levels: each is stored as its own Optuna trial (docs/architecture.md,
-    "Trials and their load levels") but listed here, under the trial it belongs to."""
+    attributes itself), with every load level it measured (docs/architecture.md, "Trials and their load
+    levels"), as the fronts read them (`stored_points`), by load."""
 
     phase: str
     record: TrialRecord
-    levels: tuple[TrialRecord, ...] = ()  # the load levels stored beside the one the trial was told, by number
+    levels: tuple[StoredPoint, ...] = ()
 
 
 @dataclass
@@ -69,7 +69,7 @@ class _PhaseFold:
     curves: dict[Topology, list[StoredPoint]] = field(default_factory=dict)  # each topology's own front
     front: list[StoredPoint] = field(default_factory=list)
     rows: dict[int, TrialRow] = field(default_factory=dict)  # trial number -> row (load levels not included)
-    levels: dict[int, dict[int, TrialRecord]] = field(default_factory=dict)  # trial -> its levels by number
+    levels: dict[int, dict[str, StoredPoint]] = field(default_factory=dict)  # trial -> its points by load label
 
     def fold(self, trials: list[FrozenTrial]) -> tuple[bool, bool]:
         """(anything changed, a per-topology front changed)."""
@@ -80,16 +80,14 @@ class _PhaseFold:
             self.watermark = max(self.watermark, trial_id(t))
             r = TrialRecord.read(t)
             records.append(r)
-            if r.is_level:
-                self.levels.setdefault(r.trial, {})[r.number] = r
-            else:
+            if not r.is_level:  # an old study's load level is listed under its trial, from its point
                 self.rows[t.number] = TrialRow(self.phase, r)
             changed = True
             if t.state not in _FINISHED:
                 self.open_trials[trial_id(t)] = r
                 continue
             self.open_trials.pop(trial_id(t), None)
-            if r.kind is not TrialKind.EXTRA:
+            if not r.is_level:
                 self.counts[r.status] += 1
                 if r.status not in (TrialStatus.OK, RUNNING_STATUS) and r.attrs.reason and \
                         len(self.failures) < MAX_FAILURES_KEPT:
@@ -97,7 +95,10 @@ class _PhaseFold:
                                                       params=r.params))
             if r.is_launch and r.state == TrialState.COMPLETE:
                 self.launched += 1
-            new_points += stored_points(self.study, self.phase, [r])
+            mine = stored_points(self.study, self.phase, [r])
+            for p in mine:
+                self.levels.setdefault(p.trial, {})[p.level] = p
+            new_points += mine
         # a re-verification supersedes older points: LiveCampaign folds the whole study again when one arrives,
         # so every record the split needs is in this call
         new_points, superseded = split_current(new_points, records)
@@ -122,13 +123,19 @@ class _PhaseFold:
     def result(self) -> PhaseResult:
         counts = Counter(self.counts)
         for r in self.open_trials.values():
-            if r.kind is not TrialKind.EXTRA:
+            if not r.is_level:
                 counts[r.status] += 1
         return PhaseResult(phase=self.phase, study_name=self.study.study_name, counts=dict(counts),
-                           launched=self.launched, points=sorted(self.points, key=lambda p: p.trial_number),
+                           launched=self.launched, points=sorted(self.points, key=_order),
                            front=list(self.front),
                            failures=sorted(self.failures, key=lambda f: f.trial_number),
-                           superseded=sorted(self.superseded, key=lambda p: p.trial_number))
+                           superseded=sorted(self.superseded, key=_order))
+
+
+def _order(p: StoredPoint) -> int:
+    """As the campaign reads them: by the Optuna trial holding the point (a stable sort keeps a trial's levels
+    in their stored order)."""
+    return p.stored_as
 
 
 def _x(p: StoredPoint) -> float:
@@ -163,7 +170,7 @@ class LiveCampaign:
 
     @property
     def trials_stored(self) -> int:
-        """Trials (tried configurations), not the Optuna trials their load levels are stored as."""
+        """Trials (tried configurations); an old study's load levels stored as Optuna trials are not counted."""
         return sum(len(fold.rows) for fold in self._phases.values())
 
     def rows(self, phase: str | None = None) -> list[TrialRow]:
@@ -172,8 +179,9 @@ class LiveCampaign:
         for p in (p for p in phases if p in self._phases):
             fold = self._phases[p]
             for number, row in sorted(fold.rows.items()):
-                levels = fold.levels.get(number, {})
-                out.append(replace(row, levels=tuple(levels[n] for n in sorted(levels))) if levels else row)
+                levels = sorted(fold.levels.get(number, {}).values(),
+                                key=lambda p: (p.metrics.offered_rps or 0.0, p.metrics.concurrency))
+                out.append(replace(row, levels=tuple(levels)) if levels else row)
         return out
 
     def _open_new_phases(self) -> bool:

@@ -59,8 +59,9 @@ def trials_since(storage: optuna.storages.BaseStorage, study_id: int, watermark:
 
 def count_trials(storage: optuna.storages.RDBStorage) -> tuple[list[tuple[Any, int]], list[tuple[str, int]]]:
     """(trials by state, trials by "status" user attribute) of every study: two GROUP BYs on Optuna's tables
-    (reading every trial through Optuna takes seconds at 10,000). A trial's other load levels, stored as Optuna
-    trials of kind "extra", are not trials: they are left out."""
+    (reading every trial through Optuna takes seconds at 10,000). A trial keeps its load levels in one user
+    attribute, so one row is one trial; a study stored before that kept each other level as an Optuna trial of
+    kind "extra": those are not trials and are left out."""
     from sqlalchemy import text
 
     levels = ("SELECT trial_id FROM trial_user_attributes WHERE key = 'kind' AND value_json = '\"extra\"'")

@@ -1,9 +1,10 @@
 """Recording into Optuna: how each way a trial ends is told to the study (and so to the sampler).
 
-A measured trial is told with its representative concurrency level (the one that adds most hypervolume) and
-its other levels are added as completed trials of the same params; a failure or a screened-out proposal is told
-with zero values and the constraint that explains it; a duplicate gets the stored answer of the config's first
-trial; a stopped driver's trials are failed, and re-enqueued unless the study was cancelled.
+A measured trial is told with its representative load level (the one that adds most hypervolume) and keeps
+every level it measured as data of that one trial (LoadLevel: one run is one Optuna trial, numbered
+consecutively); a failure or a screened-out proposal is told with zero values and the constraint that explains
+it; a duplicate gets the stored answer of the config's first trial; a stopped driver's trials are failed, and
+re-enqueued unless the study was cancelled.
 """
 
 from __future__ import annotations
@@ -22,18 +23,17 @@ from tuner.study._events import ProgressCallback, TrialEvent, trial_label
 from tuner.study._objectives import phase_values
 from tuner.study._records import (
     FAILED_VALUES,
-    add_extra_levels,
     failure_constraints,
     is_feasible,
     judged_points,
-    point_attrs,
+    measured_attrs,
     sampler_constraints,
 )
-from tuner.study._trial_record import EventKind, Outcome, TrialAttrs, TrialKind, TrialOutcome
+from tuner.study._trial_record import EventKind, Outcome, TrialAttrs, TrialKind, TrialOutcome, TrialRecord
 
 
 def phase_distributions(space: SearchSpace, phase: Phase) -> dict[str, BaseDistribution]:
-    """The phase's knobs as Optuna distributions: what a trial is asked with and an extra level is added with."""
+    """The phase's knobs as Optuna distributions: what a trial is asked with (and a re-verification added with)."""
     return {k: CategoricalDistribution(v) for k, v in space.param_choices(phase).items()}
 
 
@@ -59,20 +59,18 @@ class Recorder:
         m, constraints = points[best]
         for name, value in sampler_constraints(constraints).items():
             trial.set_constraint(name, value)
-        point_attrs(m, result, request.deployment, constraint_detail=constraints,
-                    levels=[p.concurrency for p, _ in points]).write(trial)
+        measured_attrs(self.phase, points, best, result, request.deployment).write(trial)
         study.tell(trial, list(phase_values(self.phase, m)))
         params = dict(trial.params)
-        add_extra_levels(study, self.phase, params, phase_distributions(self.space, self.phase), points, best,
-                         trial.number, result, request.deployment, request.deployment.groups[0].topology.label())
         self.on_event(TrialEvent(self.phase, trial.number, EventKind.DONE, trial_label(params),
                                  f"{len(points)} levels", values=phase_values(self.phase, m)))
 
     def representative(self, study: optuna.Study, points: list) -> int:
-        """The level that adds the most hypervolume to the current feasible front: the sampler learns where a
-        config helps most. Ties (nothing adds) fall back to the highest throughput."""
-        current = [tuple(t.values) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.values and is_feasible(t.constraints) and t.values[0] > 0]
+        """The level that adds the most hypervolume to the current feasible front (every stored level of every
+        trial): the sampler learns where a config helps most. Ties (nothing adds) fall back to the highest
+        throughput."""
+        current = [level.values for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   for level in TrialRecord.read(t).load_levels if level.feasible and level.values[0] > 0]
         candidates = [(i, phase_values(self.phase, m)) for i, (m, cons) in enumerate(points) if is_feasible(cons)]
         if not candidates:
             return max(range(len(points)), key=lambda i: phase_values(self.phase, points[i][0])[0])

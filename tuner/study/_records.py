@@ -17,7 +17,14 @@ from tuner.deployment import Deployment
 from tuner.metrics import ServingMetrics
 from tuner.space import StudyConstraints
 from tuner.study._objectives import phase_values
-from tuner.study._trial_record import UNKNOWN_VERSION, TrialAttrs, TrialKind, TrialRecord, read_trials
+from tuner.study._trial_record import (
+    UNKNOWN_VERSION,
+    LoadLevel,
+    TrialAttrs,
+    TrialRecord,
+    level_label,
+    read_trials,
+)
 
 # Why a point is infeasible, relative to its limit (<= 0 is feasible). Samplers see one constraint, the worst of
 # these ("feasibility"): one constraint model to fit per ask instead of six. The detail is a user attr.
@@ -58,11 +65,21 @@ def is_feasible(constraints: dict[str, float]) -> bool:
 
 
 def point_attrs(m: ServingMetrics, result: TrialResult, deployment: Deployment, **extra: Any) -> TrialAttrs:
-    """The attributes of a trial holding one measured point (a sampled trial's representative or an extra)."""
+    """The attributes of a trial's told point (what Optuna's dashboard shows as the trial's load and metrics)."""
     return TrialAttrs(concurrency=m.concurrency, load_level=level_label(m), metrics=m.model_dump(),
                       outcome=result.status,
                       deployment=json.loads(deployment.model_dump_json()), deployment_name=deployment.name,
                       vllm_version=result.vllm_version, model_revision=result.model_revision, **extra)
+
+
+def measured_attrs(phase: str, points: list[tuple[ServingMetrics, dict[str, float]]], told: int,
+                   result: TrialResult, deployment: Deployment, **extra: Any) -> TrialAttrs:
+    """The attributes of a trial that measured `points` (judged_points) and is told `points[told]`: the told
+    point's, and every level as data of this one trial (LoadLevel), so one run is one Optuna trial."""
+    m, detail = points[told]
+    levels = tuple(LoadLevel.of(p, phase_values(phase, p), cons) for p, cons in points)
+    return point_attrs(m, result, deployment, constraint_detail=detail, load_levels=levels, told_level=told,
+                       **extra)
 
 
 def judged_points(result: TrialResult, c: StudyConstraints) -> list[tuple[ServingMetrics, dict[str, float]]]:
@@ -75,32 +92,33 @@ def judged_points(result: TrialResult, c: StudyConstraints) -> list[tuple[Servin
 
 def add_trial(study: optuna.Study, params: dict[str, Any], distributions: Mapping[str, BaseDistribution],
               values: Sequence[float], attrs: TrialAttrs, detail: dict[str, float], **user_attrs: Any) -> None:
-    """Record a run (or one level of it) as a completed Optuna trial of a config's params: the one way a result
-    enters a study besides telling the trial that asked for it."""
+    """Record a run as a completed Optuna trial of a config's params (one insert, its load levels included):
+    the one way a result enters a study besides telling the trial that asked for it."""
     study.add_trial(optuna.trial.create_trial(
         params=params, distributions={k: distributions[k] for k in params}, values=list(values),
         user_attrs={**attrs.user_attrs(), **user_attrs}, constraints=sampler_constraints(detail)))
 
 
-def add_extra_levels(study: optuna.Study, phase: str, params: dict[str, Any],
-                     distributions: Mapping[str, BaseDistribution], points: list[tuple[ServingMetrics, dict]],
-                     told: int, parent: int, result: TrialResult, deployment: Deployment, topology: str) -> None:
-    """The levels of a measured run beside the one told (`points[told]`, trial `parent`): each an extra trial of
-    the same params, so the sampler and the fronts see every level."""
-    for i, (extra, detail) in enumerate(points):
-        if i != told:
-            attrs = point_attrs(extra, result, deployment, kind=TrialKind.EXTRA, parent_trial=parent,
-                                topology=topology, constraint_detail=detail)
-            add_trial(study, params, distributions, phase_values(phase, extra), attrs, detail)
+@dataclass(frozen=True)
+class PointRef:
+    """How a measured point is addressed, everywhere (views, reports, re-verification): the trial it is a load
+    level of and that load. Reads "#8 c16" (trial 8 at 16 clients) or "#8 6 rps" (open loop)."""
+
+    trial: int
+    level: str
+
+    def __str__(self) -> str:
+        return f"#{self.trial} {self.level}"
 
 
 @dataclass(frozen=True)
 class StoredPoint:
-    """A measured point as stored in a trial: what the fronts, reports and the API read."""
+    """A measured point (one load level of a trial) as stored: what the fronts, reports and the API read."""
 
     study: str
     phase: str
-    trial_number: int
+    trial: int  # the trial (one tried configuration) this point is a load level of: what every view numbers
+    stored_as: int  # the Optuna trial holding it: its trial, or in an old study an extra level's own trial
     params: dict[str, Any]
     deployment: Deployment
     metrics: ServingMetrics
@@ -108,46 +126,40 @@ class StoredPoint:
     constraints: dict[str, float]
     vllm_version: str = UNKNOWN_VERSION  # what it was measured on ("unknown": stored before versions were kept)
     model_revision: str = UNKNOWN_VERSION
-    measurement: int | None = None  # the trial whose run measured it (an extra level's parent), else its own
 
     @property
     def values(self) -> tuple[float, float]:
         return phase_values(self.phase, self.metrics)
 
     @property
-    def trial(self) -> int:
-        """The trial (one tried configuration) this point is a load level of: what every view numbers it by."""
-        return self.measurement if self.measurement is not None else self.trial_number
+    def level(self) -> str:
+        """The load it was measured at: "c16" (16 clients) or "6 rps" (an open-loop rate)."""
+        return level_label(self.metrics)
 
     @property
-    def level(self) -> str:
-        """The load it was measured at: "c16" (16 clients) or "6.0 rps" (an open-loop rate)."""
-        return level_label(self.metrics)
+    def ref(self) -> PointRef:
+        return PointRef(self.trial, self.level)
 
     @property
     def label(self) -> str:
         """"#8 c16": trial 8 at its 16-client level."""
-        return f"#{self.trial} {self.level}"
-
-
-def level_label(m: ServingMetrics) -> str:
-    return f"{m.offered_rps:g} rps" if m.offered_rps is not None else f"c{m.concurrency}"
+        return str(self.ref)
 
 
 def stored_points(study: optuna.Study, phase: str, records: list[TrialRecord] | None = None
                   ) -> list[StoredPoint]:
+    """Every measured point of these records: the one place a trial is expanded into its load levels (each
+    trial's `load_levels`; an old study's extra level is its own record, a point of its trial)."""
     out = []
     for r in records if records is not None else read_trials(study):
-        if r.state != TrialState.COMPLETE or r.attrs.metrics is None or r.attrs.deployment is None:
+        if r.state != TrialState.COMPLETE or r.attrs.deployment is None:
             continue
-        if r.values is None or any(math.isnan(v) for v in r.values):
-            continue
-        detail = r.attrs.constraint_detail
-        out.append(StoredPoint(study=study.study_name, phase=phase, trial_number=r.number, params=r.params,
-                               deployment=Deployment.model_validate(r.attrs.deployment),
-                               metrics=ServingMetrics.model_validate(r.attrs.metrics),
-                               feasible=is_feasible(r.constraints),
-                               constraints=dict(detail if detail is not None else r.constraints),
-                               vllm_version=r.vllm_version, model_revision=r.model_revision,
-                               measurement=r.attrs.parent_trial if r.attrs.parent_trial is not None else r.number))
+        deployment = Deployment.model_validate(r.attrs.deployment)
+        for level in r.load_levels:
+            if any(math.isnan(v) for v in level.values):
+                continue
+            out.append(StoredPoint(study=study.study_name, phase=phase, trial=r.trial, stored_as=r.number,
+                                   params=r.params, deployment=deployment, metrics=level.metrics,
+                                   feasible=level.feasible, constraints=dict(level.constraints),
+                                   vllm_version=r.vllm_version, model_revision=r.model_revision))
     return out

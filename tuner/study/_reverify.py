@@ -7,9 +7,9 @@ Order of a re-verification:
 2. each target runs `repeats` times (TrialRequest.repeat 1..K: fresh runs) and its throughput per GPU at the stored
    point's concurrency is compared with the stored run(s) by the noise test (tuner.study._noise_test): unchanged,
    faster, slower, or no longer starts (every run failed);
-3. the median run is stored in the phase study as a "reverify" trial (its other levels as extras), tagged with
-   the version it ran on: from then on it is the config's current measurement (tuner.study._versions), the
-   older points are that config's history;
+3. the median run is stored in the phase study as one "reverify" trial (every level it measured as its
+   load_levels, told the compared one), tagged with the version it ran on: from then on it is the config's
+   current measurement (tuner.study._versions), the older points are that config's history;
 4. the search re-opens where the front moved: around every changed config, its neighbours (one knob one step
    away, fitting in memory) that were measured on an older version are re-measured with the budget left, and
    those never measured are enqueued in the phase study (TrialAttrs.reopened_from), so the next `topotune tune`
@@ -48,14 +48,14 @@ from tuner.study._noise_test import Comparison, NoiseTest, Verdict
 from tuner.study._objectives import phase_values
 from tuner.study._records import (
     FAILED_VALUES,
+    PointRef,
     StoredPoint,
-    add_extra_levels,
     add_trial,
     failure_constraints,
     judged_points,
-    point_attrs,
+    measured_attrs,
 )
-from tuner.study._trial_record import UNKNOWN_VERSION, CampaignMeta, TrialAttrs, TrialKind, read_trials
+from tuner.study._trial_record import UNKNOWN_VERSION, CampaignMeta, TrialAttrs, TrialKind, TrialRecord, read_trials
 from tuner.study._versions import VersionTag, config_key
 from tuner.topology import ep_on_one_gpu
 
@@ -93,7 +93,7 @@ class ReverifyRow:
     """One re-measured config: what it was, what it is now, and the verdict."""
 
     phase: str
-    trial: int  # the stored trial compared with
+    trial: int  # the Optuna trial holding the stored point compared with (StoredPoint.stored_as)
     config: str  # topology label
     params: dict[str, Any]
     concurrency: int
@@ -110,12 +110,28 @@ class ReverifyRow:
     front_before: float | None = None
     front_after: float | None = None
     of_trial: int | None = None  # the trial (tried configuration) the stored point is a load level of
+    level: str | None = None  # the stored point's load label ("c16", "6 rps"); rows stored before: c{concurrency}
+
+    @property
+    def ref(self) -> PointRef:
+        """The point compared (a row stored before `of_trial` was kept names the point's own stored number)."""
+        return PointRef(self.of_trial if self.of_trial is not None else self.trial,
+                        self.level or f"c{self.concurrency}")
 
     @property
     def label(self) -> str:
-        """"#8 c16": the trial and load compared (a row stored before `of_trial` was kept shows the point's own
-        stored number)."""
-        return f"#{self.of_trial if self.of_trial is not None else self.trial} c{self.concurrency}"
+        """"#8 c16": the trial and load compared."""
+        return str(self.ref)
+
+    def compared(self, point: StoredPoint) -> bool:
+        """Whether `point` is the stored point this row compared with (in a study stored with extra levels too:
+        `trial` is the number of the Optuna trial holding the point, in every row)."""
+        return point.stored_as == self.trial and point.level == self.ref.level
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ReverifyRow:
+        """A row as stored in a report or on a re-verification trial (whose extra keys are left out)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @property
     def ratio(self) -> float | None:
@@ -157,7 +173,7 @@ class ReverifyReport:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ReverifyReport:
         values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        values["rows"] = [ReverifyRow(**r) for r in data.get("rows", [])]
+        values["rows"] = [ReverifyRow.from_json(r) for r in data.get("rows", [])]
         return cls(**values)
 
 
@@ -354,10 +370,13 @@ def _at_level(points: tuple[ServingMetrics, ...], concurrency: int) -> ServingMe
 
 
 def _old_runs(study: optuna.Study, point: StoredPoint) -> list[float]:
-    """The stored throughput runs of a point: its own, or the samples its re-verification kept."""
-    trial = study.get_trials(deepcopy=False)[point.trial_number]
-    samples = (trial.user_attrs.get("reverify") or {}).get("samples_tok_s")
-    return [float(v) for v in samples] if samples else [point.metrics.total_tok_s_per_gpu]
+    """The stored throughput runs of a point: its own, or the samples its re-verification kept (at the level it
+    compared, the one its trial was told; its other levels ran once)."""
+    record = TrialRecord.read(study.get_trials(deepcopy=False)[point.stored_as])
+    samples = (record.attrs.reverify or {}).get("samples_tok_s")
+    if samples and record.attrs.load_level in (None, point.level):
+        return [float(v) for v in samples]
+    return [point.metrics.total_tok_s_per_gpu]
 
 
 @dataclass
@@ -419,13 +438,13 @@ class Reverifier:
     # -- one wave of measurements -------------------------------------------------------------------------
     def _request(self, target: _Target, repeat: int) -> TrialRequest:
         study = f"{self.result.name}/{target.phase}"
-        run = f"reverify-{target.point.trial_number}-{repeat}-{uuid.uuid4().hex[:6]}"
+        run = f"reverify-{target.point.trial}-{repeat}-{uuid.uuid4().hex[:6]}"
         return TrialRequest(
             trial_id=f"{study}#{run}", model_path=self.meta.model_path, gpu=self.gpu.name,
             deployment=target.point.deployment, workload=self.space.phase_workload(target.phase),  # type: ignore[arg-type]
             artifacts_dir=str(self.artifacts_dir / study.replace("/", "_") / run),
             timeout_s=self.options.trial_timeout_s, min_accuracy=self.space.constraints.min_accuracy,
-            seed=self.meta.seed * 1_000_003 + target.point.trial_number, repeat=repeat,
+            seed=self.meta.seed * 1_000_003 + target.point.stored_as, repeat=repeat,
             vllm_version=self.space.cluster.vllm_version)
 
     def _measure(self, targets: list[_Target], report: ReverifyReport) -> list[ReverifyRow]:
@@ -449,10 +468,10 @@ class Reverifier:
     def _judge(self, target: _Target, runs: list[tuple[TrialRequest, TrialResult]]) -> ReverifyRow:
         p = target.point
         study = self.studies[target.phase]
-        base = {"phase": target.phase, "trial": p.trial_number, "config": p.deployment.groups[0].topology.label(),
+        base = {"phase": target.phase, "trial": p.stored_as, "config": p.deployment.groups[0].topology.label(),
                 "params": p.params, "concurrency": p.metrics.concurrency, "why": target.why,
                 "from_version": VersionTag.of(p).label, "meets_sla_before": p.feasible, "front_before": p.values[0],
-                "of_trial": p.trial}
+                "of_trial": p.trial, "level": p.level}
         ok = [(req, res, m) for req, res in runs if res.status.ok
               and (m := _at_level(res.points, p.metrics.concurrency)) is not None and m.total_tok_s_per_gpu > 0]
         if not ok:
@@ -485,31 +504,23 @@ class Reverifier:
         attrs = TrialAttrs(kind=TrialKind.REVERIFY, outcome=result.status, reason=row.detail, constraint_detail=detail,
                            topology=row.config, vllm_version=result.vllm_version, model_revision=result.model_revision,
                            reverify=_row_json(row))
-        number = self._add(study, target.point.params, self._distributions(study, target.point.trial_number),
+        number = self._add(study, target.point.params, self._distributions(study, target.point.stored_as),
                            list(FAILED_VALUES), attrs, detail, uuid.uuid4().hex)
         return _replace(row, new_trial=number, meets_sla_after=False)
 
     def _store_runs(self, study: optuna.Study, target: _Target, result: TrialResult, row: ReverifyRow,
                     samples: list[float]) -> ReverifyRow:
-        """The median run: its compared level as the "reverify" trial, its other levels as extras of it.
-
-        The trial says how many levels it has (reverify.levels); read_trials counts it only once every extra is
-        stored, so a process killed between the writes leaves the config's earlier measurement current."""
+        """The median run as one "reverify" trial: every level it measured, told the compared one (one insert:
+        a process killed before it leaves the config's earlier measurement current)."""
         points = judged_points(result, self.space.constraints)
         compared = _at_level(tuple(m for m, _ in points), row.concurrency)
-        dists = self._distributions(study, target.point.trial_number)
-        deployment = target.point.deployment
-        marker = uuid.uuid4().hex
         main = next(i for i, (m, _) in enumerate(points) if m is compared)
         m, cons = points[main]
         row = _replace(row, meets_sla_after=all(v <= 0 for v in cons.values()))
-        attrs = point_attrs(m, result, deployment, kind=TrialKind.REVERIFY, constraint_detail=cons,
-                            topology=row.config, levels=[p.concurrency for p, _ in points],
-                            reverify={**_row_json(row), "samples_tok_s": samples, "levels": len(points)})
-        number = self._add(study, target.point.params, dists, list(phase_values(target.phase, m)), attrs, cons,
-                           marker)
-        add_extra_levels(study, target.phase, target.point.params, dists, points, main, number, result, deployment,
-                         row.config)
+        attrs = measured_attrs(target.phase, points, main, result, target.point.deployment, kind=TrialKind.REVERIFY,
+                               topology=row.config, reverify={**_row_json(row), "samples_tok_s": samples})
+        number = self._add(study, target.point.params, self._distributions(study, target.point.stored_as),
+                           list(phase_values(target.phase, m)), attrs, cons, uuid.uuid4().hex)
         return _replace(row, new_trial=number)
 
     # -- re-opening the search ---------------------------------------------------------------------------

@@ -63,9 +63,10 @@ _HIDDEN_KINDS = (TrialKind.EXTRA, TrialKind.DUPLICATE)
 class _RepresentativeView:
     """A study as the sampler should see it: one point per launched config (plus screened-out ones).
 
-    The extra concurrency levels of a deployment are stored as trials so fronts use them, but concurrency is
-    not a searched parameter: shown to the sampler they would look like one config with many noisy answers
-    (and make GP fitting cubic in the number of levels).
+    A trial keeps its load levels as data and is told one of them, so a study stored now needs no filter but
+    the duplicates (a config's stored answer told again). A study stored before kept each other level as an
+    Optuna trial of kind "extra": concurrency is not a searched parameter, so shown to the sampler those would
+    look like one config with many noisy answers (and make GP fitting cubic in the number of levels).
     """
 
     def __init__(self, study: optuna.Study) -> None:

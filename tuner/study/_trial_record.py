@@ -1,10 +1,13 @@
 """The one schema of what topotune stores on an Optuna trial and study, with typed read and write.
 
 Optuna keeps params, values, constraints and state; everything else a trial means to topotune (what kind of
-trial it is, how it ended and why, where its logs are, the measured point) lives in its user attributes. Every
-reader (the driver, the campaign, the listing, the sampler view, the API, `topotune logs`) goes through
-`TrialRecord.read`, and every writer through `TrialAttrs.write`, so the keys are spelled once, here. The stored
-keys and values are unchanged from before this module existed: old studies read back the same.
+trial it is, how it ended and why, where its logs are, every load level it measured) lives in its user
+attributes. Every reader (the driver, the campaign, the listing, the sampler view, the API, `topotune logs`) goes
+through `TrialRecord.read`, and every writer through `TrialAttrs.write`, so the keys are spelled once, here.
+
+A trial's load levels are data of that one trial (`LoadLevel`, user attribute "load_levels"); studies stored
+before that kept each other level as an Optuna trial of kind "extra", which still read as levels of their trial
+(`TrialRecord.is_level`, docs/architecture.md "Trials and their load levels").
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, fields
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, ClassVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.backends import TrialStatus
+from tuner.metrics import ServingMetrics
 from tuner.study._optuna_compat import set_stored_user_attrs
 
 
@@ -28,7 +33,7 @@ class TrialKind(StrEnum):
     SAMPLED = "sampled"  # a config the driver launched (or is launching) on the backend
     SCREENED = "screened"  # rejected before launch by validity or the memory model; told infeasible
     DUPLICATE = "duplicate"  # a config already measured or running: told the stored answer, never launched
-    EXTRA = "extra"  # another concurrency level of a sampled trial, added so fronts see every level
+    EXTRA = "extra"  # read only: a load level of another trial, as studies stored before "load_levels" kept them
     REVERIFY = "reverify"  # a front config measured again (`topotune reverify`): supersedes its older points
 
 
@@ -67,6 +72,52 @@ class EventKind(StrEnum):
     RECLAIMED = "reclaimed"
 
 
+def level_label(m: ServingMetrics) -> str:
+    """The load a point was measured at: "c16" (16 clients) or "6 rps" (an open-loop rate)."""
+    return f"{m.offered_rps:g} rps" if m.offered_rps is not None else f"c{m.concurrency}"
+
+
+@dataclass(frozen=True)
+class LoadLevel:
+    """One load level a trial measured (a concurrency or a request rate): its metrics, its phase objective
+    values and its constraint detail. The one owner of how a level is stored: a trial keeps every level it
+    measured as a list of these in its user attribute "load_levels"; the one it was told is `told_level`."""
+
+    metrics_json: dict[str, Any]  # ServingMetrics as JSON (parsed on first use: the sampler reads only loads)
+    values: tuple[float, ...]  # the phase objectives (tuner.study._objectives.phase_values)
+    constraints: dict[str, float]  # every constraint key, <= 0 when met (the sampler sees only the worst)
+
+    @cached_property
+    def metrics(self) -> ServingMetrics:
+        return ServingMetrics.model_validate(self.metrics_json)
+
+    @property
+    def load(self) -> float:
+        """Its offered rate (open loop), else its clients: what orders a trial's levels."""
+        offered = self.metrics_json.get("offered_rps")
+        return float(offered) if offered is not None else float(self.metrics_json["concurrency"])
+
+    @property
+    def label(self) -> str:
+        return level_label(self.metrics)
+
+    @property
+    def feasible(self) -> bool:
+        return all(v <= 0 for v in self.constraints.values())
+
+    @classmethod
+    def of(cls, metrics: ServingMetrics, values: tuple[float, ...], constraints: dict[str, float]) -> LoadLevel:
+        return cls(metrics_json=metrics.model_dump(), values=tuple(values), constraints=dict(constraints))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"metrics": self.metrics_json, "values": list(self.values), "constraints": self.constraints}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoadLevel:
+        return cls(metrics_json=data["metrics"], values=tuple(float(v) for v in data["values"]),
+                   constraints={k: float(v) for k, v in data["constraints"].items()})
+
+
 @dataclass(frozen=True)
 class TrialAttrs:
     """The user attributes topotune writes on a trial. Every field is optional: each is written when known
@@ -89,10 +140,10 @@ class TrialAttrs:
     metrics: dict[str, Any] | None = None  # ServingMetrics as JSON
     deployment: dict[str, Any] | None = None  # Deployment as JSON
     deployment_name: str | None = None
-    levels: list[int] | None = None  # the concurrency levels a sampled trial measured
-    parent_trial: int | None = None  # an extra level's sampled trial
-    load_level: str | None = None  # "c16" or "6 rps": the load this trial's point was measured at (the dashboard
-    # shows it beside parent_trial, so an extra reads as "trial 8 at c16")
+    load_levels: tuple[LoadLevel, ...] | None = None  # every load level the trial measured, as measured
+    told_level: int | None = None  # the index in load_levels of the level told to Optuna (the sampler's value)
+    load_level: str | None = None  # "c16" or "6 rps": the load of the told level (`metrics`, `concurrency`)
+    parent_trial: int | None = None  # read only: an old study's extra level's trial (TrialKind.EXTRA)
     retry_of: int | None = None  # the trial this one runs again (reclaimed or interrupted)
     repaired_from: int | None = None  # the screened or duplicate proposal this one replaces
     warm_start: str | None = None  # "simulator" for the enqueued predicted front
@@ -109,8 +160,12 @@ class TrialAttrs:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, StrEnum):
+                value = str(value)
+            elif f.name == "load_levels" and value is not None:
+                value = [level.as_json() for level in value]
             if value is not None:
-                out[self._KEYS.get(f.name, f.name)] = str(value) if isinstance(value, StrEnum) else value
+                out[self._KEYS.get(f.name, f.name)] = value
         return out
 
     def write(self, trial: optuna.Trial) -> None:
@@ -132,6 +187,8 @@ class TrialAttrs:
         values = {f.name: user_attrs.get(cls._KEYS.get(f.name, f.name)) for f in fields(cls)}
         values["kind"] = cls.read_kind(user_attrs)
         values["outcome"] = parse_outcome(values["outcome"])
+        if values["load_levels"] is not None:
+            values["load_levels"] = tuple(LoadLevel.from_json(level) for level in values["load_levels"])
         return cls(**values)
 
 
@@ -161,9 +218,21 @@ class TrialRecord:
 
     @property
     def is_level(self) -> bool:
-        """A load level of another trial (stored as its own Optuna trial: see docs/architecture.md, "Trials and
-        their load levels"), never a trial of its own in counts and listings."""
+        """A load level of another trial, as studies stored before "load_levels" kept them (an Optuna trial of
+        kind "extra"): never a trial of its own in counts and listings."""
         return self.attrs.kind is TrialKind.EXTRA
+
+    @property
+    def load_levels(self) -> tuple[LoadLevel, ...]:
+        """Every load level this stored trial holds: its "load_levels", or (a trial stored before them, or an old
+        study's extra level) the one point of its told attributes; none when it measured nothing."""
+        if self.attrs.load_levels is not None:
+            return self.attrs.load_levels
+        if self.attrs.metrics is None or self.values is None:
+            return ()
+        detail = self.attrs.constraint_detail
+        return (LoadLevel(metrics_json=self.attrs.metrics, values=self.values,
+                          constraints=dict(detail if detail is not None else self.constraints)),)
 
     @property
     def trial(self) -> int:
@@ -206,11 +275,13 @@ def read_trials(study: optuna.Study, states: tuple[TrialState, ...] | None = Non
 
 
 def drop_partial_reverifications(records: list[TrialRecord]) -> list[TrialRecord]:
-    """Without a re-verification trial whose extra levels are not all stored (its process died between the
-    writes) and those of its extras that are: it never happened, and the config's earlier measurement stands.
-    A re-verification trial says how many levels it has (reverify.levels); one stored before that is whole."""
+    """Old studies: without a re-verification trial whose extra levels are not all stored (its process died
+    between the writes) and those of its extras that are: it never happened, and the config's earlier
+    measurement stands. Such a trial says how many levels it has (reverify.levels); one stored before that is
+    whole, and one holding its "load_levels" was written in one insert."""
     expected = {r.number: int(r.attrs.reverify["levels"]) - 1 for r in records
-                if r.kind is TrialKind.REVERIFY and r.attrs.reverify and "levels" in r.attrs.reverify}
+                if r.kind is TrialKind.REVERIFY and r.attrs.reverify and "levels" in r.attrs.reverify
+                and r.attrs.load_levels is None}
     if not expected:
         return records
     stored = Counter(r.attrs.parent_trial for r in records

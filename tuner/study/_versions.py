@@ -62,15 +62,14 @@ def split_current(points: list[StoredPoint], records: list[TrialRecord]
     current, old = [], []
     for p in points:
         newest = latest.get(config_key(p.params))
-        measured_by = p.measurement if p.measurement is not None else p.trial_number
-        (old if newest is not None and measured_by < newest else current).append(p)
+        (old if newest is not None and p.trial < newest else current).append(p)
     return current, old
 
 
 def version_fronts(points: list[StoredPoint]) -> dict[VersionTag, list[StoredPoint]]:
     """The feasible front of what each version measured (current and superseded points alike), oldest first."""
     by_tag: dict[VersionTag, list[StoredPoint]] = {}
-    for p in sorted(points, key=lambda p: p.trial_number):
+    for p in sorted(points, key=lambda p: p.trial):
         if p.feasible:
             by_tag.setdefault(VersionTag.of(p), []).append(p)
     return {tag: pareto_front(pts, x=lambda q: q.values[0], y=lambda q: q.values[1]) for tag, pts in by_tag.items()}
