@@ -1,7 +1,9 @@
 """kill -9 during a re-verification (issue 47 item 9): a real process re-verifies a study the service tuned and is
-killed with SIGKILL between storing a re-measured trial and its other levels (the moment the issue found it
-left "5 of 7 levels"). Nothing it half-wrote counts: the config's earlier measurement stands, GET .../reverify
-reports the interrupted run as failed with why, and the study re-verifies to completion afterwards."""
+killed with SIGKILL right after storing its first re-measured trial (where the issue found "5 of 7 levels" when
+each level was a trial of its own). A re-measurement is one trial holding every level, written in one insert, so
+nothing is half-written: the stored one is whole and current, the configs not reached keep their earlier
+measurement, GET .../reverify reports the interrupted run as failed with why, and the study re-verifies to
+completion afterwards."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import optuna
 import pytest
 from api_helpers import AUTH, FAST_STUDY, REPO, finished, wait_for
 
-from tuner.backends._version_shift import SIMULATED_VLLM_VERSION
 from tuner.study import load_campaign, open_storage
 from tuner.study._versions import config_key
 
@@ -24,8 +25,8 @@ VERSION = "0.33.0"
 pytestmark = pytest.mark.slow  # a tuned study, a child process killed, a re-verification: ~40 s
 _SIGNAL_TIMEOUT_S = 300  # the child reaches its kill point in seconds; only a broken child gets here
 
-# The child: a real `reverify_study` on the service's database, which reports (stdout) the moment it has stored a
-# re-measured trial with more levels to come and then waits to be killed there.
+# The child: a real `reverify_study` on the service's database, which reports (stdout) the moment it has stored its
+# first re-measured trial and then waits to be killed there.
 CHILD = """
 import sys, time
 from pathlib import Path
@@ -40,9 +41,9 @@ store = _reverify.Reverifier._add
 
 def add(self, study, params, dists, values, attrs, constraints, marker):
     number = store(self, study, params, dists, values, attrs, constraints, marker)
-    if attrs.kind is TrialKind.REVERIFY and (attrs.reverify or {}).get("levels", 1) > 1:
-        print(f"HALF {study.study_name} {number}", flush=True)
-        time.sleep(3600)  # killed here: the trial is stored, its other levels are not
+    if attrs.kind is TrialKind.REVERIFY and len(attrs.load_levels or ()) > 1:
+        print(f"STORED {study.study_name} {number}", flush=True)
+        time.sleep(3600)  # killed here: one re-measured trial is stored, the other configs are not re-measured
     return number
 
 _reverify.Reverifier._add = add
@@ -95,7 +96,7 @@ def test_kill_9_mid_reverify_loses_nothing_and_the_study_reverifies_again(databa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = _first_line(proc)
-        assert line.startswith("HALF "), (line, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
+        assert line.startswith("STORED "), (line, proc.stderr.read() if proc.poll() is not None else "")  # type: ignore[union-attr]
         _, study_name, number = line.split()
         os.kill(proc.pid, signal.SIGKILL)
     finally:
@@ -103,20 +104,23 @@ def test_kill_9_mid_reverify_loses_nothing_and_the_study_reverifies_again(databa
         proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
         proc.stderr.close()  # type: ignore[union-attr]
-    half = int(number)
+    stored = int(number)
     phase = study_name.rsplit("/", 1)[1]
     study = optuna.load_study(study_name=study_name, storage=open_storage(url))
-    key = config_key(study.trials[half].params)
-    assert study.trials[half].user_attrs["kind"] == "reverify"  # it was stored: the kill came after that write
+    key = config_key(study.trials[stored].params)
+    assert study.trials[stored].user_attrs["kind"] == "reverify"  # it was stored: the kill came after that write
 
-    # the half-written re-measurement counts nowhere; the config's earlier measurement is still current
+    # the stored re-measurement is whole (every level it measured is a point) and is the config's current
+    # measurement; the earlier one is its history; every other config still has its earlier measurement
     after, _, _ = load_campaign(url, name)
     pr = after.phases[phase]
-    assert all(p.trial_number != half and p.measurement != half for p in [*pr.points, *pr.superseded])
+    old = {p.level for p in before.phases[phase].points if config_key(p.params) == key}
     current = [p for p in pr.points if config_key(p.params) == key]
-    assert current and all(p.vllm_version == SIMULATED_VLLM_VERSION for p in current)
-    old = {(p.trial_number, p.metrics.concurrency) for p in before.phases[phase].points if config_key(p.params) == key}
-    assert old == {(p.trial_number, p.metrics.concurrency) for p in current}
+    assert len(current) == len(study.trials[stored].user_attrs["load_levels"]) > 1
+    assert all(p.trial == stored and p.vllm_version == VERSION for p in current)
+    assert {p.level for p in pr.superseded if config_key(p.params) == key} == old
+    untouched = {p.ref for p in before.phases[phase].points if config_key(p.params) != key}
+    assert untouched == {p.ref for p in pr.points if config_key(p.params) != key}
     for s_name, count in trials_before.items():  # no stored trial lost
         assert len(optuna.load_study(study_name=s_name, storage=open_storage(url)).trials) >= count
 
@@ -141,4 +145,4 @@ def test_kill_9_mid_reverify_loses_nothing_and_the_study_reverifies_again(databa
     assert done["error"] is None and done["reports"][-1]["status"] == "complete", done
     final, _, _ = load_campaign(url, name)
     remeasured = [p for p in final.phases[phase].points if config_key(p.params) == key]
-    assert remeasured and all(p.vllm_version == VERSION for p in remeasured if p.measurement != half)
+    assert remeasured and all(p.vllm_version == VERSION for p in remeasured)

@@ -53,9 +53,13 @@ def test_study_lifecycle(database_url, make_settings, client_for):
     every = client.get(f"/v1/studies/{study['id']}/trials", params={"phase": "decode"}).json()["items"]
     launched = [t for t in every if t["kind"] == "sampled" and t["status"] == "ok"]
     assert len(launched) == 3 and all(len(t["levels"]) > 1 for t in launched)  # each measured at several loads
-    stored_as = {lv["stored_as"]: t["trial_number"] for t in every for lv in t["levels"]}
+    # one trial is one Optuna trial: numbered #0, #1, ..., holding its levels, told exactly one of them
+    assert sorted(t["trial_number"] for t in every) == list(range(len(every)))
+    assert all(lv["stored_as"] == t["trial_number"] for t in every for lv in t["levels"])
+    assert all(sum(lv["told"] for lv in t["levels"]) == 1 for t in launched)
+    levels = {(t["trial_number"], lv["level"]) for t in every for lv in t["levels"]}
     for p in front["phases"]["decode"]["front"]:  # a front point names its trial and level, as the table does
-        assert stored_as[p["stored_as"]] == p["trial_number"] and p["level"] == f"c{p['concurrency']}"
+        assert (p["trial_number"], p["level"]) in levels and p["level"] == f"c{p['concurrency']}"
 
     metrics = client.get("/metrics").text
     assert 'topotune_studies{status="succeeded"} 1.0' in metrics

@@ -182,8 +182,27 @@ def test_a_load_level_round_trips_through_its_stored_json() -> None:
 
     m = ServingMetrics(concurrency=16, num_gpus=8, isl=1000, osl=100, total_tok_s=800.0, output_tok_s=80.0,
                        total_tok_s_per_gpu=100.0, output_tok_s_per_gpu=10.0, tok_s_per_user=20.0, ttft_ms_mean=50.0,
-                       ttft_ms_p50=50.0, ttft_ms_p99=60.0, itl_ms_mean=5.0, itl_ms_p50=5.0, itl_ms_p99=6.0)
+                       ttft_ms_p50=50.0, ttft_ms_p99=60.0, itl_ms_mean=5.0, itl_ms_p50=5.0, itl_ms_p99=6.0,
+                       request_throughput_rps=1.0, max_concurrency=16)
     level = LoadLevel.of(m, (100.0, 20.0), {"ttft": -0.5, "itl": 0.1})
     back = LoadLevel.from_json(level.as_json())
     assert back.metrics == m and back.values == (100.0, 20.0) and back.label == "c16" and back.load == 16.0
     assert not back.feasible and LoadLevel.of(m, (1.0, 1.0), {"ttft": 0.0}).feasible
+
+
+def test_an_old_studys_half_written_reverification_counts_nowhere_and_a_new_one_is_whole() -> None:
+    """Old layout: a re-verification trial saying it has 3 levels with 1 of its 2 extras stored (a process killed
+    between the writes) is dropped with that extra; a new one holds its levels and is never dropped."""
+    from tuner.study import read_trials
+
+    s = optuna.create_study(directions=["maximize", "maximize"])
+    dist = {"tp": optuna.distributions.CategoricalDistribution([1, 2])}
+    reverify = {"kind": "reverify", "reverify": {"levels": 3}, "status": "ok"}
+    s.add_trial(optuna.trial.create_trial(params={"tp": 1}, distributions=dist, values=[1.0, 1.0],
+                                          user_attrs=reverify))
+    s.add_trial(optuna.trial.create_trial(params={"tp": 1}, distributions=dist, values=[2.0, 1.0],
+                                          user_attrs={"kind": "extra", "parent_trial": 0}))
+    level = {"metrics": {"concurrency": 1}, "values": [1.0, 1.0], "constraints": {"ttft": -1.0}}
+    s.add_trial(optuna.trial.create_trial(params={"tp": 2}, distributions=dist, values=[1.0, 1.0], user_attrs={
+        **reverify, "load_levels": [level, level, level], "told_level": 0}))
+    assert [r.number for r in read_trials(s)] == [2]
