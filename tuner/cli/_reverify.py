@@ -26,15 +26,14 @@ def report_table(report) -> Table:  # type: ignore[no-untyped-def]
     table = Table(title=f"{report.campaign}: re-verified on {report.to_version or 'an unknown version'} "
                         f"({report.repeats} runs per config, noise floor {report.noise_floor:.0%}, "
                         f"alpha {report.alpha:g})", title_justify="left")
-    for col in ("phase", "trial", "config", "conc.", "why", "stored on", "tok/s/GPU before", "after", "ratio", "p",
+    for col in ("phase", "point", "config", "why", "stored on", "tok/s/GPU before", "after", "ratio", "p",
                 "verdict", "new trial"):
         table.add_column(col, justify="left" if col in ("phase", "config", "why", "stored on", "verdict") else "right")
     for r in report.rows:
         c = r.comparison
         style = _STYLE.get(r.verdict, "")
         sla = " (SLA now missed)" if r.meets_sla_before and r.meets_sla_after is False and c else ""
-        trial = r.of_trial if r.of_trial is not None else r.trial  # the stored point's own number before of_trial
-        table.add_row(r.phase, str(trial), r.config, str(r.concurrency), r.why, r.from_version.split(" · ")[0],
+        table.add_row(r.phase, r.label, r.config, r.why, r.from_version.split(" · ")[0],
                       _figure(r.front_before, c and c["old_tok_s"]), _figure(r.front_after, c and c["new_tok_s"]),
                       f"{c['ratio']:.3f}" if c else "", f"{c['p_value']:.2g}" if c else "",
                       f"[{style}]{r.verdict}{sla}[/]" if style else r.verdict + sla,
