@@ -13,6 +13,7 @@ from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 from optuna.trial import TrialState
 
 from tuner.backends import SimulatedBackend
+from tuner.cli._logs import trial_artifacts_dir
 from tuner.executors import LocalExecutor
 from tuner.export import study_operating_point
 from tuner.operating_point import at_running_requests, read_operating_point
@@ -157,6 +158,12 @@ def test_a_study_stored_with_extra_level_trials_reads_as_before(study: tuple[str
     assert old_live.trials_stored == new_live.trials_stored
     assert [len(r.levels) for r in old_live.rows()] == [len(r.levels) for r in new_live.rows()]
     assert sum(trial_census(old_url).by_state.values()) == old_live.trials_stored  # extras are not counted
+    # `topotune logs STUDY N` on an old extra level's number shows the logs of the run that measured it
+    decode = optuna.load_study(study_name=f"{name}/decode", storage=storage)
+    extra = next(TrialRecord.read(t) for t in decode.get_trials(deepcopy=False) if TrialRecord.read(t).is_level)
+    assert trial_artifacts_dir(old_url, decode.study_name, extra.number) == \
+        trial_artifacts_dir(old_url, decode.study_name, extra.trial) == \
+        trial_artifacts_dir(url, decode.study_name, next(n for n, o in numbers["decode"].items() if o == extra.trial))
 
 
 def test_the_guided_sampler_observes_the_same_levels_in_either_layout(study: tuple[str, str], tmp_path: Path) -> None:
