@@ -49,16 +49,16 @@ SERVE_DEFAULTS = {"gpu_memory_utilization": 0.9, "max_num_seqs": 1024, "max_num_
 MEMORY_SETTINGS = ("kv_cache_memory_bytes",)
 #: Factors fitted per GPU class: decode bandwidth, decode and prefill compute, the per-kernel latency floor, the
 #: per-step scheduler cost and the front-end latency in TTFT. Each moves a different part of the curves.
-FIT_FACTORS = ("hbm_efficiency", "flop_efficiency", "prefill_flop_efficiency", "attention_flop_efficiency",
-               "moe_gemm_efficiency",
+FIT_FACTORS = ("hbm_efficiency", "flop_efficiency", "prefill_flop_efficiency", "prefill_half_tokens",
+               "attention_flop_efficiency", "moe_gemm_efficiency",
                "fp8_gemm_efficiency", "kv_occupancy", "kernel_latency_us", "step_overhead_ms", "request_overhead_ms",
                "request_step_us", "streamed_request_share")
 #: What a fit starts from and is pulled toward: physics-only values that owe nothing to the table (the generic
 #: factors; Hopper's mature kernels stream HBM and run prefill GEMMs a little better). Never the library's
 #: defaults, which are themselves fitted on this table and would leak the held-out source into its own fit.
 PRIORS = {"hopper": Calibration(hbm_efficiency=0.85, prefill_flop_efficiency=0.5, attention_flop_efficiency=0.5,
-                                 request_step_us=10.0),
-          "blackwell": Calibration(attention_flop_efficiency=0.42, request_step_us=10.0)}
+                                 request_step_us=10.0, prefill_half_tokens=256.0),
+          "blackwell": Calibration(attention_flop_efficiency=0.42, request_step_us=10.0, prefill_half_tokens=256.0)}
 PRIOR_WEIGHT = 1.0  # pull toward the documented defaults (log space) so a class with few rows stays physical
 PRIOR_WEIGHTS = {"request_step_us": 0.1}
 TTFT_WEIGHT = 0.5  # TTFT is not a target metric; it only pins the front-end latency
@@ -318,6 +318,7 @@ def fit_class(replayer: Replayer, rows: Sequence[Row], base: Calibration) -> Cal
 def _factor_bounds(name: str) -> tuple[float, float]:
     """The Calibration field's own bounds, tightened to what a fit may plausibly reach."""
     return {"hbm_efficiency": (0.4, 0.9), "flop_efficiency": (0.1, 1.0), "prefill_flop_efficiency": (0.15, 1.0),
+            "prefill_half_tokens": (1.0, 2048.0),
             "attention_flop_efficiency": (0.15, 1.0),
             "moe_gemm_efficiency": (0.15, 1.0), "fp8_gemm_efficiency": (0.3, 1.0), "kv_occupancy": (0.5, 1.0),
             "kernel_latency_us": (0.5, 20.0),

@@ -221,3 +221,28 @@ def test_mixed_attention_split_follows_the_backend(models_dir: Path, model_name:
     assert splits_mixed_attention(model, gpu.architecture, sparse=bool(model.mla and model.mla.index_topk)) is split
     costs = RooflineModel(model, gpu).state(Topology.parse("TP8"), Role.BOTH, isl=2048, osl=256).costs
     assert costs.target.split_attention is split
+
+
+def test_prefill_gemm_efficiency_grows_with_the_steps_tokens(dense: ModelSpec, gb300: GpuSpec) -> None:
+    """With prefill_half_tokens a chunk's GEMMs reach prefill_flop_efficiency x n / (n + half): a small chunk costs
+    more per token than a large one, the large-step limit is prefill_flop_efficiency, and 0 keeps one efficiency
+    at every size (the GB300 reference calibration). Attention keeps its own efficiency; decode steps never move."""
+    topo = Topology.parse("TP4")
+    flat = Calibration(prefill_flop_efficiency=0.5, attention_flop_efficiency=0.5, step_overhead_ms=0.0,
+                       kernel_latency_us=0.0)
+    curve = flat.model_copy(update={"prefill_half_tokens": 512.0})
+    assert default_calibration("gb300").prefill_half_tokens == 0.0
+
+    def per_token_ms(cal: Calibration, tokens: int) -> float:
+        step = RooflineModel(dense, gb300, cal).prefill_step(topo, 1, isl=tokens)
+        return step.compute_ms / tokens
+
+    small, large = per_token_ms(curve, 256), per_token_ms(curve, 8192)
+    assert small > 1.5 * large  # 256 tokens: a third of the limit; 8,192: 94% of it
+    assert per_token_ms(flat, 8192) / per_token_ms(flat, 256) == pytest.approx(1.0, abs=0.1)  # attention only
+    assert large == pytest.approx(per_token_ms(flat, 8192), rel=0.08)  # near the limit at 8,192 tokens
+    assert large > per_token_ms(flat, 8192)  # but never past it
+    decode = [RooflineModel(dense, gb300, c).decode_step(topo, 8, isl=2048, osl=128).step_ms for c in (flat, curve)]
+    assert decode[0] == pytest.approx(decode[1])
+    with pytest.raises(ValueError):
+        Calibration(prefill_half_tokens=-1.0)

@@ -86,7 +86,10 @@ def test_open_loop_at_90_percent_of_the_closed_loop_rate_is_stable(dense: ModelS
                                      num_requests=600, warmup_share=0.1))
     assert not opened.queue.grows
     assert opened.request_rps == pytest.approx(rate, rel=0.1)
-    assert opened.itl_ms.p50 <= closed.itl_ms.p50 * 1.1
+    # Fixed lengths make the closed loop run in waves whose successors prefill together in one step, amortising a
+    # prefill step's tail (prefill_half_tokens) over several prompts; Poisson arrivals prefill one by one. With the
+    # Hopper curve that is x1.19 here (x1.09 with one efficiency at every step size; closed_open_agreement.py).
+    assert opened.itl_ms.p50 <= closed.itl_ms.p50 * 1.25
     past = replay(perf, ReplayPlan(deployment=dep, workload=_fixed(), arrival=ArrivalProcess(
         "poisson", rate_rps=3 * closed.request_rps), num_requests=600))
     assert past.queue.grows and past.queue.growth_rps > 0

@@ -28,6 +28,12 @@ class Calibration(BaseModel):
     prefill_flop_efficiency: float = Field(
         0.42, gt=0, le=1,
         description="Fraction of dense peak that prefill (large chunked GEMMs + flash attention) reaches (0.4-0.8).")
+    prefill_half_tokens: float = Field(
+        0.0, ge=0, le=2048,
+        description="Tokens in a step at which its prefill GEMMs reach half of prefill_flop_efficiency, which is "
+                    "then the large-step limit: efficiency = prefill_flop_efficiency x n / (n + this). A GEMM's "
+                    "last partial wave of tiles and its prologue cost about this many tokens' work per step, "
+                    "whatever the step's size (0: the same efficiency at every step size; 0-2048).")
     attention_flop_efficiency: float | None = Field(
         None, gt=0, le=1,
         description="Fraction of the BF16 peak that prefill attention (flash-attention kernels over the prompt's "
@@ -170,28 +176,30 @@ _DEFAULTS: dict[str, Calibration] = {
     # paid once per --stream-interval tokens; only Blackwell rows stream in intervals (GB200 50, MiniMax-M2.5 B200
     # 20), so Hopper takes Blackwell's share. docs/perf-model.md gives the evidence and what it is not yet known to be.
     "gb200": Calibration(hbm_efficiency=0.75, flop_efficiency=0.52, prefill_flop_efficiency=0.34,
-                         attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98, fp8_gemm_efficiency=0.95,
-                         kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52, request_step_us=68.0,
-                         streamed_request_share=0.49),
+                         prefill_half_tokens=258.0, attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98,
+                         fp8_gemm_efficiency=0.95, kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52,
+                         request_step_us=67.6, streamed_request_share=0.49),
     "b200": Calibration(hbm_efficiency=0.75, flop_efficiency=0.52, prefill_flop_efficiency=0.34,
-                        attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98, fp8_gemm_efficiency=0.95,
-                        kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52, request_step_us=68.0,
-                        streamed_request_share=0.49),
+                        prefill_half_tokens=258.0, attention_flop_efficiency=0.40, moe_gemm_efficiency=0.98,
+                        fp8_gemm_efficiency=0.95, kv_occupancy=1.0, kernel_latency_us=3.46, step_overhead_ms=1.52,
+                        request_step_us=67.6, streamed_request_share=0.49),
     # Hopper: 41 rows of 11 sources (vLLM 0.10.2-0.21: Qwen3-8B/14B/235B, DeepSeek-R1 and -V3.2, GLM-4.6,
     # gpt-oss-20b/120b on GPUStack's pages (vLLM < 0.12: Marlin MXFP4 experts), bursts replayed as finite runs
     # (predict_burst); Kimi-K2.5 INT4 on H200 and MiniMax-M2.5 FP8 on H100 and H200 from InferenceX). Prefill
     # attention (flash attention) reaches ~0.5 of the BF16 peak where the rest of a prefill chunk reaches ~0.3; HBM
     # streaming sits at the 0.9 a fit may reach. FP8 GEMMs reach their full 2x (fp8_gemm_efficiency 1.0) since
     # block-FP8 experts without EP are priced at the BF16 peak (vLLM's Triton fused_moe, `expert_gemm_dtype`): the
-    # 0.75 fitted before stood in for those experts.
-    "h200": Calibration(hbm_efficiency=0.9, flop_efficiency=0.49, prefill_flop_efficiency=0.31,
-                        attention_flop_efficiency=0.50, moe_gemm_efficiency=0.74, fp8_gemm_efficiency=1.0,
-                        kv_occupancy=1.0, kernel_latency_us=3.16, step_overhead_ms=1.43, request_overhead_ms=27.0,
-                        request_step_us=65.4, streamed_request_share=0.48),
-    "h100": Calibration(hbm_efficiency=0.9, flop_efficiency=0.49, prefill_flop_efficiency=0.31,
-                        attention_flop_efficiency=0.50, moe_gemm_efficiency=0.74, fp8_gemm_efficiency=1.0,
-                        kv_occupancy=1.0, kernel_latency_us=3.16, step_overhead_ms=1.43, request_overhead_ms=27.0,
-                        request_step_us=65.4, streamed_request_share=0.48),
+    # 0.75 fitted before stood in for those experts. Both classes' prefill GEMMs grow toward their efficiency with
+    # the step's tokens (prefill_half_tokens ~260-270, near the physics prior of 256: the table identifies it only
+    # weakly; 8,192-token steps reach 0.32 of the peak on Hopper, 230-token ones 0.15; docs/perf-model.md).
+    "h200": Calibration(hbm_efficiency=0.9, flop_efficiency=0.50, prefill_flop_efficiency=0.33,
+                        prefill_half_tokens=274.0, attention_flop_efficiency=0.49, moe_gemm_efficiency=0.74,
+                        fp8_gemm_efficiency=1.0, kv_occupancy=1.0, kernel_latency_us=3.14, step_overhead_ms=1.40,
+                        request_overhead_ms=23.2, request_step_us=62.8, streamed_request_share=0.48),
+    "h100": Calibration(hbm_efficiency=0.9, flop_efficiency=0.50, prefill_flop_efficiency=0.33,
+                        prefill_half_tokens=274.0, attention_flop_efficiency=0.49, moe_gemm_efficiency=0.74,
+                        fp8_gemm_efficiency=1.0, kv_occupancy=1.0, kernel_latency_us=3.14, step_overhead_ms=1.40,
+                        request_overhead_ms=23.2, request_step_us=62.8, streamed_request_share=0.48),
 }
 
 

@@ -147,6 +147,16 @@ def _pass_flops(p: PassCosts, costs: InstanceCosts, tokens_rank: float, tokens_e
                         dense.fp4 * tokens_rank + experts.fp4 * e + head.fp4 * logits_tokens, mixer)
 
 
+def prefill_efficiency(cal: Calibration, step_tokens: float) -> float:
+    """The share of the peak a step's prefill GEMMs reach with `step_tokens` tokens per rank in them: a GEMM pays
+    about `prefill_half_tokens` tokens' work per step beyond its own (its last partial wave of tiles, prologue and
+    epilogue), so efficiency grows with the step, n / (n + half), toward `prefill_flop_efficiency`."""
+    half = cal.prefill_half_tokens
+    if half <= 0.0 or step_tokens <= 0.0:
+        return cal.prefill_flop_efficiency
+    return cal.prefill_flop_efficiency * step_tokens / (step_tokens + half)
+
+
 def _sum(a: FlopsByDtype, b: FlopsByDtype) -> FlopsByDtype:
     return FlopsByDtype(a.bf16 + b.bf16, a.fp8 + b.fp8, a.fp4 + b.fp4, a.attn + b.attn)
 
@@ -263,8 +273,8 @@ def prefill_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, tokens
     active = costs.expert_active_fraction(tokens_ep * load)
     expert_bytes = t.expert_bytes * active + (costs.draft.expert_bytes * active if costs.draft else 0.0)
     bytes_read = t.dense_bytes + costs.lm_head_bytes + expert_bytes + work.bytes_read
-    compute_s = work.flops.seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency,
-                                   cal.attention_flop_efficiency)
+    compute_s = work.flops.seconds(gpu, prefill_efficiency(cal, tokens_per_rank), cal.fp8_gemm_efficiency,
+                                   cal.attention_flop_efficiency or cal.prefill_flop_efficiency)
     comm = pass_comm(tokens_per_rank, t.num_layers, t.num_moe_layers, costs, cal, load)
     comm_s = comm.visible_s(costs, cal, compute_s, tokens_per_rank, DBO_PREFILL_THRESHOLD)
     if costs.draft is not None:
@@ -308,7 +318,8 @@ def mixed_step(costs: InstanceCosts, gpu: GpuSpec, cal: Calibration, *, decode_r
         # its own roofline: the decode KV bytes vs the chunk's attention FLOPs; the GEMM phase has the rest.
         # Where the backend runs the chunk's and the decodes' attention as two kernels (`split_attention`),
         # the two add.
-        compute_s += replace(work.flops, attn=0.0).seconds(gpu, cal.prefill_flop_efficiency, cal.fp8_gemm_efficiency)
+        compute_s += replace(work.flops, attn=0.0).seconds(gpu, prefill_efficiency(cal, d_rank + c),
+                                                           cal.fp8_gemm_efficiency)
         chunk_attn_s = FlopsByDtype(attn=work.flops.attn).seconds(gpu, cal.prefill_flop_efficiency,
                                                                   attention_efficiency=cal.attention_flop_efficiency)
         decode_attn_s = decode_kv / hbm
