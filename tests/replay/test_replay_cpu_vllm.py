@@ -24,9 +24,9 @@ def _bench():
 
 @needs_envs
 @pytest.mark.slow
-def test_hit_share_and_preemption_match_real_vllm(tmp_path: Path) -> None:
+def test_hit_share_and_preemption_match_real_vllm(tiny_model: Path, tmp_path: Path) -> None:
     bench = _bench()
-    data = bench.measure(tmp_path / "data.json", requests=40, closed=(8,), rate_shares=(1.3,))
+    data = bench.measure(tmp_path / "data.json", requests=40, closed=(8,), rate_shares=(1.3,), model=tiny_model)
     perf, dep, workload = bench._setup(data, tmp_path)
     for run in data["runs"]:
         measured = bench._measured(run)
