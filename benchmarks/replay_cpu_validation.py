@@ -209,18 +209,21 @@ def _capacity_rps(run: dict) -> float:
 
 
 def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = CLOSED,
-            rate_shares: tuple[float, ...] = RATE_SHARES, kv_bytes: int = KV_BYTES) -> dict:
+            rate_shares: tuple[float, ...] = RATE_SHARES, kv_bytes: int = KV_BYTES,
+            model: Path | None = None) -> dict:
     """Serve, replay the trace through AIPerf at each load, write and return the data.
 
     The closed-loop run at the highest concurrency comes first (its rate sets the open-loop rates); then open and
-    closed runs alternate, so that calibration and held-out runs see the same load of a shared machine."""
+    closed runs alternate, so that calibration and held-out runs see the same load of a shared machine. `model`: a
+    tiny model already made (the tests' session one); None makes one."""
     from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
 
     envs = default_envs_dir()
     work = Path(tempfile.mkdtemp(prefix="replay-cpu-"))
-    model = work / "tiny"
-    subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
-                   capture_output=True)
+    if model is None:
+        model = work / "tiny"
+        subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
+                       capture_output=True)
     trace = _trace(work / "trace.jsonl", requests)
     server = _serve(envs, model, work, kv_bytes)
     nice = _nice_of(server.pid)

@@ -23,6 +23,7 @@ from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, ReplayPlan, Sessions, replay
+from tuner.router import RouterPolicy
 from tuner.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,8 +65,8 @@ def _dense_cases():  # type: ignore[no-untyped-def]
                                   num_requests=600, warmup_share=0.1)
     yield "past", perf, _plan("TP8", _fixed(2000, 200), ArrivalProcess("poisson", rate_rps=12.0), num_requests=600)
     yield "cache_aware4x", perf, _plan("4x:TP8", shared, ArrivalProcess("poisson", rate_rps=2.0), num_requests=200)
-    yield "rr4x", perf, _plan("4x:TP8", shared, ArrivalProcess("poisson", rate_rps=2.0), router="round-robin",
-                              num_requests=200)
+    yield "rr4x", perf, _plan("4x:TP8", shared, ArrivalProcess("poisson", rate_rps=2.0),
+                              router=RouterPolicy.ROUND_ROBIN, num_requests=200)
     yield "pd2p", perf, _plan("2P:TP4,1D:TP8", _fixed(2000, 200), ArrivalProcess("poisson", rate_rps=1.0),
                               num_requests=50)
     yield "sessions", perf, _plan("TP8", _fixed(500, 100), ArrivalProcess("poisson", rate_rps=0.5),

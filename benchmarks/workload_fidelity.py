@@ -66,6 +66,7 @@ from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
 from tuner.perf import Calibration, RooflineModel, predict_traffic
+from tuner.router import RouterPolicy
 from tuner.topology import Role, Topology
 from tuner.workload import HistogramLengths, LogNormalLengths, PrefixSharing, Workload
 
@@ -314,8 +315,8 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
         workload = Workload.from_trace(trace, block_tokens=HASH_BLOCK_TOKENS)
         arrival, count, warmup = ArrivalProcess("trace"), None, cycle / (cycle + requests)
     plan = ReplayPlan(deployment=Deployment.single(shape.topology, shape.replicas), workload=workload,
-                      arrival=arrival, router="cache-aware" if shape.cache_aware else "round-robin",
-                      num_requests=count, warmup_share=warmup)
+                      arrival=arrival, num_requests=count, warmup_share=warmup,
+                      router=RouterPolicy.CACHE_AWARE if shape.cache_aware else RouterPolicy.ROUND_ROBIN)
     try:
         with tmp:
             report = replay(perf, plan)

@@ -31,6 +31,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The dense tiny model for the real vLLM-on-CPU tests (generated, never committed): one per session, shared
+    by tests/backends, tests/executors and tests/replay (each generation starts torch: seconds, more on CI)."""
+    from _support.cpu_vllm import MISSING, make_tiny_model
+
+    if MISSING:
+        pytest.skip(f"CPU vLLM venvs missing ({', '.join(MISSING)})")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MoE tiny model (4 experts, top-2), for the expert-parallel trial."""
+    from _support.cpu_vllm import MISSING, make_tiny_model
+
+    if MISSING:
+        pytest.skip(f"CPU vLLM venvs missing ({', '.join(MISSING)})")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-moe") / "model", moe=True)
+
+
+@pytest.fixture(scope="session")
 def models_dir() -> Path:
     return MODELS
 

@@ -41,6 +41,9 @@ def _violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     # the shared vocabulary the two seams moved into stays at the bottom
     ("deployment", ("tuner.backends", "tuner.executors", "tuner.launch", "tuner.study", "api")),
     ("trial_status", ("tuner",)),
+    # the router policy: the replay simulates it and the operating point deploys it, so it sits below both
+    ("router", ("tuner.replay", "tuner.operating_point", "tuner.backends", "tuner.advise", "tuner.export",
+                "tuner.cli", "api")),
     # what a cluster teaches sits below the studies that read and feed it
     ("cluster", ("tuner.study", "tuner.cli", "tuner.executors", "tuner.launch", "api")),
     # a running deployment's check and watch read the models and the use-case layer's advise(), never the studies,

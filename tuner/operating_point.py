@@ -12,19 +12,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.deployment import Deployment
 from tuner.errors import ConfigError
+from tuner.router import DeployedRouterPolicy, RouterPolicy
 from tuner.workload import Workload, served_context_tokens
-
-# vllm-router's policies (`vllm-router --help`, 0.1.17): cache_aware keeps an approximate radix tree of the prompts
-# each worker served and sends a request to the worker whose tree shares the longest prefix with it (falling back to
-# the least loaded worker when load is imbalanced); consistent_hash hashes a session header (X-Session-ID, ...),
-# which a trace does not carry; round_robin rotates. (vllm-router docs/load_balancing/README.md.)
-RouterPolicyName = Literal["round_robin", "cache_aware", "consistent_hash", "power_of_two", "random"]
 
 # Below this share of input tokens re-sent as a prefix, keeping prefixes on one replica buys little: round robin.
 PREFIX_AWARE_MIN_REUSE = 0.05
@@ -35,7 +29,8 @@ class RouterChoice(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    policy: RouterPolicyName = "round_robin"
+    # vllm-router's `--policy` (tuner/router.py); the older hyphenated spelling is read too
+    policy: DeployedRouterPolicy = RouterPolicy.ROUND_ROBIN
     reason: str = "no workload given: requests are spread evenly"
 
 
@@ -51,7 +46,7 @@ def choose_router_policy(traffic: Workload | None) -> RouterChoice:
     if traffic.trace is not None:
         reuse = traffic.trace.prefix_reuse
         if reuse >= PREFIX_AWARE_MIN_REUSE:
-            return RouterChoice(policy="cache_aware", reason=(
+            return RouterChoice(policy=RouterPolicy.CACHE_AWARE, reason=(
                 f"the trace re-sends {reuse:.0%} of its input tokens as shared prefixes: cache_aware sends a "
                 "request to the replica that already caches its prefix (round robin would make every replica "
                 "cache and prefill every prefix)"))
@@ -59,7 +54,7 @@ def choose_router_policy(traffic: Workload | None) -> RouterChoice:
                                    "robin spreads the load evenly")
     if traffic.prefix is not None:
         p = traffic.prefix
-        return RouterChoice(policy="cache_aware", reason=(
+        return RouterChoice(policy=RouterPolicy.CACHE_AWARE, reason=(
             f"every prompt starts with one of {p.num_prefixes} shared prefix(es) of {p.shared_tokens:,} tokens: "
             "cache_aware keeps each prefix on the replica that caches it"))
     return RouterChoice(reason="the workload shares no prefixes: round robin spreads the load evenly")

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from _support.paths import MODELS as MODELS  # re-exported for the service tests
 from _support.paths import REPO
 from fastapi.testclient import TestClient
+
+from api.config import ApiSettings
 
 REFERENCE_MODEL = "qwen3.8-2.4t-a95b-nvfp4"
 TOKEN = "test-token-" + "x" * 24
@@ -20,6 +24,23 @@ PG_DSN = "host=127.0.0.1 port=5432 dbname=test user=root connect_timeout=3"
 ARTIFACTS = REPO / "test-artifacts"
 
 FAST_STUDY: dict[str, Any] = {"model_path": REFERENCE_MODEL, "trials": 3, "sampler": "random", "seed": 1}
+
+
+def reference_model_store(folder: Path) -> Path:
+    """A model store under `folder` holding a copy of the reference model (clients name models relative to it)."""
+    store = folder / "models"
+    store.mkdir()
+    shutil.copytree(MODELS / REFERENCE_MODEL, store / REFERENCE_MODEL)
+    return store
+
+
+def api_settings(folder: Path, database_url: str, models_dir: Path, **overrides: Any) -> ApiSettings:
+    """The service's settings of these tests: local executor, small studies, data under `folder`."""
+    values: dict[str, Any] = dict(data_dir=folder / "data", storage=database_url, api_token=TOKEN,
+                                  executor="local", models_dir=models_dir, watch_models=False,
+                                  max_parallel_studies=2, default_trials=3, default_sampler="random")
+    values.update(overrides)
+    return ApiSettings(**values)
 
 
 def wait_for(client: TestClient, study_id: int, until: Callable[[dict], bool], timeout_s: float = 300.0,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -14,7 +13,7 @@ import pytest
 
 warnings.filterwarnings("ignore", message=".*httpx.*", category=DeprecationWarning)
 
-from api_helpers import MODELS, PG_DSN, REFERENCE_MODEL, TOKEN  # noqa: E402
+from api_helpers import PG_DSN, api_settings, reference_model_store  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from api.config import ApiSettings  # noqa: E402
@@ -24,10 +23,7 @@ from api.main import create_app  # noqa: E402
 @pytest.fixture
 def model_store(tmp_path: Path) -> Path:
     """A model store holding a copy of the reference model (clients name models relative to it)."""
-    store = tmp_path / "models"
-    store.mkdir()
-    shutil.copytree(MODELS / REFERENCE_MODEL, store / REFERENCE_MODEL)
-    return store
+    return reference_model_store(tmp_path)
 
 
 def _postgres_url() -> Iterator[str]:
@@ -63,11 +59,7 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def make_settings(tmp_path: Path, model_store: Path) -> Callable[..., ApiSettings]:
     def make(database_url: str, **overrides: Any) -> ApiSettings:
-        values: dict[str, Any] = dict(data_dir=tmp_path / "data", storage=database_url, api_token=TOKEN,
-                                      executor="local", models_dir=model_store, watch_models=False,
-                                      max_parallel_studies=2, default_trials=3, default_sampler="random")
-        values.update(overrides)
-        return ApiSettings(**values)
+        return api_settings(tmp_path, database_url, model_store, **overrides)
 
     return make
 

@@ -5,24 +5,41 @@ to move a topotune phase study to a new name behind topotune's back); its reads 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import optuna
 import pytest
-from api_helpers import AUTH, FAST_STUDY, finished, wait_for
+from api_helpers import AUTH, FAST_STUDY, api_settings, finished, reference_model_store, wait_for
+from fastapi.testclient import TestClient
 
+from api.config import ApiSettings
+from api.main import create_app
 from tuner.study import open_storage
 
 ORIGIN = {"Origin": "http://testserver"}
 
 
-@pytest.fixture
-def tuned(sqlite_url, make_settings, client_for):  # type: ignore[no-untyped-def]
-    settings = make_settings(sqlite_url)
-    client = client_for(settings)
+def _tuned(client: TestClient, settings: ApiSettings) -> tuple[TestClient, optuna.storages.RDBStorage, dict]:
     sid = client.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
     assert wait_for(client, sid, finished)["status"] == "succeeded"
     storage = open_storage(settings.database_url)
     summaries = {s.study_name: s._study_id for s in optuna.get_all_study_summaries(storage)}
     return client, storage, summaries
+
+
+@pytest.fixture
+def tuned(sqlite_url, make_settings, client_for):  # type: ignore[no-untyped-def]
+    settings = make_settings(sqlite_url)
+    return _tuned(client_for(settings), settings)
+
+
+@pytest.fixture(scope="module")
+def tuned_to_read(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, object, dict]]:
+    """One finished study for the reads below, which change nothing (a study each took most of their time)."""
+    folder = tmp_path_factory.mktemp("dashboard-reads")
+    settings = api_settings(folder, f"sqlite:///{folder / 'topotune.db'}", reference_model_store(folder))
+    with TestClient(create_app(settings)) as client:
+        yield _tuned(client, settings)
 
 
 def _writes(study_id: int, trial_id: int) -> list[tuple[str, str, dict]]:
@@ -62,8 +79,8 @@ def test_dashboard_writes_are_refused_signed_in_or_with_the_token(tuned):  # typ
 @pytest.mark.parametrize("path", ["/api/studies/999999", "/api/studies/999999/param_importances",
                                   "/api/studies/999999/plot/contour", "/api/studies/999999/plot/slice",
                                   "/csv/999999"])
-def test_dashboard_reads_of_unknown_ids_are_404(tuned, path):  # type: ignore[no-untyped-def]
-    client, _, _ = tuned
+def test_dashboard_reads_of_unknown_ids_are_404(tuned_to_read, path):  # type: ignore[no-untyped-def]
+    client, _, _ = tuned_to_read
     r = client.get(path)
     assert r.status_code == 404, (path, r.status_code, r.text[:200])
     assert "999999" in r.text

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from _support.cpu_vllm import CPU_SETTINGS, make_tiny_model, needs_envs
+from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 from fastapi.testclient import TestClient
 
 from tuner.backends.vllm import default_envs_dir
@@ -117,11 +117,11 @@ def _phase(name: str, folder: Path) -> Phase:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Run]:
     if CPU_SETTINGS.missing_executables():
         pytest.skip("CPU vLLM venvs missing: run `make cpu-vllm`")
     tmp = tmp_path_factory.mktemp("live")
-    model = make_tiny_model(tmp / "tiny")
+    model = tiny_model
     port = _free_port()
     env = {**os.environ, **CPU_SETTINGS.vllm_env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
     vllm = subprocess.Popen(

@@ -25,21 +25,25 @@ def _agent_process(agent: object, *, call_timeout_s: float, silence_limit_s: flo
                         silence_limit_s=silence_limit_s)
 
 
-def _slow_agent(delay_s: float) -> object:
+def _slow_agent(delay_s: float, then_delay_s: float | None = None) -> object:
     import ray
 
     class SlowAgent:
-        """Answers status/log_text after `delay_s`, like a starved host agent (a local class: Ray pickles it
-        by value, as workers cannot import the tests)."""
+        """Answers status/log_text after `delay_s` (status: `then_delay_s` from its second call on, when given),
+        like a starved host agent (a local class: Ray pickles it by value, as workers cannot import the tests)."""
 
         def __init__(self) -> None:
             self.delay_s = 0.0
+            self.then_delay_s: float | None = None
 
-        def set_delay(self, delay_s: float) -> None:
-            self.delay_s = delay_s
+        def set_delay(self, delay_s: float, then_delay_s: float | None) -> None:
+            self.delay_s, self.then_delay_s = delay_s, then_delay_s
 
         def status(self, token: str, name: str) -> dict:
-            time.sleep(self.delay_s)
+            delay_s = self.delay_s
+            if self.then_delay_s is not None:
+                self.delay_s = self.then_delay_s
+            time.sleep(delay_s)
             return {"returncode": None, "failure": None}
 
         def log_text(self, token: str, name: str, max_bytes: int) -> str:
@@ -47,7 +51,7 @@ def _slow_agent(delay_s: float) -> object:
             return f"log of {name}"
 
     agent = ray.remote(SlowAgent).options(num_cpus=0, max_concurrency=4).remote()
-    ray.get(agent.set_delay.remote(delay_s))
+    ray.get(agent.set_delay.remote(delay_s, then_delay_s))
     return agent
 
 
@@ -66,13 +70,11 @@ def test_an_agent_silent_past_the_limit_is_lost() -> None:
 
 
 def test_an_answer_restarts_the_silence_clock() -> None:
-    import ray
-
-    agent = _slow_agent(0.0)
-    proc = _agent_process(agent, call_timeout_s=120.0, silence_limit_s=10.0)
-    time.sleep(10.5)  # silent that long only because nobody asked
+    # the first status call answers at once, every later one after 60 s: no round trip to the agent between the
+    # answer and the slow call, so 4 s of silence limit leave 3.7 s of margin however loaded the host
+    proc = _agent_process(_slow_agent(0.0, then_delay_s=60.0), call_timeout_s=120.0, silence_limit_s=4.0)
+    time.sleep(4.5)  # silent that long only because nobody asked
     assert proc.failure() is None  # answered: the clock starts again
-    ray.get(agent.set_delay.remote(60.0))
     proc.call_timeout_s = 0.3
     assert proc.failure() is None  # slow now, but silent for far less than the limit since the last answer
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.advise import AdviseRequest, ServeOptions, Sla, advise
+from tuner.router import RouterPolicy
 from tuner.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_frontier_searches_the_router_where_it_changes_the_answer(tmp_path) -> N
     advice = advise(request)
     decision = advice.verification
     assert decision is not None and decision.choice is not None and decision.searched
-    assert decision.router == "round-robin"
+    assert decision.router is RouterPolicy.ROUND_ROBIN
     # the same deployment under the traffic's own policy (cache-aware) was replayed and missed the SLA
     same = [v for v in decision.checked if v.candidate.deployment.name == decision.choice.report.deployment
             and not v.candidate.label.startswith("knob search")]

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _support.cpu_vllm import make_tiny_model, needs_envs
+from _support.cpu_vllm import needs_envs
 
 from tuner.backends.vllm import default_envs_dir
 from tuner.replay import Engine, SchedulerLimits
@@ -95,10 +95,10 @@ def _replay_steps(spec: dict) -> tuple[list[dict[str, int]], dict[str, int], lis
 @needs_envs
 @pytest.mark.slow
 @pytest.mark.parametrize(("num_blocks", "threshold"), [(200, 0), (16, 0), (200, 24)])
-def test_step_by_step_batches_match_vllms_scheduler(tmp_path: Path, num_blocks: int, threshold: int) -> None:
+def test_step_by_step_batches_match_vllms_scheduler(tiny_model: Path, num_blocks: int, threshold: int) -> None:
     """200 blocks: no pressure (prefix hits, chunking at the 64-token budget, 4 seqs at most); 16 blocks: the
     cache runs out while requests decode and vLLM preempts the newest; a long-prefill threshold of 24 tokens."""
-    model = make_tiny_model(tmp_path / "tiny")
+    model = tiny_model  # read only: the session's one
     spec = {"block_size": BS, "max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 512,
             "num_blocks": num_blocks, "long_prefill_token_threshold": threshold, "requests": _requests()}
     python = default_envs_dir() / "vllm" / "bin" / "python"

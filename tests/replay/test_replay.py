@@ -11,6 +11,7 @@ from tuner.models import ModelSpec
 from tuner.perf import RooflineModel
 from tuner.perf._steps import mixed_step
 from tuner.replay import ArrivalProcess, ReplayPlan, Sessions, Sla, replay
+from tuner.router import RouterPolicy
 from tuner.topology import Role, Topology
 from tuner.workload import Workload
 
@@ -99,11 +100,11 @@ def test_cache_aware_routing_keeps_prefixes_together(dense: ModelSpec, h200: Gpu
     perf = RooflineModel(dense, h200)
     w = _fixed(isl=3000, osl=50, prefix={"shared_tokens": 2048, "num_prefixes": 8})
     shares = {}
-    for router in ("cache-aware", "round-robin"):
+    for router in (RouterPolicy.CACHE_AWARE, RouterPolicy.ROUND_ROBIN):
         shares[router] = replay(perf, ReplayPlan(deployment=parse_deployment("4x:TP8"), workload=w,
                                                  arrival=ArrivalProcess("poisson", rate_rps=2.0), router=router,
                                                  num_requests=200)).prefix_hit_share
-    assert shares["cache-aware"] > shares["round-robin"] + 0.02
+    assert shares[RouterPolicy.CACHE_AWARE] > shares[RouterPolicy.ROUND_ROBIN] + 0.02
 
 
 def test_pd_adds_the_kv_transfer_and_sessions_hit_their_history(dense: ModelSpec, h200: GpuSpec) -> None:

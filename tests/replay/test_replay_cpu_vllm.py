@@ -24,14 +24,14 @@ def _bench():
 
 @needs_envs
 @pytest.mark.slow
-def test_hit_share_and_preemption_match_real_vllm(tmp_path: Path) -> None:
+def test_hit_share_and_preemption_match_real_vllm(tiny_model: Path, tmp_path: Path) -> None:
     bench = _bench()
     # A closed loop at max-num-seqs clients on a KV cache of ~17 blocks, against 16 prompts of 3-6 blocks: both
     # preempt whatever the machine's timing (measured 5, 5; replayed 6). At the benchmark's 8 clients and ~22
     # blocks, whether the 8 running at once overfill the cache depends on which 8 they are: CI once saw none of 40
     # preempt. docs/workloads.md (the replay against vLLM on CPU) has the probes.
     data = bench.measure(tmp_path / "data.json", requests=40, closed=(bench.FLAGS["max_num_seqs"],),
-                         rate_shares=(1.3,), kv_bytes=1_250_000)
+                         rate_shares=(1.3,), kv_bytes=1_250_000, model=tiny_model)
     perf, dep, workload = bench._setup(data, tmp_path)
     for run in data["runs"]:
         measured = bench._measured(run)

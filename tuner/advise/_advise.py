@@ -38,8 +38,8 @@ from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
 from tuner.operating_point import RouterChoice, choose_router_policy
 from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
-from tuner.replay import RouterPolicy
 from tuner.replay import Sla as ReplaySla
+from tuner.router import RouterPolicy
 from tuner.topology import Topology, knob_default
 from tuner.workload import Workload, workload_error
 
@@ -180,8 +180,8 @@ class Advice:
             gpus_per_host=self.gpu.gpus_per_host,
             model=self.model if weights is None or isinstance(self.request.model, ModelSpec) else None,
             vllm_version=self.vllm_version, verified_on=simulated_label(f"vLLM {self.vllm_version}"))
-        if self.verification is not None and self.verification.router != replay_router(self.traffic):
-            policy = "cache_aware" if self.verification.router == "cache-aware" else "round_robin"
+        policy = self.verification.router if self.verification is not None else context.router.policy
+        if policy != context.router.policy:  # the replay's knob search kept the other policy
             return replace(context, router=RouterChoice(policy=policy, reason=(
                 f"the replay shows {policy} carrying the traffic on fewer GPUs or at more tok/s/GPU than "
                 f"{context.router.policy} (searched by `frontier`)")))
@@ -277,7 +277,7 @@ def advise(request: AdviseRequest, *, progress: SweepProgress | None = None) -> 
     serving = request.serve.mode
     progress.start(len(topologies))
     decides = request.replay_decides
-    router = replay_router(traffic)
+    router = choose_router_policy(traffic).policy  # the policy the operating point deploys
     if traffic.open_loop:
         hint = _replay_hint(perf, traffic, sla, router) if decides else None
         curves, fronts = rate_fronts(perf, topologies, traffic, constraints, serving, depths, progress, hint)
@@ -306,11 +306,6 @@ def _itl_bound(sla: Sla) -> float | None:
     if sla.min_tok_s_user:
         itl = min(itl or float("inf"), 1000.0 / sla.min_tok_s_user)
     return itl
-
-
-def replay_router(traffic: Workload) -> RouterPolicy:
-    """The router policy the replay runs: the one the operating point deploys for this traffic."""
-    return "cache-aware" if choose_router_policy(traffic).policy == "cache_aware" else "round-robin"
 
 
 def _replay_hint(perf: RooflineModel, traffic: Workload, sla: Sla, router: RouterPolicy) -> ReplayHint:

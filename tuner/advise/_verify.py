@@ -19,8 +19,9 @@ from tuner.advise._recommend import Point, operating_deployment
 from tuner.deployment import Deployment
 from tuner.frontier import AggregatedPoint
 from tuner.perf import RooflineModel
-from tuner.replay import ArrivalProcess, Candidate, RouterPolicy, Verified, fewest_instances_for_rate, verify_candidates
+from tuner.replay import ArrivalProcess, Candidate, Verified, fewest_instances_for_rate, verify_candidates
 from tuner.replay import Sla as ReplaySla
+from tuner.router import RouterPolicy
 from tuner.topology import Role
 from tuner.workload import Workload
 
@@ -35,8 +36,10 @@ KNOB_REPLAYS = 6  # knob variants replayed at most, on top of the candidates
 HINT_BUDGET_FACTOR = 4  # the "about N GPUs" hint looks up to 4 x the budget
 HINT_SHAPES = 8  # deployment shapes scaled when none carries the rate (one replay each that cannot)
 SAMPLED_REQUESTS = 600  # a distribution's requests per replay (a trace is replayed whole)
-OTHER_ROUTER: dict[str, RouterPolicy] = {"cache-aware": "round-robin", "round-robin": "cache-aware",
-                                         "least-loaded": "cache-aware"}
+# the router policy a knob search tries instead of the one replayed
+OTHER_ROUTER: dict[RouterPolicy, RouterPolicy] = {RouterPolicy.CACHE_AWARE: RouterPolicy.ROUND_ROBIN,
+                                                  RouterPolicy.ROUND_ROBIN: RouterPolicy.CACHE_AWARE,
+                                                  RouterPolicy.LEAST_LOADED: RouterPolicy.CACHE_AWARE}
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ def _candidates(fronts: Fronts, open_loop: bool, top: int) -> list[Candidate]:
 
 
 def replay_verified(perf: RooflineModel, fronts: Fronts, traffic: Workload, *, max_ttft_ms: float | None,
-                    max_itl_ms: float | None, percentile: str, max_gpus: int, router: RouterPolicy = "cache-aware",
+                    max_itl_ms: float | None, percentile: str, max_gpus: int,
+                    router: RouterPolicy = RouterPolicy.CACHE_AWARE,
                     knobs_given: frozenset[str] = frozenset(), top: int = VERIFY_TOP) -> ReplayDecision:
     """Replay the fronts' best `top` deployments (both modes) and keep the first within the SLA; open loop, grow
     the most efficient one when none carries the rate, then search the knobs that make the answer cheaper."""

@@ -73,8 +73,8 @@ def replay_command(
         help="Open-loop arrivals: poisson, gamma (bursty, --burstiness-cv) or trace (its timestamps, rescaled to "
              "--request-rate).")] = None,
     burstiness_cv: Annotated[float, typer.Option(help="Gamma arrivals: inter-arrival CV (1 = Poisson).")] = 1.0,
-    router: Annotated[str, typer.Option(help="cache-aware (vllm-router's), round-robin or least-loaded.")]
-    = "cache-aware",
+    router: Annotated[str, typer.Option(help="cache_aware or round_robin (vllm-router's --policy names), or "
+                                             "least_loaded (fewest in flight).")] = "cache_aware",
     turns: Annotated[int | None, typer.Option(help="Multi-turn sessions of a distribution: turns each.")] = None,
     think_ms: Annotated[float, typer.Option(help="Sessions: pause between an answer and the next turn.")] = 1000.0,
     num_requests: Annotated[int | None, typer.Option(help="Requests replayed (a trace: its first N; a distribution: "

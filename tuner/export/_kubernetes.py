@@ -29,6 +29,7 @@ from tuner.export._recipes import (
     is_local_path,
     serve_flags,
 )
+from tuner.router import RouterPolicy
 from tuner.topology import Role
 
 SERVE_PORT = 8000
@@ -263,7 +264,9 @@ def dynamo_object(deployment: Deployment, ctx: RecipeContext) -> dict:
     plan = _plan(deployment, replace(ctx, model_path=inside, model=ctx.model_spec))
     base = _name(f"{ctx.model_name}-{'disagg' if deployment.is_disaggregated else 'agg'}")
     volumes, mounts = _volumes(ctx)
-    router_mode = "kv" if ctx.router.policy in ("cache_aware", "consistent_hash") else "round-robin"
+    prefix_aware = ctx.router.policy in (RouterPolicy.CACHE_AWARE, RouterPolicy.CONSISTENT_HASH,
+                                            RouterPolicy.KV_AWARE)
+    router_mode = "kv" if prefix_aware else "round-robin"  # Dynamo's DYN_ROUTER_MODE values
     services: dict[str, dict] = {"Frontend": {
         "dynamoNamespace": base, "componentType": "frontend", "replicas": 1,
         "envs": [{"name": "DYN_ROUTER_MODE", "value": router_mode}],

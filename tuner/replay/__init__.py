@@ -9,12 +9,11 @@ from tuner.replay._arrivals import MAX_REPLAY_REQUESTS, ArrivalProcess, Sessions
 from tuner.replay._engine import Engine, Sample, SchedulerLimits
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import Percentiles, QueueTrend, ReplayReport, RequestRecord, Sla, TimelinePoint
-from tuner.replay._router import ROUTER_POLICIES, RouterPolicy, check_router
+from tuner.replay._router import check_router
 from tuner.replay._verify import Candidate, Verified, VerifiedChoice, fewest_instances_for_rate, verify_candidates
 
 __all__ = [
     "MAX_REPLAY_REQUESTS",
-    "ROUTER_POLICIES",
     "ArrivalProcess",
     "Candidate",
     "Engine",
@@ -23,7 +22,6 @@ __all__ = [
     "ReplayPlan",
     "ReplayReport",
     "RequestRecord",
-    "RouterPolicy",
     "Sample",
     "SchedulerLimits",
     "Sessions",

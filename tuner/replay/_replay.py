@@ -47,7 +47,8 @@ from tuner.replay._report import (
     queue_trend,
 )
 from tuner.replay._requests import ReplayRequest, RequestSpec
-from tuner.replay._router import DpBalancer, Router, RouterPolicy
+from tuner.replay._router import DpBalancer, Router, check_router
+from tuner.router import RouterPolicy
 from tuner.topology import Role
 from tuner.workload import Workload
 
@@ -61,7 +62,7 @@ class ReplayPlan:
     deployment: Deployment
     workload: Workload
     arrival: ArrivalProcess
-    router: RouterPolicy = "cache-aware"
+    router: RouterPolicy = RouterPolicy.CACHE_AWARE
     num_requests: int | None = None  # a trace: all of it (or its first N); distributions: 1,000
     warmup_share: float = 0.0
     sessions: Sessions | None = None
@@ -78,6 +79,7 @@ class ReplayPlan:
         if not 0.0 <= self.warmup_share < 1.0:
             raise ConfigError(f"warm-up share must be in [0, 1), got {self.warmup_share:g}", field="--warmup",
                               fix="give the share of requests replayed before measuring, e.g. 0.1")
+        object.__setattr__(self, "router", check_router(self.router))  # either spelling in, the enum kept
 
 
 @dataclass

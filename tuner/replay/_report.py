@@ -147,11 +147,18 @@ def queue_trend(sent_ms: list[float], in_flight: list[int]) -> QueueTrend:
     second = t >= half
     if second.sum() < 4 or t[-1] <= half:
         return QueueTrend(False, 0.0, int(y[-1]))
-    ts, ys = t[second], y[second]
-    slope = float(np.polyfit(ts, ys, 1)[0]) if np.ptp(ts) > 0 else 0.0
+    slope = least_squares_slope(t[second], y[second])
     first_mean = float(y[~second].mean()) if (~second).any() else 0.0
     grows = slope * (t[-1] - half) > max(4.0, 0.5 * first_mean)
     return QueueTrend(bool(grows), slope, int(y[-1]))
+
+
+def least_squares_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The least-squares line's slope in closed form over centred x: np.polyfit on raw send times (large, with a
+    small spread) is poorly conditioned and warns (RankWarning); centring loses nothing. 0 when x does not vary."""
+    dx = x - x.mean()
+    spread = float(dx @ dx)
+    return float(dx @ (y - y.mean())) / spread if spread > 0 else 0.0
 
 
 def downsample(points: list[TimelinePoint], limit: int = 600) -> tuple[TimelinePoint, ...]:

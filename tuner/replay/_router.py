@@ -1,8 +1,8 @@
 """Which instance a request goes to: the router in front of the replicas, and vLLM's DP balancer inside one.
 
-- round-robin: the next instance in turn.
-- least-loaded: the instance with the fewest requests in flight (routed, not yet answered).
-- cache-aware: vllm-router's policy (src/policies/cache_aware.rs `CacheAwarePolicy`, defaults from
+- round_robin: the next instance in turn.
+- least_loaded: the instance with the fewest requests in flight (routed, not yet answered).
+- cache_aware: vllm-router's policy (src/policies/cache_aware.rs `CacheAwarePolicy`, defaults from
   src/policies/mod.rs `CacheAwareConfig::default`: cache_threshold 0.5, balance_abs_threshold 32,
   balance_rel_threshold 1.1). Loads imbalanced (max - min > 32 and max > 1.1 x min): the least-loaded instance.
   Else the instance whose approximate tree (every prompt routed to it) shares the longest prefix with the prompt,
@@ -16,24 +16,19 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Literal, Protocol
+from typing import Protocol
 
-from tuner.errors import ConfigError
 from tuner.replay._requests import RequestSpec
-
-RouterPolicy = Literal["round-robin", "least-loaded", "cache-aware"]
-ROUTER_POLICIES: tuple[str, ...] = ("round-robin", "least-loaded", "cache-aware")
+from tuner.router import REPLAYED_POLICIES, RouterPolicy
 
 CACHE_THRESHOLD = 0.5
 BALANCE_ABS_THRESHOLD = 32
 BALANCE_REL_THRESHOLD = 1.1
 
 
-def check_router(name: str) -> RouterPolicy:
-    if name not in ROUTER_POLICIES:
-        raise ConfigError(f"unknown router {name!r}", field="--router",
-                          fix="use cache-aware, round-robin or least-loaded")
-    return name  # type: ignore[return-value]
+def check_router(name: str, field: str = "--router") -> RouterPolicy:
+    """The replayed policy `name` names (vllm-router's spelling, or the older hyphenated one)."""
+    return RouterPolicy.parse(name, field=field, allowed=REPLAYED_POLICIES)
 
 
 class RankState(Protocol):
@@ -49,7 +44,7 @@ class Router:
     """Picks an instance for each request; `loads` are the requests in flight per instance."""
 
     def __init__(self, policy: RouterPolicy, instances: int) -> None:
-        self.policy = policy
+        self.policy = check_router(policy)
         self.instances = instances
         self._next = 0
         self._trees: list[set[Hashable]] = [set() for _ in range(instances)]
@@ -58,12 +53,12 @@ class Router:
         n = self.instances
         if n == 1:
             return 0
-        if self.policy == "round-robin":
+        if self.policy is RouterPolicy.ROUND_ROBIN:
             choice = self._next
             self._next = (self._next + 1) % n
             return choice
         least = min(range(n), key=loads.__getitem__)
-        if self.policy == "least-loaded":
+        if self.policy is RouterPolicy.LEAST_LOADED:
             return least
         high, low = max(loads), loads[least]
         if high - low > BALANCE_ABS_THRESHOLD and high > low * BALANCE_REL_THRESHOLD:

@@ -18,7 +18,7 @@ from tuner.perf import RooflineModel
 from tuner.replay._arrivals import ArrivalProcess
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import ReplayReport, Sla
-from tuner.replay._router import RouterPolicy
+from tuner.router import RouterPolicy
 from tuner.workload import Workload
 
 DEFAULT_VERIFY_REQUESTS = 600
@@ -78,7 +78,8 @@ def _judge(report: ReplayReport, sla: Sla, percentile: str, open_loop: bool) -> 
 
 def verify_candidates(perf: RooflineModel, candidates: Sequence[Candidate], workload: Workload, *,
                       sla: Sla, percentile: str = "p90", arrival: ArrivalProcess | None = None,
-                      router: RouterPolicy = "cache-aware", num_requests: int | None = DEFAULT_VERIFY_REQUESTS,
+                      router: RouterPolicy = RouterPolicy.CACHE_AWARE,
+                      num_requests: int | None = DEFAULT_VERIFY_REQUESTS,
                       warmup_share: float = 0.1, stop_at_first: bool = True) -> VerifiedChoice:
     """Replay each candidate (open loop: `arrival`; closed loop: at the candidate's own concurrency) and keep the
     first that meets the SLA at `percentile`. A trace is replayed whole (its own length) when `num_requests` is
@@ -113,7 +114,7 @@ def _scaled(deployment: Deployment, scale: int) -> Deployment:
 
 def fewest_instances_for_rate(perf: RooflineModel, deployment: Deployment, workload: Workload, *, rate_rps: float,
                               sla: Sla, percentile: str = "p90", max_gpus: int, arrival_kind: str = "poisson",
-                              router: RouterPolicy = "cache-aware",
+                              router: RouterPolicy = RouterPolicy.CACHE_AWARE,
                               num_requests: int | None = DEFAULT_VERIFY_REQUESTS,
                               start_scale: int = 1, floor_scale: int = 0) -> VerifiedChoice:
     """Scale a deployment's instance counts (each group by the same factor, PD keeping its ratio) within the GPU

@@ -65,7 +65,8 @@ from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
 from tuner.models import model_revision
-from tuner.operating_point import RouterPolicyName, choose_router_policy
+from tuner.operating_point import choose_router_policy
+from tuner.router import DeployedRouterPolicy
 from tuner.workload import FixedLengths, Lengths, Workload, served_context_tokens
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
@@ -146,7 +147,7 @@ class VllmBackendSettings(BaseModel):
     vllm_version: str | None = Field(None, description="the targeted vLLM; None: the space's, else detected")
     extra_vllm_flags: tuple[str, ...] = ()
     # None: from the workload, as a recipe chooses it (cache_aware when it re-sends prefixes, else round robin)
-    router_policy: RouterPolicyName | None = None
+    router_policy: DeployedRouterPolicy | None = None
     vllm_env: dict[str, str] = Field(default_factory=dict)
     cpu_threads_bind: str | None = None  # "auto" | "ids" | None (auto for one worker, ids otherwise)
     cpu_kv_cache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")

@@ -36,7 +36,8 @@ from tuner.deployment import Deployment, HostAssignment, InstanceGroup, check_ho
 from tuner.errors import ConfigError, TopologyError
 from tuner.hardware import gpu_architecture, has_multi_node_nvlink
 from tuner.models import ModelSpec
-from tuner.operating_point import OperatingPoint, RouterPolicyName
+from tuner.operating_point import OperatingPoint
+from tuner.router import DeployedRouterPolicy, RouterPolicy
 from tuner.topology import KNOBS, Role, Topology, knob_default
 
 Device = Literal["cuda", "cpu"]
@@ -66,7 +67,7 @@ class PlanSettings(BaseModel):
     max_model_len: int | None = Field(None, ge=1)
     extra_flags: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
-    router_policy: RouterPolicyName = "round_robin"
+    router_policy: DeployedRouterPolicy = RouterPolicy.ROUND_ROBIN
     router_extra_flags: tuple[str, ...] = ()
     # The vLLM version the plan targets (tuner.backends.vllm._versions): None = the newest the table checks.
     vllm_version: str | None = None
@@ -443,7 +444,7 @@ def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: b
             argv += ["--decode", url]
     else:
         argv += ["--worker-urls", *urls["both"]]
-    argv += ["--policy", settings.router_policy, *settings.router_extra_flags]
+    argv += ["--policy", settings.router_policy.value, *settings.router_extra_flags]
     return ProcessSpec(name="router", host=host, argv=tuple(argv), env=dict(settings.env), role="router",
                        port=settings.router_port,
                        health_url=f"http://{_reach(settings, host)}:{settings.router_port}/health")
