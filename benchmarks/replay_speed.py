@@ -19,6 +19,7 @@ from tuner.hardware import get_gpu
 from tuner.models import load_model
 from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, ReplayPlan, replay
+from tuner.replay import _engine as replay_engine
 from tuner.workload import Workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +43,8 @@ def _runs(runs: int, plan: ReplayPlan, perf: RooflineModel) -> tuple[list[tuple[
 
 def main() -> None:
     perf = RooflineModel(load_model(REPO / "examples/models/llama-3.1-70b"), get_gpu("h200"))
-    print(f"load average {os.getloadavg()[0]:.2f}")
+    compiled = replay_engine.__file__.endswith((".so", ".pyd"))  # a copy built by scripts/mypyc-replay.sh
+    print(f"load average {os.getloadavg()[0]:.2f}; replay modules {'compiled (mypyc)' if compiled else 'pure Python'}")
     for name, deployment, rate, target in (("aggregated TP8", "TP8", 4.0, 0.3),
                                            ("4P1D", "4P:TP4,1D:TP8", 10.0, 0.6)):
         plan = ReplayPlan(deployment=parse_deployment(deployment), workload=WORKLOAD,

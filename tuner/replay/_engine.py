@@ -35,13 +35,13 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.replay._decoding import DecodeSet
 from tuner.replay._kvcache import BlockPool
-from tuner.replay._pricing import StepPricer
 from tuner.replay._requests import ReplayRequest
 
 _EPS = 1e-9
@@ -61,6 +61,16 @@ class SchedulerLimits:
     state_blocks: int = 0  # blocks a request holds for its GDN/Mamba state, whatever its length
 
 
+class Pricer(Protocol):
+    """What an engine asks of its step pricer (`StepPricer`; the scheduler tests give a unit-time one)."""
+
+    @property
+    def accepted(self) -> float: ...
+
+    def step_ms(self, decode_requests: int, decode_context: float, chunk_tokens: float,
+                chunk_context: float) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """The engine's state at the end of a step (or of a closed-form stretch of steps)."""
@@ -74,7 +84,7 @@ class Sample:
 class Engine:
     """The scheduler and KV cache of one DP rank; `advance` runs the next step (or stretch)."""
 
-    def __init__(self, name: str, pricer: StepPricer, limits: SchedulerLimits, *,
+    def __init__(self, name: str, pricer: Pricer, limits: SchedulerLimits, *,
                  transfer_ms: Callable[[ReplayRequest], float] | None = None) -> None:
         self.name = name
         self.pricer = pricer
@@ -98,7 +108,9 @@ class Engine:
         self._bs = limits.block_size
         self._state = limits.state_blocks
         self._stretch_context = 0.0
-        self._prices = None
+        self._prices: tuple[int, float, float] | None = None  # this stretch's (k, first step, growth), once asked
+        self._max_seqs = limits.max_num_seqs
+        self._max_tokens = limits.max_num_batched_tokens
         self.decode = DecodeSet(limits.block_size, limits.state_blocks, self._q, limits.mtp, self.accepted)
         self._joins = 0
 
@@ -133,8 +145,8 @@ class Engine:
 
     def add(self, request: ReplayRequest, t_ms: float) -> None:
         """A request reaches this rank's waiting queue at `t_ms`."""
-        if not self.has_work:
-            self.clock = max(self.clock, t_ms)
+        if not (self.running or self.waiting or self.transferring) and t_ms > self.clock:
+            self.clock = t_ms
         self.waiting.append(request)
 
     # -- blocks ------------------------------------------------------------------------------------
@@ -192,9 +204,8 @@ class Engine:
         if self.transferring:
             self._land_transfers()
         running = self.running
-        quiet = running and (not self.waiting or len(running) >= self.limits.max_num_seqs
-                             or not self._admissible(self.waiting[0]))
-        if quiet:
+        waiting = self.waiting
+        if running and (not waiting or len(running) >= self._max_seqs or not self._admissible(waiting[0])):
             k = self._stretch_length(limit_ms)
             if k >= 2:
                 return self._stretch(k)
@@ -257,7 +268,7 @@ class Engine:
     def _step_each(self, limit_ms: float) -> list[ReplayRequest]:
         """One step, request by request (the reference the batched step must equal)."""
         lim = self.limits
-        budget = lim.max_num_batched_tokens
+        budget = float(lim.max_num_batched_tokens)
         threshold = lim.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         scheduled: list[tuple[ReplayRequest, float, bool]] = []
         preempted = False
@@ -268,9 +279,9 @@ class Engine:
             r = running[i]
             tokens = r.prompt_tokens + r.generated
             decoding = tokens - r.computed <= 1.0 + _EPS
-            new = q if decoding else math.ceil(tokens - r.computed - _EPS)
+            new: float = q if decoding else math.ceil(tokens - r.computed - _EPS)
             if 0 < threshold < new:
-                new = threshold
+                new = float(threshold)
             if new > budget:
                 new = budget
             slots = r.computed + new + lookahead
@@ -313,10 +324,11 @@ class Engine:
             hits = self._hits(r) if r.computed == 0 else []
             hit_blocks = sum(u.blocks for u in hits)
             hit_tokens = hit_blocks * bs
-            new = math.ceil(r.num_tokens - hit_tokens - _EPS)
+            new: float = math.ceil(r.num_tokens - hit_tokens - _EPS)
             if 0 < threshold < new:
-                new = threshold
-            new = min(new, budget)
+                new = float(threshold)
+            if budget < new:
+                new = budget
             full = (self._blocks_for(r.num_tokens) - hit_blocks + pool.evictable_among(hits)
                     + lim.state_blocks)
             if full > pool.available_blocks:
@@ -398,25 +410,25 @@ class Engine:
     # -- closed form between events ---------------------------------------------------------------
     def _stretch_length(self, limit_ms: float) -> int:
         """Steps every running request can decode, alike, before anything changes (0/1: take a single step)."""
-        running = self.running
-        n = len(running)
+        n = len(self.running)
         decode = self.decode
-        if decode.n != n or n * self._q > self.limits.max_num_batched_tokens:
+        if decode.n != n or n * self._q > self._max_tokens:
             return 0  # a request still prefilling (every decoding one is in the batch)
         a = self.accepted
         k_done = math.ceil(decode.left_min() / a - _EPS)
-        self._stretch_context = decode.context_sum() / n
-        self._prices: tuple[int, float, float] | None = None  # this stretch's prices, once asked
+        self._stretch_context = (decode.sum_pg + n * decode.g) / n  # decode.context_sum() / n
+        self._prices = None
         pool = self.pool
         spare = (pool.free_blocks + pool.evictable_blocks) // n  # pool.available_blocks
-        k_blocks = int(spare * self.limits.block_size / a)
-        k = min(k_done, k_blocks)
+        k_blocks = int(spare * self._bs / a)
+        k = k_done if k_done <= k_blocks else k_blocks
         if self.transferring:
             first = min(r.ready_ms for r in self.transferring)
-            limit_ms = min(limit_ms, first)
+            if first < limit_ms:
+                limit_ms = first
         if k < 2:
             return k
-        return min(k, self._steps_until(limit_ms, k))
+        return self._steps_until(limit_ms, k)  # at most k
 
     def _stretch_prices(self, k: int) -> tuple[float, float]:
         """(first step's time, its growth per step) of the stretch `_stretch_length` just measured."""
@@ -444,8 +456,11 @@ class Engine:
             steps = math.ceil(gap / first)
         else:
             b = first - slope / 2
-            steps = math.ceil((-b + math.sqrt(max(0.0, b * b + 2 * slope * gap))) / slope)
-        return max(1, min(k, steps))
+            d = b * b + 2 * slope * gap
+            steps = math.ceil((-b + math.sqrt(d if d > 0.0 else 0.0)) / slope)
+        if steps > k:
+            return k
+        return steps if steps >= 1 else 1
 
     def _stretch(self, k: int) -> list[ReplayRequest]:
         decode = self.decode

@@ -286,33 +286,42 @@ class _Run:
                 self._start_group(0.0)
             if plan.max_horizon_s is not None:
                 self.horizon_ms = plan.max_horizon_s * 1e3
+        self._loop()
+        return self._report()
+
+    def _loop(self) -> None:
         engines = self.engines
         heap = self.heap
+        heappop = heapq.heappop
+        feeds = [self.feeds[id(e)] for e in engines]
+        horizon_ms = self.horizon_ms
+        inf = math.inf
         while True:
             busy = None
-            earliest = math.inf
-            for e in engines:  # the earliest engine with work (Engine.has_work, inline: this loop runs per step)
+            earliest = inf
+            index = 0
+            for i, e in enumerate(engines):  # the earliest engine with work (Engine.has_work, inline: per step)
                 if (e.running or e.waiting or e.transferring) and e.clock < earliest:
-                    busy, earliest = e, e.clock
-            t_next = heap[0][0] if heap else math.inf
-            if busy is None and not heap:
-                break
-            if busy is None or t_next <= busy.clock:
-                t, _, kind, payload = heapq.heappop(heap)
+                    busy, earliest, index = e, e.clock, i
+            if busy is None or (heap and heap[0][0] <= earliest):
+                if not heap:
+                    break
+                t, _, kind, payload = heappop(heap)
                 if kind == 1:
                     self._start_group(t)
                 else:
                     self._route(payload, t)  # type: ignore[arg-type]
                 continue
-            if busy.clock > self.horizon_ms:
-                self._stop(busy.clock)
-            limit = t_next
-            for e in self.feeds[id(busy)]:
+            if earliest > horizon_ms:
+                self._stop(earliest)
+            limit = heap[0][0] if heap else inf
+            for e in feeds[index]:
                 if (e.running or e.waiting or e.transferring) and e.clock < limit:
                     limit = e.clock
-            for r in busy.advance(limit):
-                self._finished(busy, r)
-        return self._report()
+            finished = busy.advance(limit)
+            if finished:
+                for r in finished:
+                    self._finished(busy, r)
 
     def _stop(self, t_ms: float) -> None:
         done = [r for r in self.requests if r.finish_ms is not None and not r.warmup]
