@@ -59,7 +59,7 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def make_settings(tmp_path: Path, model_store: Path) -> Callable[..., ApiSettings]:
     def make(database_url: str, **overrides: Any) -> ApiSettings:
-        return api_settings(tmp_path, database_url, model_store, **overrides)
+        return api_settings(tmp_path, database_url, **{"models_dir": model_store, **overrides})
 
     return make
 
