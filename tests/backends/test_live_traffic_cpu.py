@@ -145,7 +145,7 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[
             prom_url = f"http://127.0.0.1:{prom_port}"
             _wait_http(f"{prom_url}/-/ready", 120, prometheus)
         url = f"http://127.0.0.1:{port}/metrics"
-        with _service(tmp, url) as (client, watch_id):
+        with _service(tmp, url, model) as (client, watch_id):
             scrapes = _serve_phases(url, port, model, tmp)
             history = client.get(f"/v1/watches/{watch_id}/history?limit=2000").json()
         if prometheus is not None:
@@ -159,18 +159,19 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[
 
 
 @contextlib.contextmanager
-def _service(tmp: Path, url: str) -> Iterator[tuple[TestClient, int]]:
-    """The service (SQLite, no model watcher) with a deployment watch on the server, every WINDOW_S."""
+def _service(tmp: Path, url: str, model: Path) -> Iterator[tuple[TestClient, int]]:
+    """The service (SQLite, no model watcher, the model's folder as its store) with a deployment watch on the
+    server, every WINDOW_S."""
     from api.config import ApiSettings
     from api.main import create_app
 
     token = "live-test-token-" + "x" * 24
     settings = ApiSettings(data_dir=tmp / "service", storage=f"sqlite:///{tmp / 'service.db'}", api_token=token,
-                           executor="local", models_dir=tmp, watch_models=False)
+                           executor="local", models_dir=model.parent, watch_models=False)
     with TestClient(create_app(settings)) as client:
         r = client.post("/v1/watches", headers={"Authorization": f"Bearer {token}"}, json={
             "name": "tiny", "urls": [url], "deployment": "TP1", "serve_flags": "--max-num-seqs 8",
-            "model_path": "tiny", "hardware": "cpu", "max_gpus": 2, "period_s": WINDOW_S})
+            "model_path": model.name, "hardware": "cpu", "max_gpus": 2, "period_s": WINDOW_S})
         assert r.status_code == 201, r.text
         yield client, r.json()["id"]
 
