@@ -416,7 +416,7 @@ class Engine:
             return 0  # a request still prefilling (every decoding one is in the batch)
         a = self.accepted
         k_done = math.ceil(decode.left_min() / a - _EPS)
-        self._stretch_context = (decode.sum_pg + n * decode.g) / n  # decode.context_sum() / n
+        self._stretch_context = decode.context_sum() / n
         self._prices = None
         pool = self.pool
         spare = (pool.free_blocks + pool.evictable_blocks) // n  # pool.available_blocks
