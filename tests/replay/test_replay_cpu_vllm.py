@@ -63,3 +63,15 @@ def test_step_costs_fitted_on_closed_loop_fit_it_better_than_the_defaults(tmp_pa
     for name in bench.FIT_FACTORS:
         low, high = factor_range(name)
         assert low <= fitted.factor(name) <= high, name
+
+
+def test_repeat_of_a_measurement_against_a_copy_of_itself_differs_by_nothing(tmp_path: Path) -> None:
+    """`repeat` (real vLLM against itself): a data set held against an identical copy differs by 0 at every rate
+    both cover, and against another measurement by more than 0."""
+    bench = _bench()
+    copy = tmp_path / "copy.json"
+    copy.write_text(bench.QUIET[0].read_text())
+    same = bench.repeat([bench.QUIET[0], copy])
+    assert all(v == 0.0 for v in same.values()), same
+    other = bench.repeat([bench.QUIET[0], bench.QUIET[1]])
+    assert other["ttft_p50"] > 0.0 and other["itl_p50"] > 0.0, other
