@@ -16,6 +16,13 @@ SKETCH_PROBABILITIES: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35
                                            0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)
 
 
+def level_load(offered_rps: float | None, concurrency: int) -> float:
+    """The load a point was measured at, as one number: its offered rate (open loop), else its clients. What
+    orders a trial's load levels and matches them to a workload's levels; it takes the two fields so a stored
+    level (tuner.study's LoadLevel) is ordered without parsing its metrics."""
+    return float(offered_rps) if offered_rps is not None else float(concurrency)
+
+
 class ServingMetrics(BaseModel):
     """What one deployment did at one concurrency level, for one workload.
 
@@ -55,6 +62,11 @@ class ServingMetrics(BaseModel):
     # replayed (a measured run, or no SLA).
     replayed_sla_attainment: float | None = Field(None, ge=0, le=1, description="share of the replayed requests "
                                                   "within the SLA (simulated trials)")
+
+    @property
+    def load(self) -> float:
+        """The load it was measured at (level_load): what orders a trial's levels."""
+        return level_load(self.offered_rps, self.concurrency)
 
     @property
     def goodput_tok_s_per_gpu(self) -> float:

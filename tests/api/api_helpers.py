@@ -59,24 +59,21 @@ def finished(detail: dict) -> bool:
     return detail["status"] in ("succeeded", "failed", "cancelled")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def served(app: Any) -> Iterator[str]:
-    """The app on a real port in a thread (what a browser reaches), its base URL; stopped on exit."""
+    """The app on a real port in a thread (what a browser reaches), its base URL; stopped on exit. The socket is
+    bound here and handed to uvicorn, so no other process can take the port between its choice and the bind."""
     import uvicorn
 
-    port = free_port()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     # keep-alive longer than any pause a loaded machine puts between two polls: at uvicorn's 5 s the server can
     # close the idle connection just as the client reuses it ("Server disconnected without sending a response",
     # seen once with the suite at nice 19 beside two benchmark processes)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_keep_alive=120))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -87,3 +84,4 @@ def served(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+        sock.close()

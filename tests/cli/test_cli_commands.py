@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import typer
 
@@ -19,12 +21,26 @@ def test_every_command_is_in_the_map_and_registered_by_its_module() -> None:
     assert all(module == f"tuner.cli.{COMMAND_MODULES[name]}" for name, module in own.items())
 
 
+def test_no_command_module_imports_another() -> None:
+    """Parts two commands share live in the CLI's shared modules (_app, _traffic, _knobs, ...), never in one
+    command's module: importing it would register its commands too. Lazy imports inside a function count."""
+    package = Path(tuner.cli.__file__).parent
+    commands = {f"tuner.cli.{module}" for module in COMMAND_MODULES.values()}
+    crossing = []
+    for module in sorted(commands):
+        tree = ast.parse((package / f"{module.rsplit('.', 1)[1]}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        crossing += [f"{module} imports {name}" for name in sorted(imported & (commands - {module}))]
+    assert crossing == []
+
+
 def test_frontier_loads_neither_the_study_nor_the_trial_backend() -> None:
-    """`topotune frontier` imports its own module only (not tune/doctor, the vLLM trial backend or the space)."""
+    """`topotune frontier` imports its own module only (not tune/doctor/workload, the vLLM trial backend or the
+    space)."""
     code = ("import sys, contextlib, io\nfrom tuner.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    main(['frontier', '--help'])\n"
-            "print(sorted(m for m in ('tuner.cli._tune', 'tuner.cli._doctor', 'tuner.study', 'tuner.space', "
-            "'tuner.backends.vllm._backend', 'tuner.settings') if m in sys.modules))")
+            "print(sorted(m for m in ('tuner.cli._tune', 'tuner.cli._doctor', 'tuner.cli._workload', 'tuner.study', "
+            "'tuner.space', 'tuner.backends.vllm._backend', 'tuner.settings') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
 

@@ -9,7 +9,7 @@ import pytest
 from _support.metrics_servers import MetricsPage, PrometheusAnswers, exposition, serving
 
 from tuner.cli import main
-from tuner.cli._workload import load_workload
+from tuner.cli._traffic import load_workload
 
 
 def test_from_metrics_json_has_todays_keys_plus_the_measured_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -1,7 +1,8 @@
 """One multi-node Ray cluster on this machine for the executor tests: 3 "hosts" of 4 logical GPUs each.
 
 ray.cluster_utils.Cluster starts one raylet per host (10-15 s on a 2-core box), so the whole suite shares it.
-The head's GCS listens on a free port (6379 is Redis's here; a fixed port collides with other runs).
+Every Ray port is one its process binds itself (never 6379, Redis's here, nor a fixed one that collides with other
+runs, nor one chosen here and bound later, which another process can take in between): _support.executors.
 """
 
 from __future__ import annotations

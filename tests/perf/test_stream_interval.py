@@ -81,12 +81,12 @@ phases:
                         executor=LocalExecutor(SimulatedBackend(), max_parallel=1), storage_url=url,
                         options=TuneOptions(trials=8, sampler="auto"), artifacts_dir=tmp_path / "a",
                         phases=("decode",))
-    campaign.run()
+    result = campaign.run()
     study = optuna.load_study(study_name=campaign.phase_study_name("decode"), storage=open_storage(url))
     assert len({t.params["stream_interval"] for t in study.trials if t.params}) == 2
     assert all(set(t.params) == set(names) for t in study.trials if t.params)
     completed = sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
-    assert completed >= 4  # one trial per configuration, its load levels inside it (tuner.study's stored_points)
-    from tuner.study._records import stored_points
-
-    assert len(stored_points(study, "decode")) == 2 * completed  # both concurrencies of every completed trial
+    assert completed >= 4  # one trial per configuration, its load levels inside it
+    points = result.phases["decode"].points  # every measured point of the phase (each trial's load levels)
+    assert len(points) == 2 * completed  # both concurrencies of every completed trial
+    assert {p.metrics.concurrency for p in points} == {64, 256}

@@ -184,7 +184,7 @@ def test_hash_ids_bounded_by_the_prompts_blocks(tmp_path: Path) -> None:
 
 
 def test_flow_mapping_yaml_workload_is_yaml(tmp_path: Path) -> None:
-    from tuner.cli._workload import load_workload
+    from tuner.cli._traffic import load_workload
 
     for name in ("flow", "flow.yaml", "flow.txt"):
         path = tmp_path / name
@@ -197,7 +197,7 @@ def test_flow_mapping_yaml_workload_is_yaml(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("rate", ["inf", "1,inf", "nan", "-inf"])
 def test_request_rate_must_be_finite(rate: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from tuner.cli._workload import load_workload
+    from tuner.cli._traffic import load_workload
 
     with pytest.raises(ConfigError) as err:
         load_workload(None, isl=100, osl=10, concurrency=(1,), request_rate=rate)

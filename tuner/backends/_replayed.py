@@ -63,7 +63,7 @@ def replayed_points(perf: RooflineModel, deployment: Deployment, workload: Workl
     sla = ReplaySla(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms)
     budget = TRIAL_REPLAY_REQUESTS
     out = list(points)
-    for i in sorted(range(len(points)), key=lambda i: (points[i].offered_rps or 0.0, points[i].concurrency)):
+    for i in sorted(range(len(points)), key=lambda i: points[i].load):
         requests = _level_requests(points[i])
         if requests > budget:
             break

@@ -1,9 +1,10 @@
 """The `topotune` command line: thin Typer commands over the library, rendered with Rich.
 
-Each command group lives in its own module and registers on `app` when imported. A run imports only the module
-of the command it names (`topotune frontier` never loads the study, the doctor or the vLLM backend's planner),
-and the plug-ins only when the command is none of topotune's own (or for help); heavy imports (ray, optuna,
-plotly) happen inside the commands too.
+Each command group lives in its own module and registers on `app` when imported; what several commands share lives
+in the shared modules (_app, _knobs, _traffic, _doctor_report), so no command's module imports another's. A run
+imports only the module of the command it names (`topotune frontier` never loads the study, the doctor or the
+vLLM backend's planner), and the plug-ins only when the command is none of topotune's own (or for help); heavy
+imports (ray, optuna, plotly) happen inside the commands too.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,6 +24,8 @@ HardwareFileOpt = Annotated[Path | None, typer.Option(help="YAML file adding GPU
 CalibrationOpt = Annotated[Path | None, typer.Option(
     help="YAML/JSON file of calibration factors overriding the GPU's defaults (see docs/perf-model.md).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+StorageOpt = Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the data dir; "
+                                                     "env TOPOTUNE_STORAGE).")]
 MAX_CALIBRATION_FILE_BYTES = 64 * 1024  # a mapping of a dozen factors
 
 app = typer.Typer(
@@ -52,6 +56,25 @@ def write_script(text: str, out: Path | None, what: str = "script") -> None:
     except OSError as exc:
         raise ConfigError(f"cannot write {out}: {exc.strerror}", field="--out", fix="give a writable path") from exc
     err_console.print(f"{what} written to {out}", highlight=False)
+
+
+# The request fields `tune` and `reverify` name in their errors, as the commands' flags.
+TUNE_FLAGS: dict[str, str] = {
+    "trials": "--trials", "sampler": "--sampler", "seed": "--seed", "phases": "--phase",
+    "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms", "sla.percentile": "--percentile",
+    "backend.kind": "--backend", "backend.noise": "--noise", "backend.vllm_version": "--emulate-vllm",
+    "noise": "--noise", "emulate_vllm": "--emulate-vllm", "reopen": "--reopen",
+    "study": "STUDY", "budget": "--budget", "repeats": "--repeats", "noise_floor": "--noise-floor", "alpha": "--alpha",
+}
+
+
+@contextmanager
+def as_flags(names: dict[str, str]) -> Iterator[None]:
+    """An error of the library, its request fields named as the command's flags."""
+    try:
+        yield
+    except TopotuneError as exc:
+        raise exc.renamed(names) from None
 
 
 def calibration_factors(path: Path | None) -> dict[str, float] | None:

@@ -18,7 +18,7 @@ from tuner.cli._app import (
     console,
     print_json,
 )
-from tuner.cli._workload import live_window
+from tuner.cli._traffic import live_window
 from tuner.cluster import ClusterKey, ClusterStore
 from tuner.hardware import get_gpu
 from tuner.live import check_deployment, engine_from_flags, record_window

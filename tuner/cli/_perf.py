@@ -27,7 +27,7 @@ from tuner.cli._app import (
     write_script,
 )
 from tuner.cli._knobs import knob_options, option_names
-from tuner.cli._workload import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
+from tuner.cli._traffic import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
 from tuner.errors import ConfigError, TopotuneError
 from tuner.frontier import AggregatedPoint
 from tuner.hardware import get_gpu

@@ -20,7 +20,7 @@ from tuner.cli._app import (
     print_json,
 )
 from tuner.cli._knobs import knob_options
-from tuner.cli._workload import WorkloadOpt, load_workload
+from tuner.cli._traffic import WorkloadOpt, load_workload
 from tuner.deployment import parse_deployment
 from tuner.errors import ConfigError, TopotuneError
 from tuner.hardware import get_gpu

@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tuner.cli._app import app, console, print_json
-from tuner.cli._tune import TUNE_FLAGS, StorageOpt, as_flags
+from tuner.cli._app import TUNE_FLAGS, StorageOpt, app, as_flags, console, print_json
 from tuner.errors import ConfigError
 from tuner.settings import TunerSettings
 

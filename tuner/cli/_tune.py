@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -13,12 +11,9 @@ from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
-from tuner.cli._app import app, console, print_json, write_script
-from tuner.errors import ConfigError, TopotuneError
+from tuner.cli._app import TUNE_FLAGS, StorageOpt, app, as_flags, console, print_json, write_script
+from tuner.errors import ConfigError
 from tuner.settings import TunerSettings
-
-StorageOpt = Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the data dir; "
-                                                     "env TOPOTUNE_STORAGE).")]
 
 
 class _Progress:
@@ -105,7 +100,7 @@ def _result_json(result, report: Path | None) -> dict:  # type: ignore[no-untype
 def _preflight(the_space, model: Path, space: Path, executor: str, settings: TunerSettings,  # type: ignore[no-untyped-def]
                json_out: bool) -> None:
     """`topotune doctor` on the cluster the campaign will use; a failed check stops it before any trial."""
-    from tuner.cli._doctor import render_report
+    from tuner.cli._doctor_report import render_report
     from tuner.doctor import run_doctor
 
     report = run_doctor(the_space, model, space_name=str(space), executor=executor,
@@ -196,25 +191,6 @@ def tune(
     _print_campaign(result, failures=0)
     console.print(f"SLA: {sla_text(the_space)}", highlight=False)
     console.print(f"report: {report}\nstorage: {settings.storage_url}\nstudy: {result.name}", highlight=False)
-
-
-# The request fields `tune` and `reverify` name in their errors, as the commands' flags.
-TUNE_FLAGS: dict[str, str] = {
-    "trials": "--trials", "sampler": "--sampler", "seed": "--seed", "phases": "--phase",
-    "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms", "sla.percentile": "--percentile",
-    "backend.kind": "--backend", "backend.noise": "--noise", "backend.vllm_version": "--emulate-vllm",
-    "noise": "--noise", "emulate_vllm": "--emulate-vllm", "reopen": "--reopen",
-    "study": "STUDY", "budget": "--budget", "repeats": "--repeats", "noise_floor": "--noise-floor", "alpha": "--alpha",
-}
-
-
-@contextmanager
-def as_flags(names: dict[str, str]) -> Iterator[None]:
-    """An error of the library, its request fields named as the command's flags."""
-    try:
-        yield
-    except TopotuneError as exc:
-        raise exc.renamed(names) from None
 
 
 def sla_override(max_ttft_ms: float | None, max_itl_ms: float | None, percentile: str | None):  # type: ignore[no-untyped-def]

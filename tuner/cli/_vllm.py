@@ -282,7 +282,7 @@ def _plan_context(model_path: str, served_model_name: str | None, gpu: str, gpus
     router policy) or from --isl/--osl."""
     from dataclasses import replace
 
-    from tuner.cli._workload import load_workload
+    from tuner.cli._traffic import load_workload
     from tuner.export import RecipeContext
     from tuner.operating_point import context_limit
     from tuner.workload import served_context_tokens

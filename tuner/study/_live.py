@@ -179,8 +179,7 @@ class LiveCampaign:
         for p in (p for p in phases if p in self._phases):
             fold = self._phases[p]
             for number, row in sorted(fold.rows.items()):
-                levels = sorted(fold.levels.get(number, {}).values(),
-                                key=lambda p: (p.metrics.offered_rps or 0.0, p.metrics.concurrency))
+                levels = sorted(fold.levels.get(number, {}).values(), key=lambda p: p.metrics.load)
                 out.append(replace(row, levels=tuple(levels)) if levels else row)
         return out
 

@@ -107,14 +107,9 @@ class SimulatorPrior:
         return {params_key(c): i for i, c in enumerate(self.candidates)}
 
 
-def level_of(m: ServingMetrics) -> float:
-    """The load level a point was measured at: its offered rate (open loop), else its client count."""
-    return float(m.offered_rps) if m.offered_rps is not None else float(m.concurrency)
-
-
 def _at_levels(points: Sequence[ServingMetrics], workload: Workload) -> list[ServingMetrics | None]:
     """The points in the order of the workload's levels, None where a level came back saturated."""
-    by_level = {level_of(m): m for m in points}
+    by_level = {m.load: m for m in points}
     return [by_level.get(level) for level in workload.levels]
 
 

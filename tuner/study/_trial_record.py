@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.backends import TrialStatus
-from tuner.metrics import ServingMetrics
+from tuner.metrics import ServingMetrics, level_load
 from tuner.study._optuna_compat import set_stored_user_attrs
 
 
@@ -94,8 +94,7 @@ class LoadLevel:
     @property
     def load(self) -> float:
         """Its offered rate (open loop), else its clients: what orders a trial's levels."""
-        offered = self.metrics_json.get("offered_rps")
-        return float(offered) if offered is not None else float(self.metrics_json["concurrency"])
+        return level_load(self.metrics_json.get("offered_rps"), self.metrics_json["concurrency"])
 
     @property
     def label(self) -> str:
