@@ -307,7 +307,8 @@ class Engine:
             if not fits:
                 break
             if r.units and r.published < len(r.units):
-                self._publish(r, min(r.computed + new, tokens))
+                end = r.computed + new
+                self._publish(r, end if end < tokens else tokens)
             scheduled.append((r, new, decoding))
             budget -= new
             i += 1
@@ -558,7 +559,8 @@ class Engine:
             self._grow(r, slots)
         threshold = self._threshold()
         scheduled = [(r, new, decoding) for r, new, decoding, _ in others]
-        self._publish_scheduled(scheduled, g)
+        if scheduled or decode.units_due(g):
+            self._publish_scheduled(scheduled, g)
         self._admit(budget, threshold, scheduled)
         self._execute_batched(scheduled)
         decode.advance(g, blocks)
@@ -611,16 +613,15 @@ class Engine:
         (its step ends at counter g) and the others' (their scheduled tokens, capped at num_tokens)."""
         due = self._units_due(g)
         if due:
-            start = g - self.accepted
-            for _, r, new in sorted([(r.join, r, None) for r in due] + [(r.join, r, new) for r, new, _ in scheduled]):
-                if new is None:
-                    self._publish_batch([r], start)
-                elif r.units and r.published < len(r.units):
-                    self._publish(r, min(r.computed + new, r.prompt_tokens + r.generated))
-            return
-        for r, new, _ in scheduled:
-            if r.units and r.published < len(r.units):
-                self._publish(r, min(r.computed + new, r.prompt_tokens + r.generated))
+            order = sorted([(r.join, r, None) for r in due] + [(r.join, r, new) for r, new, _ in scheduled])
+        else:
+            order = [(0, r, new) for r, new, _ in scheduled]
+        for _, r, new in order:
+            if new is None:
+                self._publish_batch([r], g - self.accepted)
+            elif r.units and r.published < len(r.units):
+                end, tokens = r.computed + new, r.prompt_tokens + r.generated
+                self._publish(r, end if end < tokens else tokens)
 
     def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> None:
         """Price and clock the step: the batch's decodes from its sums, the others one by one."""

@@ -93,8 +93,10 @@ class BlockPool:
         while self.free_blocks < blocks:
             unit, _ = self.lru.popitem(last=False)
             copies = self.units[unit.key]
-            if len(copies) == 1:
-                del self.units[unit.key]
+            if copies[0] is unit:
+                del copies[0]
+                if not copies:
+                    del self.units[unit.key]
             else:
                 copies.remove(unit)
             self.evictable_blocks -= unit.blocks
@@ -107,11 +109,11 @@ class BlockPool:
         """A request computes a unit's blocks (already allocated to it): cache them under `key`, held by it; a key
         cached already gains a second copy (vLLM does not de-duplicate)."""
         unit = CachedUnit(key, blocks, 1)
-        copies = self.units.get(key)
-        if copies is None:
-            self.units[key] = [unit]
+        units = self.units
+        if key in units:
+            units[key].append(unit)
         else:
-            copies.append(unit)
+            units[key] = [unit]
         return unit
 
     def release(self, units: list[CachedUnit], own_blocks: int) -> None:
