@@ -72,7 +72,7 @@ def _steps(engine_type: type[Engine], num_blocks: int, threshold: int) -> tuple[
     return engine.log, [(r.hit_tokens, r.preemptions, r.first_token_ms, r.finish_ms) for r in requests]
 
 
-@pytest.mark.parametrize(("num_blocks", "threshold"), [(200, 0), (15, 0), (11, 24), (20, 8)])
+@pytest.mark.parametrize(("num_blocks", "threshold"), [(200, 0), (15, 0), (11, 24), (20, 8), (10, 16)])
 def test_the_batch_steps_as_request_by_request(num_blocks: int, threshold: int) -> None:
     batched = _steps(Engine, num_blocks, threshold)
     reference = _steps(_OneByOne, num_blocks, threshold)

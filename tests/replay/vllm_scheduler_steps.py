@@ -3,7 +3,8 @@
 Runs inside the vLLM venv: `python vllm_scheduler_steps.py MODEL_DIR < spec.json`. The spec gives the scheduler's
 flags and the requests (prompt token ids, max_tokens, the step each arrives before); every scheduled request that
 completes its prompt or decodes gets one sampled token (no EOS: max_tokens decides the end). Output: one entry per
-step, {request id: tokens scheduled}, the preempted ids, and the prefix-cache hits at admission.
+step, {request id: tokens scheduled}, the preempted ids, and the prefix-cache hits at admission. A JSON list of
+specs gives a list of outputs (one vLLM import for them all: each spec gets its own fresh Scheduler).
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 def main() -> None:
     model_dir = sys.argv[1]
-    spec = json.load(sys.stdin)
+    specs = json.load(sys.stdin)
+    init_none_hash(sha256)
+    out = [run(model_dir, spec) for spec in specs] if isinstance(specs, list) else run(model_dir, specs)
+    print(json.dumps(out))
+
+
+def run(model_dir: str, spec: dict) -> dict:
     bs = spec["block_size"]
     scheduler_config = SchedulerConfig(
         max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"],
@@ -41,7 +48,6 @@ def main() -> None:
     cache_config.num_gpu_blocks = spec["num_blocks"]
     scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv, log_stats=True,
                           structured_output_manager=StructuredOutputManager(vllm_config), block_size=bs)
-    init_none_hash(sha256)
     hasher = get_request_block_hasher(bs, sha256)
     pending = sorted(spec["requests"], key=lambda r: r["arrive_step"])
     steps = []
@@ -74,7 +80,7 @@ def main() -> None:
         step += 1
         if step > 100_000:
             raise SystemExit("no progress")
-    print(json.dumps({"steps": steps, "hits": hits}))
+    return {"steps": steps, "hits": hits}
 
 
 if __name__ == "__main__":

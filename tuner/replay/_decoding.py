@@ -13,8 +13,9 @@ summed, instead of a pass over every member:
   sum(base + 1 + state) + n (g // bs) + #{phase > bs - g mod bs}: a count in a sorted list of phases. A member
   that joined holding more blocks than that (a PD decode's prompt blocks) is counted on its own until the
   formula reaches its blocks;
-- the next block of a member's answer that completes a cached unit (a session's history; vLLM caches full
-  blocks as computed, `cache_blocks`): a heap on the counter value where it does.
+- the next block of a member's answer that completes a cached unit (a session's history; vLLM caches a step's
+  full blocks when it schedules the step, `allocate_slots` -> `cache_blocks` up to num_tokens, the sampled token
+  included): a heap on the counter value at the end of that step.
 """
 
 from __future__ import annotations
@@ -115,10 +116,11 @@ class DecodeSet:
             self.clear()
 
     def watch_units(self, r: ReplayRequest) -> None:
-        """Heap the counter value at which r's next cacheable unit is computed, if it has one left."""
+        """Heap the counter value at the end of the step that caches r's next cacheable unit, if it has one left:
+        the step that starts with r's num_tokens (prompt + g - g0) covering the unit."""
         if r.units and r.published < len(r.units):
             end = r.published_end + r.units[r.published][1] * self.bs
-            heapq.heappush(self.units, (end - r.prompt_tokens + r.g0 + 1.0 - _EPS, r.join, r))
+            heapq.heappush(self.units, (end - r.prompt_tokens + r.g0 + self.accepted - _EPS, r.join, r))
 
     # -- what the next steps need ------------------------------------------------------------------
     def context_sum(self) -> float:
@@ -172,10 +174,10 @@ class DecodeSet:
                 break
         return out
 
-    def units_now(self) -> list[ReplayRequest]:
-        """Members whose next unit may be computed now (the caller checks and publishes)."""
+    def units_now(self, g: float) -> list[ReplayRequest]:
+        """Members whose next unit the steps up to counter g may cache (the caller checks and publishes)."""
         out = []
-        units, g = self.units, self.g
+        units = self.units
         while units and units[0][0] <= g + 1e-6:
             _, join, r = heapq.heappop(units)
             if r.in_decode and r.join == join:

@@ -18,15 +18,21 @@ Each rule cites vLLM 0.32's source (vllm/v1/core/sched/scheduler.py `Scheduler.s
   (`num_lookahead_tokens`).
 - A step whose chunk completes the prompt samples a token (the first token); a decode step gains 1 + the
   expected accepted drafts (vllm/v1/core/sched/scheduler.py `update_from_output`: rejected drafts are dropped).
-- Full blocks are cached as they are computed (`cache_blocks` in `allocate_slots`), so a request arriving while
-  a shared prefix is being prefilled can already hit its finished blocks.
+- A step's full blocks are cached when the step is scheduled, not once it has run: kv_cache_manager.py
+  `KVCacheManager.allocate_slots` ends with `cache_blocks(request, min(num_computed_tokens + num_new_tokens,
+  num_tokens))`. So a request admitted later in the same `schedule` pass hits the blocks a request ahead of it in
+  the batch is computing in this very step (e.g. a preempted request re-admitted with part of a shared prefix
+  still cached recomputes the rest, which the next admitted request hits), and a decode's block is cached by the
+  step that starts with it full, its sampled token included.
+  A request that computes a block cached already caches its own copy too (block_pool.py, see _kvcache.py).
 
 Between events (an arrival, a completion, a chunk, the KV running out) a batch of decoding requests is advanced
 in closed form: k steps at once, the step time linear in the growing context (priced at both ends). The decoding
 requests are held as one batch (`DecodeSet`: offsets from one counter, their sums kept), so neither a stretch nor a
-step that carries a prefill chunk passes over them one by one; a step that would preempt, run out of token budget
-before the last decode, or publish a decode's cached unit while the pool evicts, writes the batch back and runs
-request by request (`_step_each`, `_stretch_each`), with the same rules.
+step that carries a prefill chunk passes over them one by one; a step that would preempt or run out of token
+budget before the last decode writes the batch back and runs request by request (`_step_each`), with the same
+rules. Caching a unit and evicting one commute (a cached key gains a copy, whatever the queue holds), so a stretch
+takes its blocks at once and caches its units after (`_stretch_each` is the request-by-request reference).
 """
 
 from __future__ import annotations
@@ -165,20 +171,19 @@ class Engine:
         r.own_blocks += need
         return True
 
-    def _publish(self, r: ReplayRequest) -> None:
-        """Cache the request's units its computed tokens now cover (vLLM caches full blocks as computed)."""
+    def _publish(self, r: ReplayRequest, tokens: float) -> None:
+        """Cache the request's units its first `tokens` tokens complete: a step's scheduled tokens, capped at the
+        request's num_tokens, are cached when the step is scheduled (see the module doc), in scheduling order."""
         units = r.units
         bs = self.limits.block_size
         while r.published < len(units):
             key, blocks = units[r.published]
             end = r.published_end + blocks * bs
-            if end > r.computed + _EPS:
+            if end > tokens + _EPS:
                 return
             if self.limits.prefix_caching:
-                unit = self.pool.publish(key, blocks)
-                if unit is not None:
-                    r.held.append(unit)
-                    r.own_blocks -= blocks
+                r.held.append(self.pool.publish(key, blocks))
+                r.own_blocks -= blocks
             r.published += 1
             r.published_end = end
 
@@ -286,6 +291,8 @@ class Engine:
                 new = budget
             slots = r.computed + new + lookahead
             if decoding and r.blocks and slots <= (r.blocks - state) * bs + _EPS:  # no new block: the common case
+                if r.units and r.published < len(r.units):
+                    self._publish(r, tokens)
                 scheduled.append((r, new, True))
                 budget -= new
                 i += 1
@@ -299,6 +306,9 @@ class Engine:
                     break
             if not fits:
                 break
+            if r.units and r.published < len(r.units):
+                end = r.computed + new
+                self._publish(r, end if end < tokens else tokens)
             scheduled.append((r, new, decoding))
             budget -= new
             i += 1
@@ -345,6 +355,8 @@ class Engine:
                 r.held, r.blocks, r.own_blocks, r.computed = [], 0, 0, 0.0
                 r.published = r.published_end = 0
                 break
+            if r.units:
+                self._publish(r, hit_tokens + new)
             if r.preemptions == 0:
                 r.hit_tokens = hit_tokens
                 self.prompt_tokens_queried += r.prompt_tokens
@@ -377,21 +389,19 @@ class Engine:
         return self._finish(finished)
 
     def _update(self, r: ReplayRequest, new: float, decoding: bool) -> bool:
-        """A scheduled request after the step: its tokens, first token, cached units; whether it finished."""
+        """A scheduled request after the step: its tokens, first token; whether it finished (its units were
+        cached when the step was scheduled)."""
         if decoding:
             r.generated += self.accepted if r.generated >= 1 else 1.0
             r.computed = r.prompt_tokens + r.generated - 1.0
         else:
             r.computed += new
             if r.computed < r.prompt_tokens + r.generated - _EPS:
-                self._publish(r)
                 return False
             r.generated += 1.0
             r.computed = r.prompt_tokens + r.generated - 1.0
         if r.first_token_ms is None:
             r.first_token_ms = self.clock
-        if r.units and r.published < len(r.units):
-            self._publish(r)
         return r.generated >= r.output_tokens - _EPS
 
     def _finish(self, finished: list[ReplayRequest]) -> list[ReplayRequest]:
@@ -466,12 +476,6 @@ class Engine:
         decode = self.decode
         g = decode.g + k * self.accepted
         blocks = decode.blocks_at(g)
-        if decode.units_due(g) and blocks - decode.blocks > self.pool.free_blocks:
-            # a decode completes a cached unit while the pool evicts: the order of the two matters
-            self._write_back()
-            done = self._stretch_each(k)
-            self._regroup()
-            return done
         self._stretch_clock(k)
         if blocks != decode.blocks and not self.pool.take(blocks - decode.blocks):  # bounded: cannot fail
             raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
@@ -491,21 +495,22 @@ class Engine:
         """After the batch advanced: publish the units its requests completed, take out the finished ones."""
         decode = self.decode
         if decode.units:
-            self._publish_batch(self._units_due())
+            self._publish_batch(self._units_due(decode.g), decode.g - self.accepted)
         finish = decode.finish
         if finish and finish[0][0] - _EPS <= decode.g + 1e-6:  # DecodeSet.finished's test, ahead of the call
             return self._leave_finished()
         return []
 
-    def _units_due(self) -> list[ReplayRequest]:
+    def _units_due(self, g: float) -> list[ReplayRequest]:
+        """The batch's members whose steps up to the one ending at counter g cache a unit, in running order."""
         decode = self.decode
-        return sorted(decode.units_now(), key=_join_order) if decode.units_due(decode.g) else []
+        return sorted(decode.units_now(g), key=_join_order) if decode.units_due(g) else []
 
-    def _publish_batch(self, due: list[ReplayRequest]) -> None:
+    def _publish_batch(self, due: list[ReplayRequest], g_start: float) -> None:
+        """Cache what the members' num_tokens at counter `g_start` (their last step's start) complete."""
         decode = self.decode
         for r in due:
-            r.computed = r.prompt_tokens + (decode.g - r.g0) - 1.0
-            self._publish(r)
+            self._publish(r, r.prompt_tokens + (g_start - r.g0))
             decode.watch_units(r)
 
     def _leave_finished(self) -> list[ReplayRequest]:
@@ -530,7 +535,7 @@ class Engine:
             if not self._grow(r, r.computed + lookahead):  # bounded by _stretch_length: cannot fail
                 raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
             if r.units and r.published < len(r.units):
-                self._publish(r)
+                self._publish(r, r.prompt_tokens + r.generated - self.accepted)  # num_tokens at the last step
             if r.generated >= r.output_tokens - _EPS:
                 finished.append(r)
         return self._finish(finished)
@@ -554,6 +559,8 @@ class Engine:
             self._grow(r, slots)
         threshold = self._threshold()
         scheduled = [(r, new, decoding) for r, new, decoding, _ in others]
+        if scheduled or decode.units_due(g):
+            self._publish_scheduled(scheduled, g)
         self._admit(budget, threshold, scheduled)
         self._execute_batched(scheduled)
         decode.advance(g, blocks)
@@ -601,6 +608,21 @@ class Engine:
         left = budget - spent - q * decode.n
         return (others, left, need) if left >= 0 else None
 
+    def _publish_scheduled(self, scheduled: list[tuple[ReplayRequest, float, bool]], g: float) -> None:
+        """The running requests' units this step caches, before admission and in running order: the batch's
+        (its step ends at counter g) and the others' (their scheduled tokens, capped at num_tokens)."""
+        due = self._units_due(g)
+        if due:
+            order = sorted([(r.join, r, None) for r in due] + [(r.join, r, new) for r, new, _ in scheduled])
+        else:
+            order = [(0, r, new) for r, new, _ in scheduled]
+        for _, r, new in order:
+            if new is None:
+                self._publish_batch([r], g - self.accepted)
+            elif r.units and r.published < len(r.units):
+                end, tokens = r.computed + new, r.prompt_tokens + r.generated
+                self._publish(r, end if end < tokens else tokens)
+
     def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> None:
         """Price and clock the step: the batch's decodes from its sums, the others one by one."""
         decode = self.decode
@@ -630,19 +652,9 @@ class Engine:
         self.steps += 1
 
     def _finish_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
-        """The others' tokens and units, the batch's units (all in running order: two may share a key), the
-        finished, and the requests that now decode joining the batch."""
-        due = self._units_due()
-        done = []
-        if due:
-            order = sorted([(r.join, r, 0.0, None) for r in due] + [(r.join, r, new, d) for r, new, d in scheduled])
-            for _, r, new, decoding in order:
-                if decoding is None:
-                    self._publish_batch([r])
-                elif self._update(r, new, decoding):
-                    done.append(r)
-        else:
-            done = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
+        """The others' tokens, the finished (in running order), and the requests that now decode joining the
+        batch."""
+        done = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
         finished = self._leave_finished()
         if done:
             finished = sorted(finished + done, key=_join_order) if finished else done

@@ -11,6 +11,10 @@ What it follows (vLLM 0.32, vllm/v1/core/):
   its logits).
 - single_type_kv_cache_manager.py `get_num_blocks_to_allocate`: a cached block with no holder counts against the
   free blocks when a request takes it (it leaves the free queue).
+- block_pool.py `BlockHashToBlockMap` (NOTE #1: no de-duplication) and `cache_full_blocks`: a request that computes
+  a block whose hash is cached already (it was admitted with a shorter hit) caches its own copy under the same hash
+  too; a lookup takes the oldest copy still cached (`get_one_block`), and a copy freed by its last holder joins the
+  free queue's end like any cached block, so it outlives an evicted twin.
 
 Granularity: a prompt's cacheable blocks come in *units* that share one key (a trace's hash id covers 512 tokens,
 i.e. several vLLM blocks; a synthetic shared prefix is one unit), and a unit is cached and evicted whole (vLLM
@@ -24,9 +28,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class CachedUnit:
-    """A run of full blocks under one key: `holders` requests reference it (0 = free but still cached)."""
+    """A run of full blocks under one key: `holders` requests reference it (0 = free but still cached). Compared
+    by identity: two copies of one key are two units."""
 
     key: Hashable
     blocks: int
@@ -41,8 +46,8 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.free_blocks = num_blocks  # neither held nor cached
-        self.units: dict[Hashable, CachedUnit] = {}
-        self.lru: OrderedDict[Hashable, CachedUnit] = OrderedDict()  # cached units nobody holds, oldest first
+        self.units: dict[Hashable, list[CachedUnit]] = {}  # a key's cached copies, oldest first
+        self.lru: OrderedDict[CachedUnit, None] = OrderedDict()  # cached units nobody holds, oldest first
         self.evictable_blocks = 0
         self.evicted_units = 0
 
@@ -62,10 +67,10 @@ class BlockPool:
         total = 0
         cache = self.units
         for key, blocks in units:
-            unit = cache.get(key)
-            if unit is None or total + blocks > max_blocks:
+            copies = cache.get(key)
+            if copies is None or total + blocks > max_blocks:
                 break
-            found.append(unit)
+            found.append(copies[0])
             total += blocks
         return found
 
@@ -77,7 +82,7 @@ class BlockPool:
         """A request takes cached units (touch): units nobody held leave the LRU queue."""
         for unit in units:
             if unit.holders == 0:
-                del self.lru[unit.key]
+                del self.lru[unit]
                 self.evictable_blocks -= unit.blocks
             unit.holders += 1
 
@@ -86,20 +91,29 @@ class BlockPool:
         if blocks > self.available_blocks:
             return False
         while self.free_blocks < blocks:
-            _, unit = self.lru.popitem(last=False)
-            del self.units[unit.key]
+            unit, _ = self.lru.popitem(last=False)
+            copies = self.units[unit.key]
+            if copies[0] is unit:
+                del copies[0]
+                if not copies:
+                    del self.units[unit.key]
+            else:
+                copies.remove(unit)
             self.evictable_blocks -= unit.blocks
             self.free_blocks += unit.blocks
             self.evicted_units += 1
         self.free_blocks -= blocks
         return True
 
-    def publish(self, key: Hashable, blocks: int) -> CachedUnit | None:
-        """A request computed a unit's blocks (already allocated to it): cache them under `key`, held by it.
-        None when the key is cached already (the request keeps its own copy, as vLLM keeps the first hash)."""
-        if key in self.units:
-            return None
-        unit = self.units[key] = CachedUnit(key, blocks, 1)
+    def publish(self, key: Hashable, blocks: int) -> CachedUnit:
+        """A request computes a unit's blocks (already allocated to it): cache them under `key`, held by it; a key
+        cached already gains a second copy (vLLM does not de-duplicate)."""
+        unit = CachedUnit(key, blocks, 1)
+        units = self.units
+        if key in units:
+            units[key].append(unit)
+        else:
+            units[key] = [unit]
         return unit
 
     def release(self, units: list[CachedUnit], own_blocks: int) -> None:
@@ -107,6 +121,6 @@ class BlockPool:
         self.free_blocks += own_blocks
         for unit in reversed(units):  # vLLM frees in reverse order: tail blocks are evicted first
             unit.holders -= 1
-            if unit.holders == 0 and unit.key in self.units:
-                self.lru[unit.key] = unit
+            if unit.holders == 0:
+                self.lru[unit] = None
                 self.evictable_blocks += unit.blocks
