@@ -308,7 +308,7 @@ def load_floors(cals: wf.Calibrations, groups: Sequence[str], path: Path = STORE
     fits = json.loads(path.read_text())["fits"]
     joint, per_fit = {}, {}
     for t in TARGETS:
-        one, per = fits["joint"][t.name], fits["per_fit"][t.name]
+        one, per = fits["joint"].get(t.name), fits["per_fit"].get(t.name)
         if per is not None and set(groups) - set(per):
             raise SystemExit(f"{path.name} has no floor fit for {sorted(set(groups) - set(per))}: re-run --refit")
         joint[t.name] = None if one is None else Pinned(cals, {g: Calibration(**one) for g in groups})
