@@ -41,6 +41,9 @@ Side by side (with --replay): NVIDIA aisimulate's predictions of the same rows o
 (benchmarks/data/aisimulate.yaml, written with the exact commands by benchmarks/aisimulate_runs.py, so this runs
 without aisimulate installed) are scored the same way on the rows both run.
 
+How far these targets can go with this model at all: benchmarks/workload_floor.py fits the calibration on the
+evaluated figures themselves (the in-sample floor) and prints it beside the held-out figures, with the rows' noise.
+
 Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows] [--replay]
 """
 
@@ -244,21 +247,40 @@ def _predicted(m: ServingMetrics, key: str) -> float:
     return m.ttft_ms_at(stat) if metric == "ttft" else m.itl_ms_at(stat)
 
 
+def same_source(workload_sources: dict[str, dict], fixed_sources: dict[str, dict]) -> dict[str, frozenset[str]]:
+    """Each workload source with the fixed-length table's sources of the same published page: the two tables name
+    some pages differently (GPUStack's GLM-4.x/H200 page is `gpustack-glm-4x-h200` here and `gpustack-glm-4.6-h200`
+    there), and holding a source out must hold out its rows under either name."""
+    pages: dict[str, set[str]] = {}
+    for name, s in fixed_sources.items():
+        if s.get("page"):
+            pages.setdefault(str(s["page"]).rstrip("/"), set()).add(name)
+    return {name: frozenset({name} | pages.get(str(s.get("page") or "-").rstrip("/"), set()))
+            for name, s in workload_sources.items()}
+
+
 class Calibrations:
     """The class calibration fitted on the fixed-length table without one source (cached per class, source)."""
 
     def __init__(self) -> None:
-        _, self.rows = fidelity.load_table(fidelity.TABLE)
+        fixed_sources, self.rows = fidelity.load_table(fidelity.TABLE)
         self.replayer = fidelity.Replayer()
-        self._fits: dict[tuple[str, str], Calibration] = {}
+        self.same = same_source(yaml.safe_load(TABLE.read_text())["sources"], fixed_sources)
+        self._fits: dict[tuple[str, frozenset[str]], Calibration] = {}
+
+    def key(self, gpu: str, source: str) -> tuple[str, frozenset[str]]:
+        """The GPU class and the fixed-length sources held out for a row: rows with equal keys share a fit."""
+        cls = fidelity.gpu_class(self.replayer.gpu(gpu))
+        held = self.same.get(source, frozenset({source}))
+        return cls, frozenset(s for s in held if any(r.source == s for r in self.rows))
 
     def held_out(self, gpu: str, source: str) -> tuple[Calibration, str]:
-        cls = fidelity.gpu_class(self.replayer.gpu(gpu))
-        if (cls, source) not in self._fits:
-            train = [r for r in self.rows if r.is_vllm and r.source != source
+        cls, held = self.key(gpu, source)
+        if (cls, held) not in self._fits:
+            train = [r for r in self.rows if r.is_vllm and r.source not in held
                      and fidelity.gpu_class(self.replayer.gpu(r.gpu)) == cls]
-            self._fits[(cls, source)] = fidelity.fit_class(self.replayer, train, fidelity.PRIORS[cls])
-        return self._fits[(cls, source)], cls
+            self._fits[(cls, held)] = fidelity.fit_class(self.replayer, train, fidelity.PRIORS[cls])
+        return self._fits[(cls, held)], cls
 
 
 def score_row(row: dict, cals: Calibrations) -> Scored:
@@ -590,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  replay's queue verdicts: {agreed} of {len(clear)} clear verdicts agree with the source "
               f"({len(verdicts) - len(clear)} ambiguous)")
         print("\n".join(replay_targets([s for s in replayed if s.errors], groups["vllm"], verdicts)))
+        print("  (the in-sample floor of these figures, the error left when the calibration is fitted on them: "
+              "benchmarks/workload_floor.py)")
         print("\n".join(aisimulate_side_by_side(replayed, rows=args.rows)))
     print("\n".join(cpu_trace_trial()))
     return 0
