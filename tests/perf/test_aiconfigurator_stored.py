@@ -4,37 +4,22 @@ Nothing here runs aiconfigurator (it lives in its own venv; benchmarks/aiconfigu
 
 from __future__ import annotations
 
-import importlib.util
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from _support.paths import REPO
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+from _support.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def fidelity():
-    return _load("fidelity")
+    return load_benchmark("fidelity")
 
 
 @pytest.fixture(scope="module")
 def runs(fidelity):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return _load("aiconfigurator_runs")
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    return load_benchmark("aiconfigurator_runs")
 
 
 def test_stored_estimates_parse_and_match_public_rows(fidelity) -> None:

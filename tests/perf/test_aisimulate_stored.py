@@ -5,31 +5,19 @@ does)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shlex
-import sys
 
 import pytest
 import yaml
-from _support.paths import REPO
+from _support.benchmarks import load_benchmark
 
 SYSTEMS = {"h100": "h100_sxm", "h200": "h200_sxm"}
 
 
 @pytest.fixture(scope="module")
 def wf():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("workload_fidelity", REPO / "benchmarks" /
-                                                      "workload_fidelity.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["workload_fidelity"] = module  # dataclasses resolve their module by name
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    return load_benchmark("workload_fidelity")
 
 
 def test_stored_runs_parse_and_match_public_rows(wf) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from _support.benchmarks import load_benchmark
 from _support.paths import REPO
 
 from tuner.hardware import get_gpu
@@ -18,12 +17,7 @@ from tuner.topology import Role, Topology
 
 @pytest.fixture(scope="module")
 def fidelity():  # the benchmark script, imported as a module (it is not part of the library)
-    spec = importlib.util.spec_from_file_location("fidelity", REPO / "benchmarks" / "fidelity.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fidelity"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("fidelity")
 
 
 def test_table_has_cited_rows_for_four_gpus_and_five_checkpoints(fidelity) -> None:

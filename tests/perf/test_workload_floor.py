@@ -5,35 +5,20 @@ arithmetic. Nothing here replays or fits (the benchmark does)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 import yaml
-from _support.paths import REPO
+from _support.benchmarks import load_benchmark
 
 from tuner.perf import Calibration
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def floor():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        _load("workload_fidelity")
-        return _load("workload_floor")
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    load_benchmark("workload_fidelity")
+    return load_benchmark("workload_floor")
 
 
 @pytest.fixture(scope="module")

@@ -5,21 +5,15 @@ hit share (vLLM's own counters) and that both preempt. The timing errors are the
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from _support.benchmarks import load_benchmark
 from _support.cpu_vllm import needs_envs
-from _support.paths import REPO
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("replay_cpu_validation",
-                                                  REPO / "benchmarks/replay_cpu_validation.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("replay_cpu_validation")
 
 
 @needs_envs
