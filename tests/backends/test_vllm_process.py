@@ -119,3 +119,19 @@ def test_free_port_block() -> None:
     for port in range(base, base + 5):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_free_port_block_passes_over_a_taken_block_wherever_its_scan_starts() -> None:
+    """The scan starts at a random block and wraps: in a range of two blocks, the first held here, every call
+    (whichever block it starts at) returns the second."""
+    import socket
+
+    base = free_port_block(10)
+    held = [socket.socket() for _ in range(5)]
+    try:
+        for port, sock in enumerate(held, start=base):
+            sock.bind(("127.0.0.1", port))
+        assert {free_port_block(5, start=base, end=base + 10) for _ in range(20)} == {base + 5}
+    finally:
+        for sock in held:
+            sock.close()

@@ -309,7 +309,7 @@ def stream_mem_ops(params: Path = NVIDIA_PARAMS) -> bool | None:
 
 
 def _ports(base: int | None, size: int) -> PortFacts:
-    """The fixed block's busy ports, or the first free block (what a trial here would get)."""
+    """The fixed block's busy ports, or a free block (what a trial here would get: a random free one)."""
     if base is None:
         from tuner.launch import free_port_block
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -253,16 +254,22 @@ def clean_temp_files(before: set[str], pattern: str | None) -> list[str]:
 
 
 def free_port_block(count: int, *, start: int = 20000, end: int = 60000, host: str = "127.0.0.1") -> int:
-    """The first port P such that P .. P+count-1 are all free to bind now (avoids 5432, 6379 by range)."""
-    port = start
-    while port + count <= end:
-        for offset in range(count):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                try:
-                    sock.bind((host, port + offset))
-                except OSError:
-                    port = port + offset + 1
-                    break
-        else:
-            return port
+    """A port P such that P .. P+count-1 are all free to bind now (avoids 5432, 6379 by range). The scan starts at
+    a random block of the range and wraps: two trials choosing at once (each binds its ports only when its
+    servers start) would both find the range's first free block."""
+    blocks = (end - start) // count
+    first = random.SystemRandom().randrange(blocks) if blocks > 0 else 0
+    for index in range(blocks):
+        base = start + ((first + index) % blocks) * count
+        if all(_bindable(host, port) for port in range(base, base + count)):
+            return base
     raise RuntimeError(f"no block of {count} free ports in [{start}, {end})")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
