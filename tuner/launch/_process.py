@@ -256,7 +256,10 @@ def clean_temp_files(before: set[str], pattern: str | None) -> list[str]:
 def free_port_block(count: int, *, start: int = 20000, end: int = 60000, host: str = "127.0.0.1") -> int:
     """A port P such that P .. P+count-1 are all free to bind now (avoids 5432, 6379 by range). The scan starts at
     a random block of the range and wraps: two trials choosing at once (each binds its ports only when its
-    servers start) would both find the range's first free block."""
+    servers start) would both find the range's first free block. It stays below the kernel's ephemeral ports, which
+    every outgoing connection (a benchmark client's, Ray's) takes one of, and so could take one of ours meanwhile."""
+    if start + count <= (low := _ephemeral_low()):
+        end = min(end, low)
     blocks = (end - start) // count
     first = random.SystemRandom().randrange(blocks) if blocks > 0 else 0
     for index in range(blocks):
@@ -264,6 +267,14 @@ def free_port_block(count: int, *, start: int = 20000, end: int = 60000, host: s
         if all(_bindable(host, port) for port in range(base, base + count)):
             return base
     raise RuntimeError(f"no block of {count} free ports in [{start}, {end})")
+
+
+def _ephemeral_low(ranges: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port the kernel hands out for connections and port-0 binds (Linux's default 32768)."""
+    try:
+        return int(ranges.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _bindable(host: str, port: int) -> bool:
