@@ -187,6 +187,12 @@ class Engine:
             r.published += 1
             r.published_end = end
 
+    def _publish_step(self, r: ReplayRequest, new: float) -> None:
+        """Cache what a running request's scheduled step completes: its computed tokens and the step's `new`,
+        capped at num_tokens (vLLM's `allocate_slots`: min(num_computed + num_new, num_tokens))."""
+        end, tokens = r.computed + new, r.prompt_tokens + r.generated
+        self._publish(r, end if end < tokens else tokens)
+
     def _free(self, r: ReplayRequest) -> None:
         self.pool.release(r.held, r.own_blocks)
         r.held = []
@@ -307,8 +313,7 @@ class Engine:
             if not fits:
                 break
             if r.units and r.published < len(r.units):
-                end = r.computed + new
-                self._publish(r, end if end < tokens else tokens)
+                self._publish_step(r, new)
             scheduled.append((r, new, decoding))
             budget -= new
             i += 1
@@ -620,8 +625,7 @@ class Engine:
             if new is None:
                 self._publish_batch([r], g - self.accepted)
             elif r.units and r.published < len(r.units):
-                end, tokens = r.computed + new, r.prompt_tokens + r.generated
-                self._publish(r, end if end < tokens else tokens)
+                self._publish_step(r, new)
 
     def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> None:
         """Price and clock the step: the batch's decodes from its sums, the others one by one."""
