@@ -510,9 +510,14 @@ def agreement(data: dict) -> dict[str, float]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "measure":  # measure [OUT [REQUESTS]]
+        if len(sys.argv) > 3 and not (sys.argv[3].isdigit() and int(sys.argv[3]) >= 2):
+            raise SystemExit(f"measure: REQUESTS {sys.argv[3]!r} is not a count; give the requests a run, e.g. 270")
         measure(Path(sys.argv[2]) if len(sys.argv) > 2 else DATA,
                 requests=int(sys.argv[3]) if len(sys.argv) > 3 else 90)
-    elif len(sys.argv) > 3 and sys.argv[1] == "repeat":
+    elif len(sys.argv) > 1 and sys.argv[1] == "repeat":
+        if len(sys.argv) < 4:
+            raise SystemExit("repeat: give two or more data sets measured the same way, e.g. repeat "
+                             "benchmarks/data/replay_cpu_validation_run{7,8}.json")
         repeat([Path(a) for a in sys.argv[2:]])
     elif len(sys.argv) > 1 and sys.argv[1] == "agreement":
         for name in sys.argv[2:] or [str(LATEST)]:
