@@ -9,7 +9,7 @@ measured one.
 
 Part 2, what each Hopper vLLM measurement implies about prefill speed, one factor at a time, all else at the class
 calibration fitted on every fixed-length source (what the blog rows are predicted with):
-- prefill-dominated figures (fixed-length bursts with >= 2k-token prompts: tokens/s; the blog's 20k-token TTFT
+- prefill-dominated figures (fixed-length bursts with 2k-32k-token prompts: tokens/s; the blog's 20k-token TTFT
   p50): the factor s by which prefill compute (prefill_flop_efficiency and attention_flop_efficiency together)
   must be faster (s > 1) or slower for the model to reproduce the figure;
 - short-prompt TTFT (GPUStack's ShareGPT and fixed-length closed-loop rows): the request_overhead_ms that would
@@ -42,8 +42,14 @@ from tuner.perf._steps import _chunk_work
 from tuner.topology import Role, Topology
 
 SCALED = ("prefill_flop_efficiency", "attention_flop_efficiency")
+LONG_PROMPT = 1900  # prefill-dominated: the fixed-length table's 2k, 4k and 32k bursts
+NEW_STACK = (0, 14)  # Part 6: the Hopper table has vLLM 0.10.2-0.13 (GPUStack) and 0.18-0.21 (InferenceX)
 BLOG_SPEED = 1.4  # Part 2: the blog rows' median s
 FLOOR = Path(__file__).resolve().parent / "data" / "workload_floor.json"
+
+
+def _pct(log_ratio: float) -> float:
+    return (math.exp(log_ratio) - 1) * 100
 
 
 def _typical_isl(row: dict) -> int:
@@ -119,13 +125,13 @@ def implied(cals: wf.Calibrations) -> None:
     print("  prefill-dominated figures: prefill compute speed s the figure asks for (1 = the class fit)")
     by_source: dict[str, list[float]] = {}
     for r in hopper:
-        if r.load_kind != "burst" or r.isl < 2000:
+        if r.load_kind != "burst" or r.isl < LONG_PROMPT:
             continue
         s = _solve(lambda cal, r=r: 1.0 / replayer.predict(r, cal).tok_s_per_gpu, 1.0 / r.tok_s_per_gpu, full)
         by_source.setdefault(f"{r.source} (vLLM {r.engine_version}, bursts)", []).append(s)
         print(f"    {r.id:34s} {r.source:30s} vLLM {r.engine_version:7s} isl {r.isl:6.0f}  s = {s:.2f}")
     for row in ttft_rows():
-        if _typical_isl(row) < 2000:
+        if _typical_isl(row) < LONG_PROMPT:
             continue
         shape = wf._replay(row)
         model_dir = wf._model_dir(str(row["model"]))
@@ -136,7 +142,7 @@ def implied(cals: wf.Calibrations) -> None:
             return perf.predict(shape.topology, Role.BOTH, isl=isl, osl=osl, concurrency=c).ttft_ms_mean
 
         s = _solve(ttft, float(row["measured"]["ttft_ms"]["p50"]), full)
-        by_source.setdefault(f"{row['source']} (vLLM ~0.19, TTFT p50)", []).append(s)
+        by_source.setdefault(f"{row['source']} (vLLM not stated, 2026-04, TTFT p50)", []).append(s)
         print(f"    {row['id']:34s} {row['source']:30s} {'':12s} isl {isl:6d}  s = {s:.2f}")
     print("  median s by source:")
     for name, values in by_source.items():
@@ -144,7 +150,7 @@ def implied(cals: wf.Calibrations) -> None:
     print("  short-prompt TTFT: request_overhead_ms the figure asks for (class fit: "
           f"{full.request_overhead_ms:.1f} ms)")
     for row in ttft_rows():
-        if _typical_isl(row) >= 2000:
+        if _typical_isl(row) >= LONG_PROMPT:
             continue
         shape = wf._replay(row)
         perf = wf.row_perf(row, wf._model_dir(str(row["model"])), full, shape.topology)
@@ -282,6 +288,45 @@ def floor_on_fixed(cals: wf.Calibrations) -> None:
                                                                    "request_overhead_ms")))
 
 
+class _StackCalibrations:
+    """wf.Calibrations' interface, answering every row with one calibration (the stack split's experiment)."""
+
+    def __init__(self, cal: Calibration) -> None:
+        self.cal = cal
+
+    def held_out(self, gpu: str, source: str) -> tuple[Calibration, str]:
+        return self.cal, f"hopper, vLLM >= {NEW_STACK[0]}.{NEW_STACK[1]}"
+
+
+def stack_split(cals: wf.Calibrations) -> None:
+    """Not the shipped model: the Hopper class split by vLLM version, the blog rows predicted by the newer half."""
+    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
+    replayer = cals.replayer
+    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
+    new = [r for r in hopper if fidelity._version(r.engine_version) >= NEW_STACK]
+    cal = fidelity.fit_class(replayer, new, fidelity.PRIORS["hopper"])
+    print(f"\nPart 6 (an experiment, not the shipped model): the Hopper class fitted only on its vLLM >= "
+          f"{NEW_STACK[0]}.{NEW_STACK[1]} rows ({len(new)} rows of {len({r.source for r in new})} sources: "
+          f"{', '.join(sorted({r.source for r in new}))}), the blog rows (vLLM not stated, posted 2026-04) "
+          "replayed with it")
+    print("  " + ", ".join(f"{n}={cal.factor(n):.3g}" for n in (*SCALED, "prefill_half_tokens", "hbm_efficiency",
+                                                                 "request_overhead_ms")))
+    print(f"  (priors: prefill_flop_efficiency={fidelity.PRIORS['hopper'].prefill_flop_efficiency:g}, "
+          f"prefill_half_tokens={fidelity.PRIORS['hopper'].prefill_half_tokens:g}; these rows move prefill little, "
+          "Part 2's ix sensitivity)")
+    errors = []
+    for row in ttft_rows():
+        shipped = wf.replay_row(row, cals)
+        scored = wf.replay_row(row, _StackCalibrations(cal)) if row["id"].startswith("vb-") else shipped
+        errors.append(abs(scored.errors["ttft_p50"]))
+        print(f"  {row['id']:34s} " + "  ".join(
+            f"{k} x{math.exp(shipped.errors[k]):.2f}" + (f" -> x{math.exp(scored.errors[k]):.2f}"
+                                                        if scored is not shipped else "")
+            for k in sorted(scored.errors) if k in ("ttft_p50", "itl_p50", "output_tok_s_per_gpu")))
+    print(f"  TTFT p50 median error over the {len(errors)} rows with the blog rows so predicted: "
+          f"{_pct(statistics.median(errors)):.1f}%, worst x{math.exp(max(errors)):.2f}")
+
+
 def main() -> int:
     cals = wf.Calibrations()
     breakdown(cals)
@@ -290,6 +335,7 @@ def main() -> int:
     short_pair(cals)
     pinned_by(cals)
     floor_on_fixed(cals)
+    stack_split(cals)
     return 0
 
 
