@@ -44,6 +44,9 @@ from tuner.topology import Role, Topology
 SCALED = ("prefill_flop_efficiency", "attention_flop_efficiency")
 LONG_PROMPT = 1900  # prefill-dominated: the fixed-length table's 2k, 4k and 32k bursts
 NEW_STACK = (0, 14)  # Part 6: the Hopper table has vLLM 0.10.2-0.13 (GPUStack) and 0.18-0.21 (InferenceX)
+#: GPUStack's Qwen3-14B page, Other Benchmark Cases, vLLM baseline, "random 32K input": "Median ITL (ms): 43.48"
+#: (gpustack/gpustack docs/performance-lab/qwen3-14b/h100.md at 7ae332a; public_measurements.yaml keeps its TPOT only)
+GPUSTACK_Q14B_32K_ITL_P50_MS = 43.48
 BLOG_SPEED = 1.4  # Part 2: the blog rows' median s
 FLOOR = Path(__file__).resolve().parent / "data" / "workload_floor.json"
 
@@ -208,6 +211,31 @@ def matched_pair(cals: wf.Calibrations) -> None:
                   f"llama8b-20k x{(g2 / a + a2 / b) / t2:.2f}")
 
 
+def long_decode_pair(cals: wf.Calibrations) -> None:
+    """The decode-only steps beside the same long prompts: GPUStack's 32k burst against the blog's 20k closed loop."""
+    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
+    replayer = cals.replayer
+    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
+    full = fidelity.fit_class(replayer, hopper, fidelity.PRIORS["hopper"])
+    burst = next(r for r in fixed_rows if r.id == "q14b-h100-32k")
+    blog = next(r for r in ttft_rows() if r["id"] == "vb-fp8kv-llama8b-h100-bf16")
+    print("\nPart 3c: decode-only steps at long context on one H100 (a token gap's median is one: most steps carry "
+          "no chunk), measured against the class fit's step, ms")
+    perf = replayer.perf(burst, full)
+    topo = Topology.parse(burst.topology, role=Role.BOTH, **burst.engine_flags)
+    running = perf.aggregated_point(topo, burst.load_value, isl=round(burst.isl), osl=round(burst.osl))
+    step = perf._mixed(topo, round(burst.isl), round(burst.osl), 1)(running.running_per_rank, 0.0).step_ms
+    print(f"  q14b-h100-32k (GPUStack, vLLM 0.11.0), {running.running_per_rank:.0f} requests at ~32k: median ITL "
+          f"{GPUSTACK_Q14B_32K_ITL_P50_MS} ms, model {step:.1f} ms "
+          f"-> measured x{GPUSTACK_Q14B_32K_ITL_P50_MS / step:.2f}")
+    shape = wf._replay(blog)
+    perf = wf.row_perf(blog, wf._model_dir(str(blog["model"])), full, shape.topology)
+    step = perf._mixed(shape.topology, 20000, 2000, 1)(8.0, 0.0).step_ms
+    itl = float(blog["measured"]["itl_ms"]["p50"])
+    print(f"  vb-fp8kv-llama8b-h100-bf16 (vLLM blog), 8 requests at ~21k: median ITL {itl} ms, model {step:.1f} ms "
+          f"-> measured x{itl / step:.2f}")
+
+
 def short_pair(cals: wf.Calibrations) -> None:
     """Two GPUStack ShareGPT rows at c=4 on one H100: the front end each implies, bounded by the GPU's physics."""
     _, fixed_rows = fidelity.load_table(fidelity.TABLE)
@@ -332,6 +360,7 @@ def main() -> int:
     breakdown(cals)
     implied(cals)
     matched_pair(cals)
+    long_decode_pair(cals)
     short_pair(cals)
     pinned_by(cals)
     floor_on_fixed(cals)
