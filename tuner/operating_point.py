@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.deployment import Deployment
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, config_error
 from tuner.files import read_text
 from tuner.router import DeployedRouterPolicy, RouterPolicy
 from tuner.workload import Workload, served_context_tokens
@@ -138,11 +138,8 @@ class OperatingPoint(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ConfigError(f"{err['msg']} (got {err.get('input')!r})", field=f"{where}.{loc}" if loc else where,
-                              fix="write it with `topotune frontier --json` (or `topotune export --format "
-                                  "point`), not by hand") from exc
+            raise config_error(exc, where, fix="write it with `topotune frontier --json` (or `topotune export "
+                                               "--format point`), not by hand") from exc
 
     def with_running_requests(self, running_requests: float) -> OperatingPoint:
         """The decode (or aggregated) side capped at `running_requests` per instance, spread over its DP ranks:

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from tuner._yaml import safe_load_bounded
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, config_error
 from tuner.files import read_text
 from tuner.perf import Calibration, default_calibration
 
@@ -59,11 +59,10 @@ def calibrated(gpu_name: str, factors: CalibrationSource | None) -> Calibration:
         _check_factor(name, value, base)
     try:
         return Calibration.model_validate({**base.model_dump(), **factors}, strict=True)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        name = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{err['msg']} (got {err.get('input')!r})", field=f"calibration.{name}",
-                          fix=_default_fix(name, base, gpu_name)) from exc
+    except ValidationError as exc:  # a bound: every name and type was checked above
+        plain = config_error(exc, "calibration")
+        name = (plain.field or "").removeprefix("calibration.")
+        raise ConfigError(plain.message, field=plain.field, fix=_default_fix(name, base, gpu_name)) from exc
 
 
 def _check_factor(name: object, value: object, base: Calibration) -> None:

@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner._yaml import safe_load_bounded
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, config_error
 from tuner.files import read_text
 
 MAX_HARDWARE_FILE_BYTES = 256 * 1024  # the built-in catalog of every GPU is under 4 KiB
@@ -121,10 +121,8 @@ class HardwareCatalog:
             try:
                 gpu = GpuSpec.model_validate(entry)
             except ValidationError as exc:
-                err = exc.errors()[0]
-                loc = ".".join(str(p) for p in err["loc"])
-                raise ConfigError(err["msg"], field=f"{source}: gpus[{i}].{loc}",
-                                  fix="see tuner/hardware/gpus.yaml for the schema") from exc
+                raise config_error(exc, f"{source}: gpus[{i}]",
+                                   fix="see tuner/hardware/gpus.yaml for the schema") from exc
             out[gpu.name] = gpu
         return out
 
