@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support.hostile import hostile_path
 
 from tuner.cli import main
 from tuner.deployment import Deployment
@@ -135,15 +136,7 @@ def test_a_from_file_that_is_no_frontier_file_is_refused(tmp_path: Path, kind: s
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """--from is read like every file a user names (tuner/files.py): a FIFO (a plain read blocks for ever) or a
     directory is a one-line error naming the flag, exit 2."""
-    import os
-
-    path = tmp_path / "point.json"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "directory":
-        path.mkdir()
-    else:
-        path.write_bytes(b'{"front": [\xff]}' if kind == "not utf-8" else b"{nope")
+    path = hostile_path(tmp_path / "point.json", kind, b'{"front": [\xff]}' if kind == "not utf-8" else b"{nope")
     assert main(["export", "--from", str(path), "--format", "vllm"]) == 2
     err = capsys.readouterr().err
     assert "--from: " in err and says in err and "(fix: " in err, err

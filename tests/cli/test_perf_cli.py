@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support.hostile import hostile_path
 
 from tuner.cli import main
 
@@ -185,16 +186,8 @@ def test_a_bad_calibration_file_names_the_flag_the_factor_and_the_fix(
     tuner/_yaml.py, each factor checked strictly): an unknown factor, a bound, a wrong type, a non-mapping, an alias
     bomb, absurd nesting, a directory, a FIFO (a naive read blocks forever) or a huge file is one line naming the
     flag (and the factor) and the fix, exit 2, in every command that takes the flag."""
-    import os
-
     text, factor, says = BAD_CALIBRATIONS[kind]
-    path = tmp_path / "cal.yaml"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "directory":
-        path.mkdir()
-    else:
-        path.write_text(text)
+    path = hostile_path(tmp_path / "cal.yaml", kind, text or "")
     for command in (["frontier", ref], ["simulate", ref, "--role", "decode", "--topology", "TP4"]):
         assert main([*command, "--calibration", str(path)]) == 2
         err = capsys.readouterr().err
