@@ -86,7 +86,8 @@ def advice_request(body: AdviceCreate, settings: ApiSettings) -> AdviseRequest:
             hardware=body.hardware, gpus=body.gpus, request_rate=body.request_rate, arrival=body.arrival,
             sla=Sla(max_ttft_ms=body.sla.max_ttft_ms, max_itl_ms=body.sla.max_itl_ms,
                     min_tok_s_user=body.sla.min_tok_s_user, percentile=body.sla.percentile),
-            serve=ServeOptions(mode=body.mode, max_mtp=body.max_mtp), replay_verify=body.replay_verify)
+            serve=ServeOptions(mode=body.mode, max_mtp=body.max_mtp), replay_verify=body.replay_verify,
+            calibration=body.calibration)  # a mapping only (the schema): the service never reads a path named here
     except TopotuneError as exc:
         raise _field_error(exc) from None
 

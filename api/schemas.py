@@ -340,6 +340,10 @@ class AdviceCreate(_In):
     sla: SlaIn = Field(default_factory=SlaIn)
     mode: Literal["both", "disagg", "agg"] = Field("both", description="which serving modes compete")
     max_mtp: int = Field(3, ge=0, le=8, description="decode MTP depths 0..N are swept (models with MTP layers)")
+    calibration: dict[str, Any] | None = Field(
+        None, max_length=64, description="calibration factors over the GPU's defaults, factor: value "
+        "(docs/perf-model.md; what `topotune frontier --calibration FILE` reads from a file), each checked by the "
+        "library")
     replay_verify: bool | None = Field(None, description="the replay (vLLM's scheduler, request by request) decides "
                                        "the answer; default (null): whenever the SLA bounds something; false: the "
                                        "steady-state model alone")

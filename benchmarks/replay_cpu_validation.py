@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -441,15 +442,27 @@ def _summary(errors: dict[str, list[float]], onsets: list[tuple[float | None, fl
     return medians
 
 
-def _interpolated(runs: list[dict], rate_rps: float) -> dict[str, float] | None:
-    """The measured percentiles of open-loop `runs` at `rate_rps`, linear between the two rates around it; None
-    outside their range."""
-    points = sorted((r["rate_rps"], _measured(r)) for r in runs)
-    for (r0, m0), (r1, m1) in itertools.pairwise(points):
-        if r0 <= rate_rps <= r1:
-            w = (rate_rps - r0) / (r1 - r0)
-            return {k: m0[k] + w * (m1[k] - m0[k]) for k in (*FIT_METRICS, "hit_share")}
-    return None
+@dataclass(frozen=True)
+class Interpolated:
+    """The measured percentiles (and hit share) of open-loop runs at a point of `axis`, linear between the runs
+    around it (`below`, `above`: the same run where one stands at the point)."""
+
+    values: dict[str, float]
+    below: dict
+    above: dict
+
+
+def _interpolated(runs: list[dict], at: float, axis: str = "rate_rps") -> Interpolated | None:
+    """`runs`' measurements at `at` on `axis` (a run's "rate_rps", or its "share_of_closed" of the closed loop's
+    rate), linear between the two runs around it; None outside their range."""
+    below = max((r for r in runs if r[axis] <= at), key=lambda r: r[axis], default=None)
+    above = min((r for r in runs if r[axis] >= at), key=lambda r: r[axis], default=None)
+    if below is None or above is None:
+        return None
+    x0, x1 = below[axis], above[axis]
+    w = (at - x0) / (x1 - x0) if x1 > x0 else 0.0
+    m0, m1 = _measured(below), _measured(above)
+    return Interpolated({k: m0[k] + w * (m1[k] - m0[k]) for k in (*FIT_METRICS, "hit_share")}, below, above)
 
 
 def repeat(files: list[Path]) -> dict[str, float]:
@@ -461,9 +474,10 @@ def repeat(files: list[Path]) -> dict[str, float]:
     for (name_a, a), (name_b, b) in itertools.permutations(sets.items(), 2):
         opened_a = [r for r in a["runs"] if r["kind"] == "open"]
         for run in sorted((r for r in b["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"]):
-            guess, m = _interpolated(opened_a, run["rate_rps"]), _measured(run)
-            if guess is None:
+            at, m = _interpolated(opened_a, run["rate_rps"]), _measured(run)
+            if at is None:
                 continue
+            guess = at.values
             print(f"{name_b} at {run['rate_rps']:g} req/s from {name_a}: " + "  ".join(
                 f"{k} {m[k]:.1f}/{guess[k]:.1f} ms ({guess[k] / m[k] - 1:+.0%})" for k in FIT_METRICS))
             for k in FIT_METRICS:
@@ -494,12 +508,11 @@ def agreement(data: dict) -> dict[str, float]:
     returns open / closed per percentile (the bar: each <= AGREEMENT_TOLERANCE)."""
     top = max((r for r in data["runs"] if r["kind"] == "closed"), key=lambda r: r["concurrency"])
     opened = sorted((r for r in data["runs"] if r["kind"] == "open"), key=lambda r: r["share_of_closed"])
-    below = max((r for r in opened if r["share_of_closed"] <= AGREEMENT_SHARE), key=lambda r: r["share_of_closed"])
-    above = min((r for r in opened if r["share_of_closed"] >= AGREEMENT_SHARE), key=lambda r: r["share_of_closed"])
-    s0, s1 = below["share_of_closed"], above["share_of_closed"]
-    w = (AGREEMENT_SHARE - s0) / (s1 - s0) if s1 > s0 else 0.0
-    closed, m0, m1 = _measured(top), _measured(below), _measured(above)
-    ratios = {k: (m0[k] + w * (m1[k] - m0[k])) / closed[k] for k in FIT_METRICS}
+    at = _interpolated(opened, AGREEMENT_SHARE, axis="share_of_closed")
+    if at is None:
+        raise SystemExit(f"agreement: the open-loop runs do not reach {AGREEMENT_SHARE:.0%} of the closed loop's rate")
+    closed, below, above = _measured(top), at.below, at.above
+    ratios = {k: at.values[k] / closed[k] for k in FIT_METRICS}
     print(f"closed c={top['concurrency']} at {_capacity_rps(top):.1f} req/s: "
           + ", ".join(f"{k} {closed[k]:.1f} ms" for k in FIT_METRICS))
     print(f"open at {AGREEMENT_SHARE:.0%} of it (between {below['rate_rps']:g} and {above['rate_rps']:g} req/s): "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.advise import AdviseRequest, ServeOptions, Sla, advise
+from tuner.advise import AdviseRequest, ServeOptions, Sla, advise, calibrated
 from tuner.cli import main
 from tuner.cli._perf import ADVISE_FLAGS
 from tuner.errors import ConfigError, InfeasibleError
@@ -49,6 +49,39 @@ def test_errors_name_request_fields_and_the_cli_maps_them(capsys: pytest.Capture
         advise(AdviseRequest(model=REF, workload=Workload.fixed(100, 10), calibration={"hbm_efficiency": 7.0}))
     assert bad.value.field == "calibration.hbm_efficiency"
     assert bad.value.renamed(ADVISE_FLAGS).field == "--calibration: hbm_efficiency"
+
+
+@pytest.mark.parametrize(("factors", "field", "says"), [
+    ({"hbm_efficency": 0.8}, "calibration.hbm_efficency", "unknown factor"),
+    ({"hbm_efficiency": 7.0}, "calibration.hbm_efficiency", "less than or equal to 1"),
+    ({"hbm_efficiency": "0.8"}, "calibration.hbm_efficiency", "must be a number, got text"),
+    ({"hbm_efficiency": True}, "calibration.hbm_efficiency", "must be a number, got a boolean"),
+    ({"step_overhead_ms": float("inf")}, "calibration.step_overhead_ms", "must be finite"),
+    ({"kv_occupancy": float("nan")}, "calibration.kv_occupancy", "must be finite"),
+    ([("hbm_efficiency", 0.8)], "calibration", "expected a mapping of factor: value, got a list"),
+])
+def test_bad_calibration_factors_name_the_factor_and_the_fix(factors: object, field: str, says: str) -> None:
+    """The library's calibration (a mapping here; a file in tests/cli/test_perf_cli.py) is checked strictly: what
+    YAML or a caller would coerce silently (a quoted number, a boolean) is an error, as is an unknown name."""
+    with pytest.raises(ConfigError) as bad:
+        calibrated("gb300", factors)  # type: ignore[arg-type]
+    assert bad.value.field == field and says in bad.value.message and bad.value.fix, bad.value
+
+
+def test_a_calibration_file_is_read_through_the_guard(tmp_path: Path) -> None:
+    """AdviseRequest.calibration may be a file's path: read by the guarded reader, its factors over the GPU's."""
+    good, bomb, folder = tmp_path / "good.yaml", tmp_path / "bomb.yaml", tmp_path / "folder"
+    good.write_text('{"hbm_efficiency": 0.6}\n')  # JSON is YAML
+    bomb.write_text("a: &a [1, 1]\n" + "".join(f"b{i}: &b{i} [*{'a' if i == 0 else f'b{i - 1}'}, *a]\n"
+                                              for i in range(120)))
+    folder.mkdir()
+    cal = calibrated("gb300", good)
+    assert cal.hbm_efficiency == 0.6 and cal.flop_efficiency == calibrated("gb300", None).flop_efficiency
+    for path, says in ((bomb, "aliases"), (folder, "is a directory")):
+        with pytest.raises(ConfigError) as bad:
+            advise(AdviseRequest(model=REF, workload=Workload.fixed(100, 10), calibration=path))
+        assert bad.value.field == "calibration" and says in bad.value.message, bad.value
+        assert bad.value.renamed(ADVISE_FLAGS).field == "--calibration"
 
 
 @pytest.mark.parametrize("module", ["tuner/frontier.py", "tuner/advise"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _support.hostile import hostile_path
 
 from tuner.errors import ConfigError
 from tuner.hardware import default_catalog, get_gpu
@@ -55,3 +56,18 @@ def test_bad_yaml_names_the_field(tmp_path: Path, text: str, needle: str) -> Non
 def test_unreadable_file() -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         get_gpu("gb300", "/nonexistent.yaml")
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("fifo", "FIFO (named pipe), not a regular file"), ("directory", "a directory, not a regular file"),
+    ("huge", "at most 256.0 KiB is read"), ("aliases", "YAML aliases"), ("deep", "nests deeper")])
+def test_a_hostile_hardware_file_is_refused_before_it_is_read(tmp_path: Path, kind: str, says: str) -> None:
+    """--hardware-file is read like every user YAML (tuner/files.py, tuner/_yaml.py): a FIFO (a plain read blocks
+    for ever), a directory, a huge file, an alias bomb or absurd nesting is a ConfigError naming the file."""
+    path = hostile_path(tmp_path / "gpus.yaml", kind, {
+        "huge": "# pad\n" * 50_000 + "gpus: []\n", "aliases": "a: &a [1]\ngpus: [" + ", ".join(["*a"] * 200) + "]\n",
+        "deep": "gpus: " + "[" * 40 + "]" * 40 + "\n"}.get(kind, ""))
+    with pytest.raises(ConfigError) as bad:
+        get_gpu("gb300", path)
+    assert says in bad.value.message and bad.value.fix, bad.value
+    assert bad.value.field in ("--hardware-file", str(path)), bad.value

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support.hostile import hostile_path
 
 from tuner.cli import main
 from tuner.deployment import Deployment
@@ -126,6 +127,19 @@ def test_a_bad_operating_point_names_its_field(tmp_path: Path, frontier_json: Pa
     (tmp_path / "old.json").write_text(json.dumps({"recommendation": {"winner": None}}))
     with pytest.raises(ConfigError, match=r"no recommendation\.operating_point"):
         read_operating_point(tmp_path / "old.json")
+
+
+@pytest.mark.parametrize(("kind", "says"), [("fifo", "FIFO (named pipe), not a regular file"),
+                                             ("directory", "a directory, not a regular file"),
+                                             ("not utf-8", "is not UTF-8"), ("not json", "is not JSON")])
+def test_a_from_file_that_is_no_frontier_file_is_refused(tmp_path: Path, kind: str, says: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--from is read like every file a user names (tuner/files.py): a FIFO (a plain read blocks for ever) or a
+    directory is a one-line error naming the flag, exit 2."""
+    path = hostile_path(tmp_path / "point.json", kind, b'{"front": [\xff]}' if kind == "not utf-8" else b"{nope")
+    assert main(["export", "--from", str(path), "--format", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "--from: " in err and says in err and "(fix: " in err, err
 
 
 def test_plan_workload_sizes_the_context_and_warns_about_refused_requests(tmp_path: Path,

@@ -65,13 +65,20 @@ def bounded_compose(text: str, source: str, *, what: str = "the space",
     return node
 
 
-def safe_load_bounded(text: str, source: str, *, what: str, example: str) -> Any:
-    """yaml.safe_load after bounded_compose; a syntax error is a ConfigError naming the line."""
+def bounded_load(text: str, source: str, *, what: str = "the space",
+                 example: str = "search_spaces/gb300-nvl72-8k1k.yaml") -> tuple[yaml.Node | None, Any]:
+    """(the composed node, yaml.safe_load's data) after bounded_compose: the node for readers that name lines;
+    a syntax error is a ConfigError naming the line."""
     try:
-        bounded_compose(text, source, what=what, example=example)
-        return yaml.safe_load(text)
+        node = bounded_compose(text, source, what=what, example=example)
+        return node, yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         raise ConfigError(f"not valid YAML ({getattr(exc, 'problem', None) or exc})", field=where,
                           fix="fix the YAML syntax at that line") from None
+
+
+def safe_load_bounded(text: str, source: str, *, what: str, example: str) -> Any:
+    """yaml.safe_load after bounded_compose; a syntax error is a ConfigError naming the line."""
+    return bounded_load(text, source, what=what, example=example)[1]

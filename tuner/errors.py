@@ -9,6 +9,10 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 # A request field named inside a message or a fix, written `like.this`: each face renders it under its own name
 # (the CLI as its flag, the API as its body field) through `TopotuneError.renamed`.
@@ -63,6 +67,16 @@ def rename_field(field: str, names: Mapping[str, str]) -> str:
 
 class ConfigError(TopotuneError):
     """An input (file, flag, field) is missing, malformed or out of range."""
+
+
+def config_error(exc: ValidationError, prefix: str = "", *, fix: str | None = None) -> ConfigError:
+    """A pydantic error as one ConfigError (the one reading of it): its first error, the field `prefix.loc` (or
+    either alone), pydantic's message and the input it got; `fix` by default says to correct the field."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    field = ".".join(part for part in (prefix, loc) if part) or "request"
+    return ConfigError(f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})", field=field,
+                       fix=fix or f"correct `{field}`")
 
 
 class UnsupportedModelError(ConfigError):

@@ -16,12 +16,15 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.deployment import Deployment
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, config_error
+from tuner.files import read_text
 from tuner.router import DeployedRouterPolicy, RouterPolicy
 from tuner.workload import Workload, served_context_tokens
 
 # Below this share of input tokens re-sent as a prefix, keeping prefixes on one replica buys little: round robin.
 PREFIX_AWARE_MIN_REUSE = 0.05
+# A `frontier --json` file: 145 KB for the reference model on 72 GPUs; a budget of thousands stays far below this.
+MAX_POINT_FILE_BYTES = 64 * 2**20
 
 
 class RouterChoice(BaseModel):
@@ -135,11 +138,8 @@ class OperatingPoint(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ConfigError(f"{err['msg']} (got {err.get('input')!r})", field=f"{where}.{loc}" if loc else where,
-                              fix="write it with `topotune frontier --json` (or `topotune export --format "
-                                  "point`), not by hand") from exc
+            raise config_error(exc, where, fix="write it with `topotune frontier --json` (or `topotune export "
+                                               "--format point`), not by hand") from exc
 
     def with_running_requests(self, running_requests: float) -> OperatingPoint:
         """The decode (or aggregated) side capped at `running_requests` per instance, spread over its DP ranks:
@@ -163,11 +163,10 @@ def at_running_requests(deployment: Deployment, running_requests: float) -> Depl
 def read_operating_point(path: Path, point: int | None = None) -> OperatingPoint:
     """The operating point of a `topotune frontier --json` file (its recommendation, or row `point` of its
     fronts: the PD front first, then the aggregated one, as the JSON lists them), or of an exported point file."""
+    text = read_text(path, max_bytes=MAX_POINT_FILE_BYTES, field="--from", what="a `topotune frontier --json` file",
+                     fix="give the file `topotune frontier --json > FILE` wrote")
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--from",
-                          fix="give the file `topotune frontier --json > FILE` wrote") from exc
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not JSON ({exc.msg}, line {exc.lineno})", field="--from",
                           fix="give the file `topotune frontier --json > FILE` wrote") from exc

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.backends import SimulatedConfig, VllmConfig, backend_config
-from tuner.backends._config import config_error
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, config_error
 
 if TYPE_CHECKING:
     from tuner.settings import TunerSettings

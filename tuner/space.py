@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from tuner._yaml import bounded_compose
+from tuner._yaml import bounded_load
 from tuner.errors import ConfigError, TopologyError
 from tuner.files import read_text
 from tuner.metrics import Percentile, ServingMetrics
@@ -374,13 +374,13 @@ class SearchSpace(_Strict):
 
 
 # -- loading with line numbers ---------------------------------------------------------------------------
-def _bounded_compose(text: str, source: str) -> yaml.Node | None:
-    """yaml.compose, refused before anything walks the document when it is too long or aliases would blow it up
-    (the guard lives in tuner._yaml: workload files go through it too)."""
+def _bounded_load(text: str, source: str) -> tuple[yaml.Node | None, object]:
+    """The composed node (for line numbers) and the data, refused before anything walks the document when it is
+    too long or aliases would blow it up (the guard lives in tuner._yaml: every user YAML goes through it)."""
     if len(text) > MAX_SPACE_CHARS:
         raise ConfigError(f"the space is {len(text):,} characters; at most {MAX_SPACE_CHARS:,}", field=source,
                           fix="a search space is a short file: see search_spaces/gb300-nvl72-8k1k.yaml")
-    return bounded_compose(text, source)
+    return bounded_load(text, source)
 
 
 def _line_index(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
@@ -413,14 +413,7 @@ _ALLOWED = {(): list(SearchSpace.model_fields), ("cluster",): list(ClusterSpec.m
 
 
 def parse_space(text: str, source: str = "<space>") -> SearchSpace:
-    try:
-        node = _bounded_compose(text, source)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"not valid YAML ({getattr(exc, 'problem', exc)})", field=where,
-                          fix="fix the YAML syntax at that line") from exc
+    node, data = _bounded_load(text, source)
     if not isinstance(data, dict) or node is None:
         raise ConfigError("a search space must be a YAML mapping", field=source,
                           fix="see search_spaces/gb300-nvl72-8k1k.yaml")

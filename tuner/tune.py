@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from tuner.backends import BackendConfig, SimulatedConfig
-from tuner.backends._config import config_error
+from tuner.errors import config_error
 from tuner.metrics import Percentile
 from tuner.space import ALL_PHASES, Phase, SearchSpace, StudyConstraints
 

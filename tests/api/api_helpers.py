@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 from _support.paths import MODELS as MODELS  # re-exported for the service tests
 from _support.paths import REPO
-from fastapi.testclient import TestClient
 
 from api.config import ApiSettings
 
@@ -43,8 +43,9 @@ def api_settings(folder: Path, database_url: str, models_dir: Path, **overrides:
     return ApiSettings(**values)
 
 
-def wait_for(client: TestClient, study_id: int, until: Callable[[dict], bool], timeout_s: float = 300.0,
+def wait_for(client: httpx.Client, study_id: int, until: Callable[[dict], bool], timeout_s: float = 300.0,
               ) -> dict[str, Any]:
+    """The study's detail once `until` holds (the test client, or a client of a live server)."""
     deadline = time.monotonic() + timeout_s
     while True:
         detail = client.get(f"/v1/studies/{study_id}").json()

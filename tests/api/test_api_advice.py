@@ -74,6 +74,42 @@ def test_bad_input_is_a_422_naming_the_field(client, change: dict, loc: list[str
     assert says in detail["msg"], detail
 
 
+@pytest.mark.parametrize(("calibration", "loc", "says"), [
+    ('{"hbm_efficency": 0.8}', ["body", "calibration", "hbm_efficency"], "unknown factor 'hbm_efficency'"),
+    ('{"hbm_efficiency": 3}', ["body", "calibration", "hbm_efficiency"], "less than or equal to 1"),
+    ('{"hbm_efficiency": "0.8"}', ["body", "calibration", "hbm_efficiency"], "must be a number, got text"),
+    ('{"hbm_efficiency": true}', ["body", "calibration", "hbm_efficiency"], "must be a number, got a boolean"),
+    ('{"step_overhead_ms": 1e400}', ["body", "calibration", "step_overhead_ms"], "must be finite"),
+    ('{"hbm_efficiency": null}', ["body", "calibration", "hbm_efficiency"], "must be a number, got null"),
+    ('"/work/calibration.yaml"', ["body", "calibration"], "valid dictionary"),  # never a path the service reads
+    ("[0.8]", ["body", "calibration"], "valid dictionary"),
+])
+def test_a_bad_calibration_is_a_422_naming_the_factor(client, calibration: str, loc: list[str],  # type: ignore[no-untyped-def]
+                                                      says: str) -> None:
+    """The body's calibration is checked by the library's one reader (tuner.advise.calibrated), as the CLI's
+    --calibration file is (tests/cli/test_perf_cli.py); the body is sent raw so 1e400 arrives as JSON has it."""
+    body = f'{{"model_path": "{REFERENCE_MODEL}", "gpus": 8, "max_mtp": 0, "calibration": {calibration}}}'
+    r = client.post("/v1/advice", content=body, headers={**AUTH, "content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"][:len(loc)] == loc and says in detail["msg"], detail
+    assert "(fix: " in detail["msg"] or loc == ["body", "calibration"], detail
+
+
+def test_a_calibration_answers_as_frontier_with_that_file(client, model_store: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    factors = {"hbm_efficiency": 0.6, "step_overhead_ms": 3}
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(factors))
+    r = client.post("/v1/advice", json={"model_path": REFERENCE_MODEL, "gpus": 16, "max_mtp": 0,
+                                        "calibration": factors}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    printed = _frontier([str(model_store / REFERENCE_MODEL), "--gpus", "16", "--max-mtp", "0", "--calibration",
+                         str(path)], capsys)
+    assert r.json()["calibration"] == printed["calibration"] and printed["calibration"]["hbm_efficiency"] == 0.6
+    assert r.json()["recommendation"] == printed["recommendation"]
+
+
 def test_advice_is_a_write_route(client) -> None:  # type: ignore[no-untyped-def]
     """Signed in or a bearer token; a browser session also needs this origin and the page's CSRF token."""
     body = {"model_path": REFERENCE_MODEL, "gpus": 8, "max_mtp": 0, "workload": {"isl": 1000, "osl": 100}}

@@ -5,11 +5,10 @@ same winner POST /v1/advice gives; then a trace from the picker at its own rate.
 from __future__ import annotations
 
 import shutil
-import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, served
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, finished, served, wait_for
 from test_api_browser import _wait, chromium, driver  # noqa: F401 - the browser fixtures
 
 from api.main import create_app
@@ -138,10 +137,7 @@ def test_the_study_page_shows_its_advice_and_numbered_points(driver, advice_serv
     base, _ = advice_server
     with httpx.Client(base_url=base, timeout=60) as http:
         sid = http.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
-        deadline = time.monotonic() + 120
-        while http.get(f"/v1/studies/{sid}").json()["status"] != "succeeded":
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+        assert wait_for(http, sid, finished, timeout_s=120)["status"] == "succeeded"
         n_front = len(http.get(f"/v1/studies/{sid}/pareto").json()["composed_front"])
     driver.get(f"{base}/ui/studies/{sid}")
     reason = _wait(driver, lambda d: d.find_element(By.ID, "study-advice-reason"))

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, served
+from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, finished, served, wait_for
 
 from api.main import create_app
 
@@ -55,10 +55,7 @@ def test_study_page_renders_the_front(driver, live_server):
 
     with httpx.Client(base_url=live_server, timeout=30) as http:
         sid = http.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
-        deadline = time.monotonic() + 90
-        while http.get(f"/v1/studies/{sid}").json()["status"] != "succeeded":
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+        assert wait_for(http, sid, finished, timeout_s=90)["status"] == "succeeded"
         pareto = http.get(f"/v1/studies/{sid}/pareto").json()
         n_front = len(pareto["composed_front"])
         trials = http.get(f"/v1/studies/{sid}/trials", params={"limit": 1000}).json()
@@ -200,10 +197,7 @@ def test_a_browser_drives_the_service(driver, live_server):
         pair = [http.post("/v1/studies", json={**FAST_STUDY, "seed": seed}, headers=AUTH).json()["id"]
                 for seed in (1, 2)]
         for other in pair:
-            deadline = time.monotonic() + 120
-            while http.get(f"/v1/studies/{other}").json()["status"] != "succeeded":
-                assert time.monotonic() < deadline
-                time.sleep(0.5)
+            assert wait_for(http, other, finished, timeout_s=120)["status"] == "succeeded"
         fronts = [len(http.get(f"/v1/studies/{i}/pareto").json()["composed_front"]) for i in pair]
 
     driver.get(f"{live_server}/ui")

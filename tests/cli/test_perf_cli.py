@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
+from _support.hostile import hostile_path
 
 from tuner.cli import main
 
@@ -147,13 +149,6 @@ def test_simulate_aggregated_charges_prefill_to_the_itl(ref: str, capsys: pytest
     assert 0 < point["step"]["chunk_share"] <= 1 and point["step"]["chunk_step_ms"] > point["step"]["step_ms"]
 
 
-def test_frontier_bad_calibration_file(ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "cal.yaml"
-    bad.write_text("hbm_efficiency: 3\n")
-    assert main(["frontier", ref, "--calibration", str(bad)]) == 2
-    assert "hbm_efficiency" in capsys.readouterr().err
-
-
 def _bomb(levels: int = 9, width: int = 9) -> str:
     """Billion laughs: a few hundred bytes that expand to width**levels nodes when walked."""
     lines = ['a0: &a0 [0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8]']
@@ -161,25 +156,56 @@ def _bomb(levels: int = 9, width: int = 9) -> str:
     return "\n".join(lines) + "\nhbm_efficiency: 0.8\n"
 
 
-@pytest.mark.parametrize(("kind", "says"), [
-    ("bomb", "YAML nodes"), ("aliases", "aliases"), ("deep", "nests deeper"), ("fifo", "FIFO"),
-    ("huge", "at most 64.0 KiB is read"), ("list", "expected a mapping")])
-def test_a_hostile_calibration_file_is_refused_before_it_is_walked(
-        ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, says: str) -> None:
-    """--calibration goes through the guarded YAML reader every user YAML takes (tuner/_yaml.py, tuner/files.py):
-    an alias bomb, absurd nesting, a FIFO (a naive read blocks forever) or a huge file is a field error, exit 2."""
-    import os
+# A bad --calibration file, what its error names (after "--calibration: ") and what it says.
+BAD_CALIBRATIONS = {
+    "unknown factor": ("hbm_efficency: 0.8\n", "hbm_efficency", "did you mean hbm_efficiency?"),
+    "out of bounds": ("hbm_efficiency: 3\n", "hbm_efficiency", "less than or equal to 1"),
+    "text": ("hbm_efficiency: fast\n", "hbm_efficiency", "must be a number, got text ('fast')"),
+    "quoted number": ("hbm_efficiency: '0.8'\n", "hbm_efficiency", "write it unquoted"),
+    "boolean": ("hbm_efficiency: true\n", "hbm_efficiency", "must be a number, got a boolean"),
+    "list value": ("hbm_efficiency: [0.8]\n", "hbm_efficiency", "must be a number, got a list"),
+    "null": ("hbm_efficiency:\n", "hbm_efficiency", "must be a number, got null"),
+    "infinite": ("allreduce_latency_us: .inf\n", "allreduce_latency_us", "must be finite"),
+    "number key": ("1: 0.8\n", "1", "a factor is named by text"),
+    "list": ("[0.8]\n", "", "holds a list, not a mapping"),
+    "scalar": ("0.8\n", "", "holds 0.8, not a mapping"),
+    "syntax": ("hbm_efficiency: [\n", "", "cal.yaml:2: not valid YAML"),
+    "bomb": (_bomb(), "", "YAML nodes"),
+    "aliases": (_bomb(levels=4, width=30), "", "aliases"),
+    "deep": ("[" * 40 + "]" * 40, "", "nests deeper"),
+    "huge": ("# pad\n" * 20_000 + "hbm_efficiency: 0.8\n", "", "at most 64.0 KiB is read"),
+    "directory": (None, "", "is a directory, not a regular file"),
+    "fifo": (None, "", "is a FIFO (named pipe), not a regular file"),
+}
 
-    path = tmp_path / "cal.yaml"
-    if kind == "fifo":
-        os.mkfifo(path)
-    else:
-        path.write_text({"bomb": _bomb(), "aliases": _bomb(levels=4, width=30), "deep": "[" * 40 + "]" * 40,
-                         "huge": "# pad\n" * 20_000 + "hbm_efficiency: 0.8\n", "list": "[0.8]\n"}[kind])
+
+@pytest.mark.parametrize("kind", list(BAD_CALIBRATIONS))
+def test_a_bad_calibration_file_names_the_flag_the_factor_and_the_fix(
+        ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """--calibration goes through the library's guarded reader (tuner.advise.calibrated: tuner/files.py,
+    tuner/_yaml.py, each factor checked strictly): an unknown factor, a bound, a wrong type, a non-mapping, an alias
+    bomb, absurd nesting, a directory, a FIFO (a naive read blocks forever) or a huge file is one line naming the
+    flag (and the factor) and the fix, exit 2, in every command that takes the flag."""
+    text, factor, says = BAD_CALIBRATIONS[kind]
+    path = hostile_path(tmp_path / "cal.yaml", kind, text or "")
     for command in (["frontier", ref], ["simulate", ref, "--role", "decode", "--topology", "TP4"]):
         assert main([*command, "--calibration", str(path)]) == 2
         err = capsys.readouterr().err
-        assert says in err and "Traceback" not in err, err
+        assert f"--calibration: {factor + ': ' if factor else ''}" in err, err
+        assert says in err and "(fix: " in err and "Traceback" not in err, err
+
+
+def test_a_calibration_file_written_by_calibrate_is_read_back(ref: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """What `topotune calibrate --out` writes (every factor, an unset attention efficiency as null) is a valid
+    --calibration: the strict checks refuse only what is wrong."""
+    from tuner.perf import default_calibration
+
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump({**default_calibration("gb300").model_dump(), "hbm_efficiency": 0.6}))
+    assert main(["simulate", ref, "--role", "decode", "--topology", "TEP8", "--json",
+                 "--calibration", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"]["hbm_efficiency"] == 0.6
 
 
 def _mix_trace(tmp_path: Path) -> Path:

@@ -6,7 +6,8 @@ offered request rate), the recommendation under the SLA and the deployment to ru
 answer; errors name the request's fields (`gpus`, `sla.max_ttft_ms`), which each face maps to its own names.
 """
 
-from tuner.advise._advise import Advice, advise, calibrated, offered_traffic
+from tuner.advise._advise import Advice, advise, offered_traffic
+from tuner.advise._calibration import CalibrationSource, calibrated
 from tuner.advise._fronts import Fronts, SweepProgress
 from tuner.advise._recommend import (
     TIE_MARGIN,
@@ -20,7 +21,8 @@ from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, S
 from tuner.advise._verify import ReplayDecision, replay_verified
 
 __all__ = [
-    "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "Fronts", "Recommendation",
+    "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "CalibrationSource", "Fronts",
+    "Recommendation",
     "ReplayDecision", "ServeOptions",
     "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "calibrated",
     "offered_traffic", "operating_deployment", "point_json", "recommend", "replay_verified",

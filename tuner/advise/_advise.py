@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
 from pydantic import ValidationError
 
+from tuner.advise._calibration import calibrated
 from tuner.advise._fronts import Fronts, NoProgress, ReplayHint, SweepProgress, closed_loop_fronts, rate_fronts
 from tuner.advise._recommend import (
     Point,
@@ -37,7 +37,7 @@ from tuner.frontier import Constraints, binding_bound
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
 from tuner.operating_point import RouterChoice, choose_router_policy
-from tuner.perf import Calibration, RooflineModel, candidate_topologies, default_calibration
+from tuner.perf import Calibration, RooflineModel, candidate_topologies
 from tuner.replay import Sla as ReplaySla
 from tuner.router import RouterPolicy
 from tuner.topology import Topology, knob_default
@@ -343,17 +343,3 @@ def offered_traffic(request: AdviseRequest) -> Workload:
         raise ConfigError(f"the workload offers several request rates ({rates}); a frontier answers for one",
                           field="request_rate", fix="give the one rate to carry with `request_rate`")
     return workload
-
-
-def calibrated(gpu_name: str, factors: Mapping[str, float] | None) -> Calibration:
-    """The GPU's default calibration with `factors` over it; an error names `calibration.<factor>`."""
-    base = default_calibration(gpu_name)
-    if not factors:
-        return base
-    try:
-        return Calibration.model_validate({**base.model_dump(), **factors})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ConfigError(f"{err['msg']} (got {err.get('input')!r})",
-                          field=f"calibration.{'.'.join(str(p) for p in err['loc'])}",
-                          fix="see the factor list in docs/perf-model.md") from exc

@@ -83,7 +83,8 @@ class AdviseRequest:
     arrival: Arrival | None = None
     sla: Sla = field(default_factory=Sla)
     serve: ServeOptions = field(default_factory=ServeOptions)
-    calibration: Mapping[str, float] | None = None  # factors over the GPU's defaults (docs/perf-model.md)
+    # factors over the GPU's defaults (docs/perf-model.md), or a YAML/JSON file of them (read through the YAML guard)
+    calibration: Mapping[str, float] | str | Path | None = None
     weights: str | None = None  # the model path the recommended commands load (default: `model`)
     # Replay the best deployments through vLLM's scheduler and let the replay decide the answer (tuner/replay).
     # None: whenever the SLA bounds something (a latency or a per-user floor); False: the steady-state model alone.

@@ -201,9 +201,7 @@ def _rescued_by_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_given:
             if budget <= 0:
                 return replace(decision, searched=tuple(searched))
             budget -= 1
-            searched.append(f"{deployment.name} with {words}")
-            choice, more = check.verify([Candidate(deployment, label=f"knob search: {words}")], router)
-            decision = replace(decision, checked=decision.checked + more)
+            choice, decision = _knob_try(check, decision, searched, words, deployment, router)
             if choice is not None:
                 return replace(decision, choice=choice, router=router, searched=tuple(searched))
     return replace(decision, searched=tuple(searched))
@@ -285,6 +283,17 @@ def _variants(deployment: Deployment, router: RouterPolicy, knobs_given: frozens
     return out
 
 
+def _knob_try(check: ReplayCheck, decision: ReplayDecision, searched: list[str], words: str,
+              deployment: Deployment, router: RouterPolicy, *, concurrency: int | None = None
+              ) -> tuple[Verified | None, ReplayDecision]:
+    """One replay of the knob search: `deployment` under the variant `words` (noted in `searched`, labelled for the
+    table), its check added to the decision's; the replay's choice if it meets the SLA."""
+    searched.append(f"{deployment.name} with {words}")
+    choice, more = check.verify([Candidate(deployment, concurrency=concurrency, label=f"knob search: {words}")],
+                                router)
+    return choice, replace(decision, checked=decision.checked + more)
+
+
 def _one_smaller(deployment: Deployment) -> list[Deployment]:
     """The deployment with one instance fewer in one group (each group that has more than one)."""
     out = []
@@ -310,9 +319,7 @@ def _cheaper_with_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_give
                 if budget <= 0:
                     break
                 budget -= 1
-                searched.append(f"{deployment.name} with {words}")
-                choice, more = check.verify([Candidate(deployment, label=f"knob search: {words}")], router)
-                decision = replace(decision, checked=decision.checked + more)
+                choice, decision = _knob_try(check, decision, searched, words, deployment, router)
                 if choice is not None:
                     found = (choice, router)
                     break
@@ -331,10 +338,8 @@ def _closed_loop_knobs(check: ReplayCheck, decision: ReplayDecision, knobs_given
     assert choice is not None
     searched = []
     for words, deployment, router in _variants(choice.candidate.deployment, decision.router, knobs_given):
-        searched.append(f"{deployment.name} with {words}")
-        found, more = check.verify([Candidate(deployment, concurrency=choice.candidate.concurrency,
-                                              label=f"knob search: {words}")], router)
-        decision = replace(decision, checked=decision.checked + more)
+        found, decision = _knob_try(check, decision, searched, words, deployment, router,
+                                    concurrency=choice.candidate.concurrency)
         best = decision.choice
         assert best is not None
         if found is not None and found.report.total_tok_s_per_gpu > 1.01 * best.report.total_tok_s_per_gpu:

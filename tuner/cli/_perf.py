@@ -19,7 +19,6 @@ from tuner.cli._app import (
     JsonOpt,
     ModelArg,
     app,
-    calibration_factors,
     calibration_for,
     console,
     err_console,
@@ -263,7 +262,7 @@ def frontier(
         traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
         request = AdviseRequest(model=model, workload=traffic, hardware=hardware, hardware_file=hardware_file,
                                 gpus=gpus, request_rate=request_rate, arrival=arrival,  # type: ignore[arg-type]
-                                sla=sla, serve=serve, calibration=calibration_factors(calibration),
+                                sla=sla, serve=serve, calibration=calibration,
                                 weights=weights, replay_verify=replay_verify)
         with _TopologyProgress(shown=not json_out and err_console.is_terminal) as progress:
             advice = advise(request, progress=progress)

@@ -8,7 +8,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuner.errors import ConfigError
+from tuner._yaml import safe_load_bounded
+from tuner.errors import ConfigError, config_error
+from tuner.files import read_text
+
+MAX_HARDWARE_FILE_BYTES = 256 * 1024  # the built-in catalog of every GPU is under 4 KiB
 
 ComputeDtype = Literal["fp4", "fp8", "bf16"]
 Fabric = Literal["infiniband", "roce", "efa", "tcp"]
@@ -108,11 +112,7 @@ class HardwareCatalog:
         self._gpus = dict(gpus)
 
     @staticmethod
-    def _parse(text: str, source: str, *, loader: type = yaml.SafeLoader) -> dict[str, GpuSpec]:
-        try:
-            data = yaml.load(text, Loader=loader)  # a safe loader (the C one for the built-in file)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"not valid YAML: {exc}", field=source, fix="fix the YAML syntax") from exc
+    def _parse(data: object, source: str) -> dict[str, GpuSpec]:
         if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
             raise ConfigError("expected a mapping with a list under 'gpus:'", field=source,
                               fix="write `gpus:` followed by one entry per GPU")
@@ -121,27 +121,25 @@ class HardwareCatalog:
             try:
                 gpu = GpuSpec.model_validate(entry)
             except ValidationError as exc:
-                err = exc.errors()[0]
-                loc = ".".join(str(p) for p in err["loc"])
-                raise ConfigError(err["msg"], field=f"{source}: gpus[{i}].{loc}",
-                                  fix="see tuner/hardware/gpus.yaml for the schema") from exc
+                raise config_error(exc, f"{source}: gpus[{i}]",
+                                   fix="see tuner/hardware/gpus.yaml for the schema") from exc
             out[gpu.name] = gpu
         return out
 
     @classmethod
     def builtin(cls) -> HardwareCatalog:
         text = resources.files("tuner.hardware").joinpath("gpus.yaml").read_text()
-        # libyaml's safe loader when present: the same data, a few ms less on every command's start
-        return cls(cls._parse(text, "gpus.yaml", loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+        # our own file: libyaml's safe loader when present (the same data, a few ms less on every command's start)
+        return cls(cls._parse(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)), "gpus.yaml"))
 
     def with_file(self, path: str | Path) -> HardwareCatalog:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror}", field="--hardware-file",
-                              fix="give the path of a readable YAML file") from exc
-        return HardwareCatalog({**self._gpus, **self._parse(text, str(path))})
+        """The catalog with a user's GPUs over it, the file read like every YAML a user hands topotune: a regular
+        file under its size bound (tuner/files.py), aliases and nesting bounded (tuner/_yaml.py)."""
+        text = read_text(path, max_bytes=MAX_HARDWARE_FILE_BYTES, field="--hardware-file",
+                         fix="a hardware file lists a few GPUs: see tuner/hardware/gpus.yaml",
+                         what="a YAML file of GPUs")
+        data = safe_load_bounded(text, str(path), what="the hardware file", example="tuner/hardware/gpus.yaml")
+        return HardwareCatalog({**self._gpus, **self._parse(data, str(path))})
 
     def get(self, name: str) -> GpuSpec:
         key = name.strip().lower()

@@ -68,12 +68,8 @@ def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
         decoder_layer(f"model.layers.{i}", moe_layers[i])
     num_mtp = cfg.int("num_nextn_predict_layers", 0)
     for j in range(num_mtp):
-        # The MTP layer's embed_tokens / shared_head.head copies are shared with the target model by vLLM.
         prefix = f"model.layers.{num_layers + j}"
-        b.norm(f"{prefix}.enorm", hidden, mtp=True)
-        b.norm(f"{prefix}.hnorm", hidden, mtp=True)
-        b.linear(f"{prefix}.eh_proj", hidden, 2 * hidden, mtp=True)
-        b.norm(f"{prefix}.shared_head.norm", hidden, mtp=True)
+        b.nextn_head(prefix, hidden)
         decoder_layer(prefix, bool(moe), mtp=True)
 
     return make_spec(cfg, policy, name, family="deepseek_v3", tensors=b.build(),

@@ -49,10 +49,7 @@ def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
     num_mtp = cfg.int("num_nextn_predict_layers", 0)
     for j in range(num_mtp):  # model.layers.{N + j}: enorm, hnorm, eh_proj, shared_head.norm + one MoE layer
         prefix = f"model.layers.{num_layers + j}"
-        b.norm(f"{prefix}.enorm", hidden, mtp=True)
-        b.norm(f"{prefix}.hnorm", hidden, mtp=True)
-        b.linear(f"{prefix}.eh_proj", hidden, 2 * hidden, mtp=True)
-        b.norm(f"{prefix}.shared_head.norm", hidden, mtp=True)
+        b.nextn_head(prefix, hidden)
         decoder_layer(prefix, True, mtp=True)
     return make_spec(cfg, policy, name, family="glm4_moe", tensors=b.build(),
                      layer_kinds=[LayerKind.FULL_ATTENTION] * num_layers, moe_layers=moe_layers, attention=attn,

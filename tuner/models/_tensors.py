@@ -154,6 +154,15 @@ class InventoryBuilder:
             if shared_gate:
                 self.linear(f"{prefix}.shared_expert_gate", 1, hidden, mtp=mtp)
 
+    def nextn_head(self, prefix: str, hidden: int) -> None:
+        """A DeepSeek-style MTP layer's own tensors, before its decoder layer (vLLM deepseek_mtp.py
+        DeepSeekMultiTokenPredictorLayer, which glm4_moe_mtp.py copies): enorm, hnorm, eh_proj (2 x hidden ->
+        hidden) and shared_head.norm; its embed_tokens / shared_head.head are the target model's, shared by vLLM."""
+        self.norm(f"{prefix}.enorm", hidden, mtp=True)
+        self.norm(f"{prefix}.hnorm", hidden, mtp=True)
+        self.linear(f"{prefix}.eh_proj", hidden, 2 * hidden, mtp=True)
+        self.norm(f"{prefix}.shared_head.norm", hidden, mtp=True)
+
     def embeddings(self, vocab: int, hidden: int, tied: bool) -> None:
         self.add("model.embed_tokens.weight", (vocab, hidden))
         self.norm("model.norm", hidden)
