@@ -256,7 +256,7 @@ class Engine:
         """`r` joins the decode batch; if the step that just ended skipped it, its next gap is its own."""
         self.decode.enter(r)
         if r.last_token_ms != self.clock:
-            self._pending.append(r)
+            self._pending.append(r)  # _finish_batched does this inline
 
     def _members_gap(self, end_ms: float) -> int:
         """The batch's measured members' gaps in the step ending at `end_ms`, each the step's time (the count
@@ -273,9 +273,8 @@ class Engine:
 
     def _record(self, ms: float) -> None:
         """This step's gaps of one step time (`_regular`) as one entry."""
-        if self._regular:
-            self.gaps.runs.append((ms, 0.0, 0, 1, self._regular))
-            self._regular = 0
+        self.gaps.runs.append((ms, 0.0, 0, 1, self._regular))
+        self._regular = 0
 
     def _record_stretch(self, first: float, slope: float, k: int, regular: int, full: int) -> None:
         """A stretch's gaps: `regular` in its first step, `full` in the k - 1 after, the step times linear."""
@@ -437,7 +436,8 @@ class Engine:
         before = self.clock
         ms = self._clock_step(scheduled, 0, 0.0)
         finished = [r for r, new, decoding in scheduled if self._update(r, new, decoding, before)]
-        self._record(ms)
+        if self._regular:
+            self._record(ms)
         return self._finish(finished)
 
     def _update(self, r: ReplayRequest, new: float, decoding: bool, before: float) -> bool:
@@ -537,7 +537,10 @@ class Engine:
         blocks = decode.blocks_at(g)
         before, first, slope = self._stretch_clock(k)
         full = decode.n - decode.warm
-        self._record_stretch(first, slope, k, self._members_gap(before + first), full)
+        if self._pending:
+            self._record_stretch(first, slope, k, self._members_gap(before + first), full)
+        elif full:
+            self.gaps.runs.append((first, slope, 0, k, full))  # _record_stretch, inline: the common case
         if blocks != decode.blocks and not self.pool.take(blocks - decode.blocks):  # bounded: cannot fail
             raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
         decode.advance(g, blocks)
@@ -637,7 +640,7 @@ class Engine:
         self._admit(budget, threshold, scheduled)
         before = self.clock
         ms = self._execute_batched(scheduled)
-        self._regular += self._members_gap(self.clock)
+        self._regular += self._members_gap(self.clock) if self._pending else decode.n - decode.warm
         decode.advance(g, blocks)
         return self._finish_batched(scheduled, before, ms)
 
@@ -731,13 +734,17 @@ class Engine:
         """The others' tokens, the finished (in running order), and the requests that now decode joining the
         batch."""
         done = [r for r, new, decoding in scheduled if self._update(r, new, decoding, before)]
-        self._record(ms)
+        if self._regular:
+            self._record(ms)
         finished = self._leave_finished()
         if done:
             finished = sorted(finished + done, key=_join_order) if finished else done
+        decode, clock = self.decode, self.clock
         for r, _, _ in scheduled:
             if r.generated >= 1 and r.prompt_tokens + r.generated - r.computed <= 1.0 + _EPS and r not in done:
-                self._enter(r)
+                decode.enter(r)  # _enter, inline
+                if r.last_token_ms != clock:
+                    self._pending.append(r)
         return self._finish(finished)
 
 

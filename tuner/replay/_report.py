@@ -48,14 +48,11 @@ class Percentiles:
     def weighted(cls, values: np.ndarray, weights: np.ndarray) -> Percentiles:
         """The percentiles `of` gives on the list holding each value `weight` times (numpy's default, linear
         between the order statistics around q (N - 1)), without building that list; weights need not be whole."""
-        keep = weights > 0
-        values, weights = values[keep], weights[keep]
-        if not len(values):
+        if not len(values) or weights.sum() <= 0:
             return cls(math.nan, math.nan, math.nan, math.nan)
-        # equal values merged first: the figures depend on the multiset alone, however the weights were split
-        values, inverse = np.unique(values, return_inverse=True)
-        weights = np.bincount(inverse, weights=weights)
-        upto = np.cumsum(weights)  # upto[i]: copies of values[0..i]
+        order = np.argsort(values, kind="stable")
+        values, weights = values[order], weights[order]
+        upto = np.cumsum(weights)  # upto[i]: copies of values[0..i] (a value of weight 0 is never picked)
         last = len(values) - 1
 
         def nth(i: float) -> float:  # the i-th (0-based) value of the expanded list
