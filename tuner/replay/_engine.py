@@ -33,6 +33,11 @@ step that carries a prefill chunk passes over them one by one; a step that would
 budget before the last decode writes the batch back and runs request by request (`_step_each`), with the same
 rules. Caching a unit and evicting one commute (a cached key gains a copy, whatever the queue holds), so a stretch
 takes its blocks at once and caches its units after (`_stretch_each` is the request-by-request reference).
+
+Each step or stretch also counts the gaps between a measured request's streamed chunks (`TokenGaps`,
+tuner/replay/_gaps.py): the batch's members got a token at the end of the step before, so each gap of theirs is
+the step's time, counted once per member; a request that a step skipped or that was recomputed keeps the time of
+its last token (`last_token_ms`) and its gap goes one by one.
 """
 
 from __future__ import annotations
