@@ -6,13 +6,25 @@ fixed concurrency (vLLM's FP8 KV-cache post). Each row is predicted with its GPU
 benchmarks/fidelity.py on the fixed-length table WITHOUT the row's source (held out), and scored on what the source
 reports: throughput, TTFT mean/p50/p90/p99 and TPOT/ITL mean/p50/p90/p99. Errors are exp(|log(pred/measured)|) - 1.
 
+TPOT and ITL are scored on the definition of the tool that measured the row (the figure names follow `vllm bench
+serve`): `tpot_*` is per request, (e2e - TTFT) / (output tokens - 1), and is scored against the replay's per-request
+ITL (AIPerf's definition, `ReplayReport.itl_ms`); `itl_*` from `vllm bench serve` (GPUStack, the vLLM blog) is every
+gap between two streamed chunks, pooled over the requests (vllm/benchmarks/lib/endpoint_request_func.py appends one
+gap per SSE event that carries `choices`; vllm/benchmarks/serve.py `calculate_metrics` pools them, `itls +=
+output.itl`, and takes np.mean / np.median / np.percentile), scored against the replay's token gaps
+(`ReplayReport.token_gap_ms`, tuner/replay/_gaps.py). A row that reports both is scored on both. Not modelled: the
+chat endpoint's role-only first event (vLLM's chat serving sends it just before the first token's, so `--backend
+openai-chat` logs one ~0 ms gap per request: about 1 / output tokens off the mean, nothing at p50/p99 past 100
+tokens). The analytic model gives a per-request ITL and a mean time per token, not the gaps' distribution: it is
+scored on TPOT and on the ITL mean only, and says so.
+
 What the rows do not say is assumed, and printed as such:
 - ShareGPT's length spread (no source reports it): lognormal with the run's mean lengths and a coefficient of
   variation of 1, capped as `vllm bench serve` samples ShareGPT (prompts <= 1024 tokens, prompt + output <= 2048).
 - the vLLM post's "+-15%" lengths: uniform over +-15% (a histogram).
 - llm-d's per-replica load: the offered rate split evenly over the replicas; "precise" routing is cache-aware,
   "random" is not.
-TPOT (vllm bench's per-request mean) is compared with the model's per-request ITL sketch. llm-d's runs were measured
+TPOT (vllm bench's per-request figure) is compared with the model's per-request ITL sketch. llm-d's runs were measured
 with inference-perf between July and November 2025, which took a timestamp for every line of the SSE stream, the
 blank line closing each event included (LINE_TIMESTAMP_SOURCES): its ITL p50 is 0 ms and its ITL mean is the decode
 time over 2n + 1 gaps, half the per-token ITL. The model's ITL is turned into that figure (`reported_itl_mean`), and
@@ -50,6 +62,7 @@ Run: .venv/bin/python benchmarks/workload_fidelity.py [--rows] [--replay]
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import statistics
@@ -86,6 +99,9 @@ SHAREGPT_MAX_TOTAL = 2048
 #: tokens and the [DONE] event), half the per-token ITL, and its p50 is 0 ms. Fixed upstream in 3631096 (one
 #: timestamp per event) and PR #566.
 LINE_TIMESTAMP_SOURCES = frozenset({"llmd-kvcache-37cap-llama70b-h100", "llmd-kvcache-73cap-qwen3-32b-h100"})
+#: TPOT / ITL figures pooled by #45's ITL target: per request (tpot_*) and the tools' ITL (itl_*, see the docstring)
+TPOT_KEYS = ("tpot_mean", "tpot_p50", "tpot_p90", "tpot_p99")
+ITL_KEYS = ("itl_mean", "itl_p50", "itl_p90", "itl_p99")
 HASH_BLOCK_TOKENS = 400  # the cycled-prompt traces' hash blocks (a multiple of vLLM's 16-token blocks)
 
 
@@ -218,7 +234,24 @@ def cycled_prompts_trace(row: dict, path: Path, measured: int = 1000, seed: int 
     return path, len(order)
 
 
+def measuring_tool(row: dict) -> str | None:
+    """The benchmark client that measured the row, which decides what its ITL means: inference-perf with a timestamp
+    per SSE line (LINE_TIMESTAMP_SOURCES), `vllm bench serve` where the row or its source says so, else None."""
+    if row["source"] in LINE_TIMESTAMP_SOURCES:
+        return "inference-perf"
+    what = _sources().get(row["source"], {}).get("what", "")
+    text = f"{row.get('bench_command', '')} {row.get('workload', '')} {what}"
+    return "vllm bench serve" if "vllm bench serve" in text else None
+
+
+@functools.cache
+def _sources() -> dict[str, dict]:
+    return yaml.safe_load(TABLE.read_text())["sources"]
+
+
 def _measured(row: dict) -> dict[str, float]:
+    """The row's figures by scoring key: tok/s, ttft_*, tpot_* (per request), itl_* (the tool's ITL: token gaps
+    for `vllm bench serve`, the mean only for inference-perf's per-line gaps, none for an unknown tool)."""
     m = row["measured"]
     out: dict[str, float] = {}
     gpus = int(row.get("gpus", 1))
@@ -226,25 +259,30 @@ def _measured(row: dict) -> dict[str, float]:
         out["tok_s_per_gpu"] = float(m["total_tok_s"]) / gpus
     elif "output_tok_s" in m and row["load"]["kind"] != "rate":  # llm-d stages end mid-request: not a rate
         out["output_tok_s_per_gpu"] = float(m["output_tok_s"]) / gpus
-    for key, name in (("ttft_ms", "ttft"), ("tpot_ms", "itl"), ("itl_ms", "itl")):
+    tool = measuring_tool(row) if "itl_ms" in m else None
+    for key, name in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl")):
         for stat, value in (m.get(key) or {}).items():
-            if name == "itl" and key == "itl_ms" and ("tpot_ms" in m or row["load"]["kind"] == "rate") \
-                    and stat != "mean":
-                continue  # token-level ITL percentiles are not per-request: tpot, or the mean only
+            if key == "itl_ms" and not (tool == "vllm bench serve" or (tool == "inference-perf" and stat == "mean")):
+                continue  # inference-perf's per-line p50 is 0 ms; an unknown tool's ITL has no known definition
             if isinstance(value, int | float) and value > 0:
                 out[f"{name}_{stat}"] = float(value)
     return out
 
 
-def _predicted(m: ServingMetrics, key: str) -> float:
+def _predicted(m: ServingMetrics, key: str) -> float | None:
+    """The analytic model's figure for a scoring key; None for the token gaps' percentiles (vllm bench serve's ITL
+    p50/p90/p99), which a steady state does not give: it has a per-request ITL sketch and a mean time per token (the
+    pooled gaps' mean: every request's decode time over its gaps, summed)."""
     if key == "tok_s_per_gpu":
         return m.total_tok_s_per_gpu
     if key == "output_tok_s_per_gpu":
         return m.output_tok_s_per_gpu
     metric, stat = key.split("_", 1)
+    if metric == "ttft":
+        return m.ttft_ms_mean if stat == "mean" else m.ttft_ms_at(stat)
     if stat == "mean":
-        return m.ttft_ms_mean if metric == "ttft" else m.itl_ms_mean
-    return m.ttft_ms_at(stat) if metric == "ttft" else m.itl_ms_at(stat)
+        return m.itl_ms_mean
+    return m.itl_ms_at(stat) if metric == "tpot" else None
 
 
 def same_source(workload_sources: dict[str, dict], fixed_sources: dict[str, dict]) -> dict[str, frozenset[str]]:
@@ -306,7 +344,7 @@ def score_row(row: dict, cals: Calibrations) -> Scored:
     if "itl_mean" in figures and row["source"] in LINE_TIMESTAMP_SOURCES:
         osl = float(row["workload"]["osl_nominal"])
         figures["itl_mean"] = reported_itl_mean(row, m.itl_ms_mean * (osl - 1), osl, 1.0)
-    errors = {k: math.log(figures[k] / v) for k, v in _measured(row).items() if figures[k] > 0}
+    errors = {k: math.log(f / v) for k, v in _measured(row).items() if (f := figures[k]) is not None and f > 0}
     hit = f"; predicted prefix hits {m.prefix_hit_share:.0%}" if m.prefix_hit_share else ""
     return Scored(row, m, errors, f"{cls} fit without {row['source']}; assumed: {replay.assumed or 'nothing'}{hit}",
                   saturated=False if replay.workload.open_loop else None)
@@ -347,7 +385,8 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
                       saturated=True if load["kind"] == "rate" else None)
     figures = {"tok_s_per_gpu": report.total_tok_s_per_gpu,
                "output_tok_s_per_gpu": report.output_tok_s / report.num_gpus}
-    for name, p in (("ttft", report.ttft_ms), ("itl", report.itl_ms)):
+    # tpot_*: per request (AIPerf's ITL); itl_*: every streamed chunk's gap, pooled (vllm bench serve's ITL)
+    for name, p in (("ttft", report.ttft_ms), ("tpot", report.itl_ms), ("itl", report.token_gap_ms)):
         figures.update({f"{name}_mean": p.mean, f"{name}_p50": p.p50, f"{name}_p90": p.p90, f"{name}_p99": p.p99})
     streamed = [r for r in report.requests if r.output_tokens > 1]
     if row["source"] in LINE_TIMESTAMP_SOURCES:
@@ -373,6 +412,17 @@ def _pooled(group: list[Scored], keys: tuple[str, ...]) -> list[float]:
     return [_pct(s.errors[k]) for s in group for k in keys if k in s.errors]
 
 
+def itl_parts(group: list[Scored]) -> list[tuple[str, list[float]]]:
+    """The ITL target's figures by definition: per request (TPOT), vllm bench serve's token gaps, inference-perf's
+    per-line gaps (errors in %)."""
+    def of(tool: str, keys: tuple[str, ...]) -> list[float]:
+        return _pooled([s for s in group if measuring_tool(s.row) == tool], keys)
+
+    return [("per request: TPOT (vllm bench serve)", _pooled(group, TPOT_KEYS)),
+            ("token gaps: ITL mean/p50/p99 (vllm bench serve)", of("vllm bench serve", ITL_KEYS)),
+            ("per-line gaps: ITL mean (inference-perf)", of("inference-perf", ITL_KEYS))]
+
+
 def replay_targets(replayed: list[Scored], analytic: list[Scored], verdicts: list[tuple[Scored, str]]) -> list[str]:
     """#45's targets for the replayed vLLM rows, each printed as met or not met."""
     def line(name: str, value: float, goal: float, unit: str = "%") -> str:
@@ -384,8 +434,11 @@ def replay_targets(replayed: list[Scored], analytic: list[Scored], verdicts: lis
         values = _pooled(replayed, keys)
         out.append(line(f"{name} (n={len(values)})", statistics.median(values), 20))
         out.append(line(f"{name.replace('median', 'worst')} (x)", 1 + max(values) / 100, 2, "x"))
-    itl = _pooled(replayed, ("itl_mean", "itl_p50", "itl_p90", "itl_p99"))
-    out.append(line(f"ITL median error, mean/p50/p90/p99 (n={len(itl)})", statistics.median(itl), 15))
+    itl = _pooled(replayed, TPOT_KEYS + ITL_KEYS)
+    out.append(line(f"ITL median error, TPOT and ITL (n={len(itl)})", statistics.median(itl), 15))
+    for name, values in itl_parts(replayed):
+        out.append(f"    {name:<48} n={len(values):<3} median {statistics.median(values):5.1f}%" if values
+                   else f"    {name:<48} n=0")
     for key in ("tok_s_per_gpu", "output_tok_s_per_gpu"):
         mine, today = _pooled(replayed, (key,)), _pooled(analytic, (key,))
         if mine and today:
@@ -443,7 +496,8 @@ AISIMULATE = Path(__file__).resolve().parent / "data" / "aisimulate.yaml"
 @dataclass(frozen=True)
 class PeerRun:
     """aisimulate's stored prediction of one row (benchmarks/aisimulate_runs.py): its figures by metric key, as
-    `_measured` names them, or why it has none; `like_for_like` is False where it could not take the row's router."""
+    `_measured` names them (its per-request ITL as tpot_*), or why it has none; `like_for_like` is False where it
+    could not take the row's router."""
 
     id: str
     figures: dict[str, float]
@@ -460,7 +514,8 @@ def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
         if "why" in e:
             runs[e["id"]] = PeerRun(e["id"], {}, why=str(e["why"]))
             continue
-        figures = {f"{name}_{stat}": float(v) for name in ("ttft", "itl")
+        # aisimulate's ITL is per request (AIPerf's): scored as TPOT; it gives no token gaps
+        figures = {f"{key}_{stat}": float(v) for name, key in (("ttft", "ttft"), ("itl", "tpot"))
                    for stat, v in e["window"][f"{name}_ms"].items()}
         runs[e["id"]] = PeerRun(e["id"], figures, like_for_like=bool(e.get("router_represented", True)),
                                 saturated=e["window"].get("queue_grows"))
@@ -468,14 +523,15 @@ def load_aisimulate(path: Path = AISIMULATE) -> tuple[str, dict[str, PeerRun]]:
 
 
 def peer_errors(row: dict, run: PeerRun) -> dict[str, float]:
-    """log(aisimulate / measured) on the row's TTFT and ITL figures; on inference-perf's per-line rows, aisimulate's
-    per-token ITL mean is turned into the figure that tool reported, as the model's and the replay's are."""
+    """log(aisimulate / measured) on the row's TTFT and TPOT figures; on inference-perf's per-line rows, aisimulate's
+    per-token ITL mean is turned into the figure that tool reported, as the model's and the replay's are. vllm bench
+    serve's ITL (token gaps) is not compared: aisimulate reports per-request ITL only."""
     figures = dict(run.figures)
-    if figures.get("itl_mean", 0) > 0 and row["source"] in LINE_TIMESTAMP_SOURCES:
+    if figures.get("tpot_mean", 0) > 0 and row["source"] in LINE_TIMESTAMP_SOURCES:
         osl = float(row["workload"]["osl_nominal"])
-        figures["itl_mean"] = reported_itl_mean(row, figures["itl_mean"] * (osl - 1), osl, 1.0)
+        figures["itl_mean"] = reported_itl_mean(row, figures["tpot_mean"] * (osl - 1), osl, 1.0)
     return {k: math.log(figures[k] / v) for k, v in _measured(row).items()
-            if k.startswith(("ttft_", "itl_")) and figures.get(k, 0) > 0}
+            if k.startswith(("ttft_", "tpot_", "itl_")) and figures.get(k, 0) > 0}
 
 
 def _row_ttft(errors: dict[str, float]) -> float:
@@ -534,7 +590,8 @@ def aisimulate_side_by_side(replayed: list[Scored], path: Path = AISIMULATE, row
     pairs = [(s, e) for s, e in pairs if e]
     lines = [f"\naisimulate {version} side by side with the replay ({path.name}: the replay's own request stream, "
              f"same warm-up; error = max(pred/meas, meas/pred) - 1, worst o(ver)/u(nder)): {len(pairs)} rows both "
-             f"run", *_side_by_side_table(pairs), *(_side_by_side_rows(pairs) if rows else [])]
+             f"run; aisimulate's per-request ITL is scored as TPOT, vllm bench serve's ITL (token gaps) is not "
+             f"compared", *_side_by_side_table(pairs), *(_side_by_side_rows(pairs) if rows else [])]
     closer = {"replay": [], "aisimulate": []}
     for s, e in pairs:
         mine, theirs = _row_ttft(s.errors), _row_ttft(e)
@@ -598,6 +655,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, group in groups.items():
         if group:
             _summary(name, group)
+    unscored = [k for s in groups["vllm"] for k in _measured(s.row) if k in ITL_KEYS[1:] and k not in s.errors]
+    if unscored:
+        print(f"  not scored by the analytic model: {len(unscored)} token-gap percentiles (vllm bench serve's ITL "
+              f"p50/p99): it gives a per-request ITL and a mean time per token, not the gaps' distribution")
     if args.replay:
         replayed = [replay_row(r, cals) for r in rows if r["engine"] == "vllm"]
         if args.rows:

@@ -61,7 +61,7 @@ class Target:
 
 TARGETS = (Target("TTFT p50", ("ttft_p50",), 20.0, 2.0),
            Target("TTFT p90/p99", ("ttft_p90", "ttft_p99"), 20.0, 2.0),
-           Target("ITL", ("itl_mean", "itl_p50", "itl_p90", "itl_p99"), 15.0, None))
+           Target("ITL", wf.TPOT_KEYS + wf.ITL_KEYS, 15.0, None))
 
 
 class Pinned:

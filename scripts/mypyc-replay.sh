@@ -18,5 +18,5 @@ cd "$OUT"
 "$OUT/.mypyc-venv/bin/mypyc" --follow-imports=silent --python-executable "$PY" \
     tuner/replay/_engine.py tuner/replay/_decoding.py tuner/replay/_kvcache.py tuner/replay/_pricing.py \
     tuner/replay/_requests.py tuner/replay/_replay.py tuner/replay/_router.py tuner/replay/_arrivals.py \
-    tuner/replay/_report.py > "$OUT/mypyc.log"
+    tuner/replay/_report.py tuner/replay/_gaps.py > "$OUT/mypyc.log"
 echo "compiled into $OUT; run: cd $OUT && taskset -c 0 env PYTHONPATH=$OUT $PY benchmarks/replay_speed.py"

@@ -11,6 +11,7 @@ from tuner.models import ModelSpec
 from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, ReplayPlan, SchedulerLimits, Sessions, replay
 from tuner.replay import _replay as replay_module
+from tuner.replay._gaps import token_gap_percentiles
 from tuner.replay._requests import ReplayRequest, RequestSpec
 from tuner.workload import Workload
 
@@ -51,7 +52,7 @@ def _specs() -> list[tuple[RequestSpec, int]]:
     return out
 
 
-def _steps(engine_type: type[Engine], num_blocks: int, threshold: int) -> tuple[list, list]:
+def _steps(engine_type: type[Engine], num_blocks: int, threshold: int) -> tuple[list, list, object]:
     limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, long_prefill_token_threshold=threshold,
                              block_size=BS, num_blocks=num_blocks)
     engine = engine_type("rank 0", _UnitStep(), limits)  # type: ignore[arg-type]
@@ -69,7 +70,8 @@ def _steps(engine_type: type[Engine], num_blocks: int, threshold: int) -> tuple[
             engine.clock = float(pending[0][1])
             continue
         engine.advance(pending[0][1] if pending else float("inf"))
-    return engine.log, [(r.hit_tokens, r.preemptions, r.first_token_ms, r.finish_ms) for r in requests]
+    return engine.log, [(r.hit_tokens, r.preemptions, r.first_token_ms, r.finish_ms) for r in requests], \
+        token_gap_percentiles([engine.gaps])
 
 
 @pytest.mark.parametrize(("num_blocks", "threshold"), [(200, 0), (15, 0), (11, 24), (20, 8), (10, 16)])
@@ -79,6 +81,7 @@ def test_the_batch_steps_as_request_by_request(num_blocks: int, threshold: int) 
     assert batched == reference
     if num_blocks < 100:
         assert any(preempted for _, preempted, _, _ in batched[1])  # the pool runs out: preemption is exercised
+        assert batched[2].mean > 1.0  # a gap of more than a step: a recomputed request's, taken one by one
 
 
 def test_replays_report_the_same_as_request_by_request(dense: ModelSpec, h200: GpuSpec,

@@ -124,7 +124,8 @@ def replay_command(
                         f"{traffic.describe(load=False)}; {report.arrival}", title_justify="left")
     for col in ("", "mean", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
-    for name, p in (("TTFT ms", report.ttft_ms), ("ITL ms", report.itl_ms), ("E2E ms", report.e2e_ms)):
+    for name, p in (("TTFT ms", report.ttft_ms), ("ITL ms", report.itl_ms), ("token gap ms", report.token_gap_ms),
+                    ("E2E ms", report.e2e_ms)):
         table.add_row(name, f"{p.mean:,.1f}", f"{p.p50:,.1f}", f"{p.p90:,.1f}", f"{p.p99:,.1f}")
     console.print(table)
     console.print(

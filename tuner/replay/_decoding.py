@@ -32,7 +32,7 @@ class DecodeSet:
     """The decoding members of one engine's running list, as offsets from one counter (see the module doc)."""
 
     __slots__ = ("accepted", "base_sum", "blocks", "bs", "excess", "finish", "g", "joins", "members", "n", "phases",
-                 "shift", "state", "sum_pg", "units")
+                 "shift", "state", "sum_pg", "units", "warm")
 
     def __init__(self, block_size: int, state_blocks: int, q: int, lookahead: int, accepted: float) -> None:
         self.bs = block_size
@@ -46,6 +46,7 @@ class DecodeSet:
     def clear(self) -> None:
         self.g = 0.0
         self.n = 0
+        self.warm = 0  # members replayed as warm-up (not measured)
         self.sum_pg = 0.0  # sum of prompt - g0
         self.blocks = 0  # blocks the members hold, as the pool counted them
         self.base_sum = 0  # sum of base + 1 + state over the members counted by phase
@@ -66,6 +67,7 @@ class DecodeSet:
         r.d_base = base = int(u // self.bs)
         r.d_phase = phase = u - base * self.bs
         self.n += 1
+        self.warm += r.warmup
         self.sum_pg += r.prompt_tokens - g0
         self.blocks += r.blocks
         if r.blocks > self._formula(r, g):
@@ -102,6 +104,7 @@ class DecodeSet:
         r.blocks = blocks
         r.in_decode = False
         self.n -= 1
+        self.warm -= r.warmup
         self.sum_pg -= r.prompt_tokens - r.g0
         self.blocks -= blocks
         if r in self.excess:

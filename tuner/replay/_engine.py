@@ -33,6 +33,11 @@ step that carries a prefill chunk passes over them one by one; a step that would
 budget before the last decode writes the batch back and runs request by request (`_step_each`), with the same
 rules. Caching a unit and evicting one commute (a cached key gains a copy, whatever the queue holds), so a stretch
 takes its blocks at once and caches its units after (`_stretch_each` is the request-by-request reference).
+
+Each step or stretch also counts the gaps between a measured request's streamed chunks (`TokenGaps`,
+tuner/replay/_gaps.py): the batch's members got a token at the end of the step before, so each gap of theirs is
+the step's time, counted once per member; a request that a step skipped or that was recomputed keeps the time of
+its last token (`last_token_ms`) and its gap goes one by one.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import numpy as np
 
 from tuner.errors import ConfigError
 from tuner.replay._decoding import DecodeSet
+from tuner.replay._gaps import TokenGaps
 from tuner.replay._kvcache import BlockPool
 from tuner.replay._requests import ReplayRequest
 
@@ -65,6 +71,7 @@ class SchedulerLimits:
     mtp: int = 0
     prefix_caching: bool = True
     state_blocks: int = 0  # blocks a request holds for its GDN/Mamba state, whatever its length
+    stream_interval: int = 1  # the API server streams a request's tokens this many at a time (--stream-interval)
 
 
 class Pricer(Protocol):
@@ -119,6 +126,9 @@ class Engine:
         self._max_tokens = limits.max_num_batched_tokens
         self.decode = DecodeSet(limits.block_size, limits.state_blocks, self._q, limits.mtp, self.accepted)
         self._joins = 0
+        self.gaps = TokenGaps(limits.stream_interval, self.accepted)  # streamed chunks' gaps (measured requests)
+        self._regular = 0  # this step's gaps of one step time (requests that got a token in the step before)
+        self._pending: list[ReplayRequest] = []  # joined the batch after a step that skipped them
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -238,17 +248,56 @@ class Engine:
         self.running.append(r)
 
     def _write_back(self) -> None:
-        """Every decoding request leaves the batch with its own state (before a step run request by request)."""
+        """Every decoding request leaves the batch with its own state (before a step run request by request); one
+        that stepped in the batch got its last token when the last step ended (the clock)."""
         decode = self.decode
         for r in list(decode.members.values()):
+            if decode.g != r.g_entry:
+                r.last_token_ms = self.clock
             decode.leave(r)
+        self._pending = []
+
+    def _enter(self, r: ReplayRequest) -> None:
+        """`r` joins the decode batch; if the step that just ended skipped it, its next gap is its own."""
+        self.decode.enter(r)
+        if r.last_token_ms != self.clock:
+            self._pending.append(r)  # _finish_batched does this inline
+
+    def _members_gap(self, end_ms: float) -> int:
+        """The batch's measured members' gaps in the step ending at `end_ms`, each the step's time (the count
+        returned), bar the members a step before skipped: their gaps go one by one."""
+        decode = self.decode
+        regular = decode.n - decode.warm
+        if self._pending:
+            for r in self._pending:
+                if r.in_decode and not r.warmup:
+                    self.gaps.single.append(end_ms - r.last_token_ms)
+                    regular -= 1
+            self._pending = []
+        return regular
+
+    def _record(self, ms: float) -> None:
+        """This step's gaps of one step time (`_regular`) as one entry."""
+        self.gaps.runs.append((ms, 0.0, 0, 1, self._regular))
+        self._regular = 0
+
+    def _record_stretch(self, first: float, slope: float, k: int, regular: int, full: int) -> None:
+        """A stretch's gaps: `regular` in its first step, `full` in the k - 1 after, the step times linear."""
+        runs = self.gaps.runs
+        if regular == full:
+            if full:
+                runs.append((first, slope, 0, k, full))
+            return
+        if regular:
+            runs.append((first, slope, 0, 1, regular))
+        if full:
+            runs.append((first, slope, 1, k - 1, full))
 
     def _regroup(self) -> None:
         """Running requests that decode (first token sampled, only the last token to compute) join the batch."""
-        decode = self.decode
         for r in self.running:
             if not r.in_decode and r.generated >= 1 and r.prompt_tokens + r.generated - r.computed <= 1.0 + _EPS:
-                decode.enter(r)
+                self._enter(r)
 
     def _admissible(self, r: ReplayRequest) -> bool:
         """Whether the head of the queue would be admitted now (blocks only; the caller checked the rest)."""
@@ -389,12 +438,16 @@ class Engine:
     def _execute(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
         if self.log is not None:
             self.log.append({r.rid: new for r, new, _ in scheduled})
-        self._clock_step(scheduled, 0, 0.0)
-        finished = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
+        before = self.clock
+        ms = self._clock_step(scheduled, 0, 0.0)
+        finished = [r for r, new, decoding in scheduled if self._update(r, new, decoding, before)]
+        if self._regular:
+            self._record(ms)
         return self._finish(finished)
 
-    def _update(self, r: ReplayRequest, new: float, decoding: bool) -> bool:
-        """A scheduled request after the step: its tokens, first token; whether it finished (its units were
+    def _update(self, r: ReplayRequest, new: float, decoding: bool, before: float) -> bool:
+        """A scheduled request after the step that started at `before`: its tokens, first token, the gap since
+        its last token (vLLM streams every step's new tokens at once); whether it finished (its units were
         cached when the step was scheduled)."""
         if decoding:
             r.generated += self.accepted if r.generated >= 1 else 1.0
@@ -407,6 +460,12 @@ class Engine:
             r.computed = r.prompt_tokens + r.generated - 1.0
         if r.first_token_ms is None:
             r.first_token_ms = self.clock
+        elif not r.warmup:
+            if r.last_token_ms == before:
+                self._regular += 1
+            else:
+                self.gaps.single.append(self.clock - r.last_token_ms)
+        r.last_token_ms = self.clock
         return r.generated >= r.output_tokens - _EPS
 
     def _finish(self, finished: list[ReplayRequest]) -> list[ReplayRequest]:
@@ -481,20 +540,28 @@ class Engine:
         decode = self.decode
         g = decode.g + k * self.accepted
         blocks = decode.blocks_at(g)
-        self._stretch_clock(k)
+        before, first, slope = self._stretch_clock(k)
+        full = decode.n - decode.warm
+        if self._pending:
+            self._record_stretch(first, slope, k, self._members_gap(before + first), full)
+        elif full:
+            self.gaps.runs.append((first, slope, 0, k, full))  # _record_stretch, inline: the common case
         if blocks != decode.blocks and not self.pool.take(blocks - decode.blocks):  # bounded: cannot fail
             raise AssertionError("replay: a closed-form stretch ran out of KV blocks")
         decode.advance(g, blocks)
         return self._finish(self._decoded())
 
-    def _stretch_clock(self, k: int) -> None:
+    def _stretch_clock(self, k: int) -> tuple[float, float, float]:
+        """Move the clock over k steps; (the clock before, the first step's time, its growth per step)."""
         first, slope = self._stretch_prices(k)
+        before = self.clock
         ms = k * first + slope * k * (k - 1) / 2
         if self.log is not None:
             self.log.extend({r.rid: float(self._q) for r in self.running} for _ in range(k))
         self.clock += ms
         self.busy_ms += ms
         self.steps += k
+        return before, first, slope
 
     def _decoded(self) -> list[ReplayRequest]:
         """After the batch advanced: publish the units its requests completed, take out the finished ones."""
@@ -530,11 +597,19 @@ class Engine:
 
     def _stretch_each(self, k: int) -> list[ReplayRequest]:
         """A stretch, request by request (the reference the batched stretch must equal)."""
-        self._stretch_clock(k)
+        before, first, slope = self._stretch_clock(k)
         gained = k * self.accepted
         finished = []
         lookahead = self._q + self._lookahead - self.accepted  # slots of the last step past its computed tokens
+        regular = full = 0
         for r in self.running:
+            if not r.warmup:
+                full += 1
+                if r.last_token_ms == before:
+                    regular += 1
+                else:
+                    self.gaps.single.append(before + first - r.last_token_ms)
+            r.last_token_ms = self.clock
             r.generated += gained
             r.computed = r.prompt_tokens + r.generated - 1.0
             if not self._grow(r, r.computed + lookahead):  # bounded by _stretch_length: cannot fail
@@ -543,6 +618,7 @@ class Engine:
                 self._publish(r, r.prompt_tokens + r.generated - self.accepted)  # num_tokens at the last step
             if r.generated >= r.output_tokens - _EPS:
                 finished.append(r)
+        self._record_stretch(first, slope, k, regular, full)
         return self._finish(finished)
 
     # -- a step with the decode batch held together -------------------------------------------------
@@ -567,9 +643,11 @@ class Engine:
         if scheduled or decode.units_due(g):
             self._publish_scheduled(scheduled, g)
         self._admit(budget, threshold, scheduled)
-        self._execute_batched(scheduled)
+        before = self.clock
+        ms = self._execute_batched(scheduled)
+        self._regular += self._members_gap(self.clock) if self._pending else decode.n - decode.warm
         decode.advance(g, blocks)
-        return self._finish_batched(scheduled)
+        return self._finish_batched(scheduled, before, ms)
 
     def _threshold(self) -> int:
         lim = self.limits
@@ -627,19 +705,19 @@ class Engine:
             elif r.units and r.published < len(r.units):
                 self._publish_step(r, new)
 
-    def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> None:
-        """Price and clock the step: the batch's decodes from its sums, the others one by one."""
+    def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> float:
+        """Price and clock the step: the batch's decodes from its sums, the others one by one; its time."""
         decode = self.decode
         if self.log is not None:
             batch = sorted([(r.join, r.rid, new) for r, new, _ in scheduled]
                            + [(j, r.rid, float(self._q)) for j, r in decode.members.items()])
             self.log.append({rid: new for _, rid, new in batch})
-        self._clock_step(scheduled, decode.n, decode.context_sum())
+        return self._clock_step(scheduled, decode.n, decode.context_sum())
 
     def _clock_step(self, scheduled: list[tuple[ReplayRequest, float, bool]], decode_n: int,
-                    context: float) -> None:
+                    context: float) -> float:
         """Price one step (`decode_n` decodes of summed context `context` besides the scheduled requests) and
-        move the clock by it."""
+        move the clock by it; its time."""
         chunk = 0.0
         chunk_context = 0.0
         for r, new, decoding in scheduled:
@@ -654,18 +732,24 @@ class Engine:
         self.clock += ms
         self.busy_ms += ms
         self.steps += 1
+        return ms
 
-    def _finish_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
+    def _finish_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]], before: float,
+                        ms: float) -> list[ReplayRequest]:
         """The others' tokens, the finished (in running order), and the requests that now decode joining the
         batch."""
-        done = [r for r, new, decoding in scheduled if self._update(r, new, decoding)]
+        done = [r for r, new, decoding in scheduled if self._update(r, new, decoding, before)]
+        if self._regular:
+            self._record(ms)
         finished = self._leave_finished()
         if done:
             finished = sorted(finished + done, key=_join_order) if finished else done
-        decode = self.decode
+        decode, clock = self.decode, self.clock
         for r, _, _ in scheduled:
             if r.generated >= 1 and r.prompt_tokens + r.generated - r.computed <= 1.0 + _EPS and r not in done:
-                decode.enter(r)
+                decode.enter(r)  # _enter, inline
+                if r.last_token_ms != clock:
+                    self._pending.append(r)
         return self._finish(finished)
 
 

@@ -36,6 +36,7 @@ from tuner.replay._arrivals import (
     trace_requests,
 )
 from tuner.replay._engine import Engine, SchedulerLimits
+from tuner.replay._gaps import token_gap_percentiles
 from tuner.replay._pricing import StepPricer
 from tuner.replay._report import (
     Percentiles,
@@ -114,7 +115,8 @@ def _instances(perf: RooflineModel, plan: ReplayPlan, isl: int, osl: int) -> lis
                                  long_prefill_token_threshold=plan.long_prefill_token_threshold,
                                  block_size=memory.layout.block_size,
                                  num_blocks=max(1, memory.num_gpu_blocks // token_groups - 1),  # vLLM's null block
-                                 mtp=topo.mtp, prefix_caching=plan.prefix_caching, state_blocks=state_blocks)
+                                 mtp=topo.mtp, prefix_caching=plan.prefix_caching, state_blocks=state_blocks,
+                                 stream_interval=topo.stream_interval)
         transfer: Callable[[ReplayRequest], float] | None = None
         if group.role is Role.DECODE:
             def transfer(r: ReplayRequest, _s=state) -> float:
@@ -364,6 +366,7 @@ class _Run:
             deployment=plan.deployment.name, arrival=plan.arrival.describe(), requests=tuple(records),
             warmup_requests=self.warmup, ttft_ms=Percentiles.of([r.ttft_ms for r in records]),
             itl_ms=Percentiles.of([r.itl_ms for r in records if r.itl_ms is not None]),
+            token_gap_ms=token_gap_percentiles([e.gaps for e in self.engines]),
             e2e_ms=Percentiles.of([r.e2e_ms for r in records]), duration_s=duration_s,
             request_rps=len(records) / duration_s, output_tok_s=out_tokens / duration_s,
             total_tok_s=(in_tokens + out_tokens) / duration_s, num_gpus=plan.deployment.num_gpus, sla=plan.sla,

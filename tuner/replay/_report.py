@@ -1,7 +1,9 @@
 """What a replay measured: per request, their percentiles, and the engines' state over time.
 
 ITL is AIPerf's per-request inter-token latency: (end-to-end latency - TTFT) / (output tokens - 1), for requests
-of more than one output token. Goodput counts the requests that meet the SLA (TTFT and ITL bounds) per second.
+of more than one output token. The token gap is what `vllm bench serve` calls ITL: every gap between two streamed
+chunks of a request, pooled over all requests (tuner/replay/_gaps.py). Goodput counts the requests that meet the
+SLA (TTFT and ITL bounds) per second.
 """
 
 from __future__ import annotations
@@ -41,6 +43,28 @@ class Percentiles:
         a = np.asarray(values, dtype=float)
         p50, p90, p99 = np.percentile(a, [50, 90, 99])
         return cls(float(a.mean()), float(p50), float(p90), float(p99))
+
+    @classmethod
+    def weighted(cls, values: np.ndarray, weights: np.ndarray) -> Percentiles:
+        """The percentiles `of` gives on the list holding each value `weight` times (numpy's default, linear
+        between the order statistics around q (N - 1)), without building that list; weights need not be whole."""
+        if not len(values) or weights.sum() <= 0:
+            return cls(math.nan, math.nan, math.nan, math.nan)
+        order = np.argsort(values, kind="stable")
+        values, weights = values[order], weights[order]
+        upto = np.cumsum(weights)  # upto[i]: copies of values[0..i] (a value of weight 0 is never picked)
+        last = len(values) - 1
+
+        def nth(i: float) -> float:  # the i-th (0-based) value of the expanded list
+            return float(values[min(int(np.searchsorted(upto, i, side="right")), last)])
+
+        out = []
+        for q in (50, 90, 99):
+            pos = q / 100 * max(upto[-1] - 1.0, 0.0)
+            lo = math.floor(pos)
+            a, b, t = nth(lo), nth(lo + 1), pos - lo
+            out.append(float(a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)))  # numpy's lerp, both halves
+        return cls(float(values @ weights / upto[-1]), *out)
 
     def at(self, percentile: str) -> float:
         return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "mean": self.mean}[percentile]
@@ -87,7 +111,8 @@ class ReplayReport:
     requests: tuple[RequestRecord, ...]
     warmup_requests: int
     ttft_ms: Percentiles
-    itl_ms: Percentiles
+    itl_ms: Percentiles  # per request (AIPerf's ITL; vllm bench serve's TPOT)
+    token_gap_ms: Percentiles  # every streamed chunk's gap, pooled over requests (vllm bench serve's ITL)
     e2e_ms: Percentiles
     duration_s: float
     request_rps: float
@@ -123,7 +148,8 @@ class ReplayReport:
         return {
             "deployment": self.deployment, "arrival": self.arrival, "requests": len(self.requests),
             "warmup_requests": self.warmup_requests, "ttft_ms": asdict(self.ttft_ms), "itl_ms": asdict(self.itl_ms),
-            "e2e_ms": asdict(self.e2e_ms), "duration_s": self.duration_s, "request_rps": self.request_rps,
+            "token_gap_ms": asdict(self.token_gap_ms), "e2e_ms": asdict(self.e2e_ms), "duration_s": self.duration_s,
+            "request_rps": self.request_rps,
             "sustained_rps": self.sustained_rps, "output_tok_s": self.output_tok_s, "total_tok_s": self.total_tok_s,
             "num_gpus": self.num_gpus,
             "total_tok_s_per_gpu": self.total_tok_s_per_gpu, "sla": asdict(self.sla),

@@ -49,6 +49,7 @@ class ReplayRequest:
     remote: bool = False  # PD decode side: the prompt's KV comes from a prefill instance
     hit_tokens: int = 0  # prefix-cache hit at its first admission
     first_token_ms: float | None = None
+    last_token_ms: float = 0.0  # its latest streamed token (a member of a DecodeSet: see Engine._write_back)
     finish_ms: float | None = None
     preemptions: int = 0
     ready_ms: float = 0.0  # PD decode: when the KV transfer lands
