@@ -25,7 +25,7 @@ import workload_fidelity as wf
 
 from tuner.hardware import get_gpu
 from tuner.models import load_model
-from tuner.perf import RooflineModel
+from tuner.perf import Calibration, DecodeStep, RooflineModel
 from tuner.perf._steps import decode_step
 from tuner.topology import Role, Topology
 
@@ -45,6 +45,19 @@ def _shape(row: dict, table: str) -> tuple[float, float, str]:
         w, m = row["workload"], row["measured"]
         return float(w["isl_mean"]) + float(w["osl_mean"]) / 2, float(m["itl_ms"]["p50"]), "ITL p50"
     return float(row["isl"]) + float(row["osl"]) / 2, float(row["measured"]["tpot_ms"]), "TPOT mean"
+
+
+def implied_factors(costs, gpu, cal: Calibration, step: DecodeStep, measured_ms: float) -> dict[str, float]:
+    """Each factor's value that alone makes the priced decode step `step` last `measured_ms` (all else kept): the
+    kernel floor, the experts' streaming rate, the HBM rate of every byte, or the fixed step overhead."""
+    gap = measured_ms - step.step_ms
+    hbm = gpu.hbm_bandwidth_tb_s * 1e12 * cal.hbm_efficiency
+    kernels_ms = cal.kernel_latency_us * 1e-3 * costs.target.num_kernels
+    expert_ms = step.expert_bytes / cal.moe_gemm_efficiency / hbm * 1e3
+    return {"kernel_latency_us": (kernels_ms + gap) / costs.target.num_kernels * 1e3,
+            "moe_gemm_efficiency": step.expert_bytes / hbm / ((expert_ms + gap) * 1e-3),
+            "hbm_efficiency": cal.hbm_efficiency * step.memory_ms / (step.memory_ms + gap),
+            "step_overhead_ms": cal.step_overhead_ms + gap}
 
 
 def main() -> int:
@@ -82,12 +95,10 @@ def main() -> int:
         print(f"  measured {what} {measured:.2f} ms: priced x{s.step_ms / measured:.2f}; gap {gap:+.2f} ms per step, "
               f"{gap / t.num_layers * 1e3:+.0f} us per decoder layer ({t.num_layers} layers)")
         if gap > 0:
-            kl = (kernels_ms + gap) / t.num_kernels * 1e3
-            moe_eff = s.expert_bytes / hbm / ((expert_ms + gap) * 1e-3) if s.expert_bytes else float("nan")
-            hbm_eff = cal.hbm_efficiency * s.memory_ms / (s.memory_ms + gap)
-            print(f"  one factor alone to close it: kernel_latency_us {kl:.1f} (documented 2-6), "
-                  f"moe_gemm_efficiency {moe_eff:.2f} (0.3-1), hbm_efficiency {hbm_eff:.2f} (0.7-0.9), "
-                  f"step_overhead_ms {cal.step_overhead_ms + gap:.1f}")
+            f = implied_factors(costs, gpu, cal, s, measured)
+            print(f"  one factor alone to close it: kernel_latency_us {f['kernel_latency_us']:.1f} (documented 2-6), "
+                  f"moe_gemm_efficiency {f['moe_gemm_efficiency']:.2f} (0.3-1), hbm_efficiency "
+                  f"{f['hbm_efficiency']:.2f} (0.7-0.9), step_overhead_ms {f['step_overhead_ms']:.1f}")
     return 0
 
 
