@@ -370,7 +370,9 @@ def token_gaps(run: dict) -> dict[str, float]:
     the front end's time outside the steps. Here they are like for like as they stand: stream interval 1 and no
     speculative decoding (one token per step, one event per token), the counters are deltas over the AIPerf run
     (AIPerf sends no warm-up here) and the replay measures every request (warm-up share 0). `covered` checks it per
-    run: vLLM's count equals the run's output tokens less one per request, from AIPerf's records.
+    run: vLLM's count equals the run's output tokens less one per request, from AIPerf's records (and the gaps' sum
+    is vllm:request_decode_time_seconds' sum, each request's last token's time less its first's, stats.py
+    `update_from_finished_request`: on every stored run).
 
     Only the sum and count are stored in _run3-10 (no bucket data), so only the mean is checked there, and the mean
     of every gap is sum over requests of (last token - first token) / sum of (tokens - 1): it checks the decode time

@@ -75,8 +75,9 @@ def test_token_gap_mean_read_off_vllm_counters_is_the_clients_mean_over_the_same
     """The token-gap check's measured side: vLLM's inter_token_latency_seconds sum / count (engine side, ms) on
     every stored quiet run counts one gap per output token after a request's first (`covered`), and agrees with the
     same mean taken independently on the client, AIPerf's sum(latency - TTFT) / sum(tokens - 1), within 2% (a wrong
-    counter, e.g. the per-request decode time, or seconds read as ms, is off by x10 or more). A file without the
-    counters gives no mean rather than a wrong one."""
+    reading, e.g. the decode time per request, or seconds read as ms, is off by x10 or more); the gaps' sum is vLLM's
+    decode time summed over requests (each last token's time less its first's), so no gap is missing. A file
+    without the counters gives no mean rather than a wrong one."""
     import json
     import math
 
@@ -85,6 +86,8 @@ def test_token_gap_mean_read_off_vllm_counters_is_the_clients_mean_over_the_same
         for run in json.loads(path.read_text())["runs"]:
             gaps = bench.token_gaps(run)
             assert gaps["covered"] == 1.0, (path.name, run["kind"])
+            c = run["counters"]
+            assert c["inter_token_latency_seconds_sum"] == pytest.approx(c["request_decode_time_seconds_sum"])
             assert gaps["gap_mean"] == pytest.approx(gaps["gap_mean_client"], rel=0.02), (path.name, gaps)
             assert math.isnan(gaps["gap_p50"])  # measured before the buckets were stored
     run = json.loads(bench.QUIET[0].read_text())["runs"][0]
