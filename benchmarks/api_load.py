@@ -49,12 +49,6 @@ POSTS_PER_CLIENT = 10
 RATE_KEYS = ("total_tok_s", "output_tok_s", "total_tok_s_per_gpu", "output_tok_s_per_gpu", "request_throughput_rps")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
@@ -64,18 +58,22 @@ class Server:
 
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
-        self.port = _port()
         self.server: uvicorn.Server | None = None
         self.thread: threading.Thread | None = None
 
     def start(self) -> str:
-        self.server = uvicorn.Server(uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=self.port,
+        """Its base URL. The socket is bound here and handed to uvicorn (which closes it on stop), so no other
+        process can take the port between its choice and the bind; a restart binds a fresh one."""
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.settings), host="127.0.0.1", port=port,
                                                     log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         while not self.server.started:
             time.sleep(0.05)
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://127.0.0.1:{port}"
 
     def stop(self) -> None:
         assert self.server is not None and self.thread is not None

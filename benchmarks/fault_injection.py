@@ -19,7 +19,6 @@ import contextlib
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,12 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4"
 SPACE = REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml"
 HOSTS, GPUS_PER_HOST = 3, 4
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def kill_loop(work: Path, kills: int, trials: int, grace_s: float) -> dict:
@@ -123,6 +116,7 @@ def _study(storage_url: str) -> str | None:
 
 # -- the service under kill -9 and SIGTERM ----------------------------------------------------------------------
 TOKEN = "fault-token-" + "x" * 20
+PORT_ATTEMPTS = 5
 
 
 def _listening_outside_loopback(pids: set[int]) -> list[str]:
@@ -171,30 +165,53 @@ class _Service:
         models.mkdir(exist_ok=True)
         if not (models / "ref").exists():
             shutil.copytree(REPO / "examples" / "models" / "qwen3.8-2.4t-a95b-nvfp4", models / "ref")
-        self.port = _free_port()
+        self.port = 0  # chosen at each start
         self.env = {**os.environ, "PYTHONPATH": str(REPO), "TOPOTUNE_API_TOKEN": TOKEN,
                     "TOPOTUNE_DATA_DIR": str(work / "data"), "TOPOTUNE_MODELS_DIR": str(models),
                     "TOPOTUNE_WATCH_MODELS": "false", "TOPOTUNE_EXECUTOR": "ray",
                     "TOPOTUNE_MAX_PARALLEL_TRIALS": "2", "TOPOTUNE_MAX_PARALLEL_STUDIES": "1"}
         self.env.pop("RAY_ADDRESS", None)
         self.proc: subprocess.Popen | None = None
-        self.base = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """`topotune serve` on a port from free_port_block (below the ephemeral ports outgoing connections take),
+        a fresh one at each start; a start that lost its port to another process before binding it (serve.log
+        says so) is made again on another."""
+        from tuner.launch import free_port_block, lost_port
+
+        log_path = self.work / "serve.log"
+        for _ in range(PORT_ATTEMPTS):
+            self.port = free_port_block(1)
+            logged = log_path.stat().st_size if log_path.exists() else 0
+            self.proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "serve",
+                                          "--port", str(self.port),
+                                          "--log-level", "warning"], env=self.env, stdout=subprocess.DEVNULL,
+                                         stderr=open(log_path, "a"))  # noqa: SIM115
+            if self._healthy():
+                return
+            with open(log_path, "rb") as fh:
+                fh.seek(logged)
+                this_start = fh.read().decode(errors="replace")
+            if self.proc.poll() is None or not lost_port(this_start):
+                raise RuntimeError(f"the service did not start within 120 s; serve.log ends:\n{this_start[-3000:]}")
+        raise RuntimeError(f"the service lost its port to another process {PORT_ATTEMPTS} times (serve.log)")
+
+    def _healthy(self) -> bool:
+        """Until /healthz answers (True) or the process exits or 120 s pass (False)."""
         import httpx
 
-        self.proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "serve",
-                                      "--port", str(self.port),
-                                      "--log-level", "warning"], env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.work / "serve.log", "a"))  # noqa: SIM115
+        assert self.proc is not None
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.proc.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.base + "/healthz", timeout=2).status_code in (200, 503):
-                    return
+                    return True
             time.sleep(0.3)
-        log = (self.work / "serve.log").read_text()[-3000:]
-        raise RuntimeError(f"the service did not start within 120 s; serve.log ends:\n{log}")
+        return False
 
     def detail(self, sid: int) -> dict:
         import httpx
@@ -320,24 +337,15 @@ def main() -> None:
         for k, v in figures.items():
             print(f"  {k}: {v}")
         return
-    import ray
-    from ray.cluster_utils import Cluster
+    from tuner.testing import ray_test_cluster
 
     node = {"num_cpus": 1, "num_gpus": GPUS_PER_HOST, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={**node, "include_dashboard": False, "gcs_server_port": _free_port()})
-    try:
-        for _ in range(HOSTS - 1):
-            cluster.add_node(**node)
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-        cluster.wait_for_nodes()
-        with tempfile.TemporaryDirectory(prefix="topotune-faults-") as tmp:
-            work = Path(tmp)
-            kill = kill_loop(work, a.kills, a.trials, a.grace_s)
-            restart = driver_restart(work, cluster.address, 6)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    # every port of the cluster is one its Ray process binds itself
+    with ray_test_cluster(node, [node] * (HOSTS - 1)) as cluster, \
+            tempfile.TemporaryDirectory(prefix="topotune-faults-") as tmp:
+        work = Path(tmp)
+        kill = kill_loop(work, a.kills, a.trials, a.grace_s)
+        restart = driver_restart(work, cluster.address, 6)
     print(f"kill -9 loop ({HOSTS} hosts x {GPUS_PER_HOST} GPUs, {a.trials} trials, 3 in flight, 2 retries):")
     for k, v in kill.items():
         print(f"  {k}: {v}")

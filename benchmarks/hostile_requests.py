@@ -45,12 +45,6 @@ BOMB = "\n".join(['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lo
                  + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]) + "\nname: bomb\n"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _space(**decode: object) -> dict:
     space = yaml.safe_load((REPO / "search_spaces" / "gb300-nvl72-8k1k.yaml").read_text())
     space["phases"]["decode"].update(decode)
@@ -278,9 +272,11 @@ def main() -> None:
                            allowed_roots=[models, REPO / "search_spaces", spaces], max_parallel_studies=1)
     tracebacks = _Tracebacks()
     logging.getLogger().addHandler(tracebacks)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=_port(),
+    sock = socket.socket()  # bound here and handed to uvicorn: no window for another process to take the port
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=sock.getsockname()[1],
                                            log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.05)

@@ -69,7 +69,7 @@ FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 10
 BLOCK = 128
 CLOSED = (1, 2, 4, 8, 12)
 RATE_SHARES = (0.3, 0.5, 0.7, 0.85, 1.0, 1.3)  # of the closed-loop rate at the highest concurrency
-PORT = 8931
+PORT_ATTEMPTS = 5  # the server starts afresh on a new port when another process took its port first
 
 
 def _trace(path: Path, n: int = 90, seed: int = 7) -> Path:
@@ -118,15 +118,15 @@ HISTOGRAM_BUCKETS = {
 }
 
 
-def _scrape() -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10).read().decode()
+def _scrape(url: str) -> str:
+    return urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
 
 
-def _histograms(text: str) -> dict:
+def _histograms(text: str, url: str) -> dict:
     """BUCKETED's histograms of one scrape, summed over engines (tuner.workload.parse_exposition)."""
     from tuner.workload import parse_exposition
 
-    c = parse_exposition(text, f"http://127.0.0.1:{PORT}/metrics")
+    c = parse_exposition(text, f"{url}/metrics")
     return {"inter_token_latency_seconds": c.itl_s, "time_to_first_token_seconds": c.ttft_s}
 
 
@@ -176,14 +176,15 @@ def _client_cpus() -> list[str]:
     return ["taskset", "-c", cpus] if cpus and (os.cpu_count() or 1) > 1 and shutil.which("taskset") else []
 
 
-def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concurrency: int | None) -> list[dict]:
+def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concurrency: int | None,
+           url: str) -> list[dict]:
     from tuner.backends.vllm._aiperf import tokenizer_hub_alias
 
     hub = out.parent / "hub"  # AIPerf decodes hash-id prompts offline: the tokenizer through a hub cache
     env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
     argv = [*_client_cpus(), str(envs / "aiperf/bin/aiperf"), "profile", "--model", "tiny", "--tokenizer",
             tokenizer_hub_alias(model, hub),
-            "--url", f"http://127.0.0.1:{PORT}", "--endpoint-type", "completions", "--streaming",
+            "--url", url, "--endpoint-type", "completions", "--streaming",
             "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace", "--isl-block-size", str(BLOCK),
             "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", str(seed),
             "--ui", "none", "--no-gpu-telemetry", "--export-level", "records", "--artifact-dir", str(out),
@@ -212,28 +213,38 @@ def _server_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICE)
 
 
-def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> subprocess.Popen:
+def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> tuple[subprocess.Popen, str]:
+    """The server, healthy, and its URL. Its port comes from free_port_block (below the ephemeral ports outgoing
+    connections take; a fixed port collides with any other run on the machine, and its health check could even
+    reach the other run's server); another process can still bind it before vLLM does, and a start whose log
+    shows the lost port is made again on a fresh one."""
     from tuner.backends.vllm._backend import LAUNCHER
+    from tuner.launch import free_port_block, lost_port
 
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
-    argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
-            "--host", "127.0.0.1", "--port", str(PORT), "--dtype", "bfloat16", "--enforce-eager",
-            "--enable-prefix-caching", "--kv-cache-memory-bytes", str(kv_bytes),
-            "--max-num-seqs", str(FLAGS["max_num_seqs"]), "--max-num-batched-tokens",
-            str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"]),
-            "--custom-histogram-buckets", json.dumps(HISTOGRAM_BUCKETS)]
-    server = subprocess.Popen(argv, env=env, stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
-                              preexec_fn=_server_priority)
-    deadline = time.time() + 600
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5)
-            return server
-        except OSError:
-            if server.poll() is not None or time.time() > deadline:
-                server.terminate()
-                raise SystemExit(f"server did not start: see {work / 'server.log'}") from None
-            time.sleep(2)
+    log = work / "server.log"
+    for _ in range(PORT_ATTEMPTS):
+        port = free_port_block(1)
+        argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
+                "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
+                "--enable-prefix-caching", "--kv-cache-memory-bytes", str(kv_bytes),
+                "--max-num-seqs", str(FLAGS["max_num_seqs"]), "--max-num-batched-tokens",
+                str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"]),
+                "--custom-histogram-buckets", json.dumps(HISTOGRAM_BUCKETS)]
+        server = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                  preexec_fn=_server_priority)
+        deadline = time.time() + 600
+        while server.poll() is None and time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                return server, f"http://127.0.0.1:{port}"
+            except OSError:
+                time.sleep(2)
+        server.terminate()
+        server.wait(timeout=60)
+        if not lost_port(log.read_text(errors="replace")):
+            raise SystemExit(f"server did not start: see {log}")
+    raise SystemExit(f"the server lost its port to another process {PORT_ATTEMPTS} times: see {log}")
 
 
 def _nice_of(pid: int) -> int | None:
@@ -243,21 +254,21 @@ def _nice_of(pid: int) -> int | None:
         return None
 
 
-def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str, load: float) -> dict:
+def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str, load: float, url: str) -> dict:
     """One AIPerf run (closed loop at concurrency `load`, or open loop on the trace at `load` req/s), with the
     deltas of vLLM's counters over it, its wall time and the machine's load average before and after."""
-    text = _scrape()
-    before, hist_before, load_before, t0 = _counters(text), _histograms(text), os.getloadavg()[0], time.time()
+    text = _scrape(url)
+    before, hist_before, load_before, t0 = _counters(text), _histograms(text, url), os.getloadavg()[0], time.time()
     if kind == "closed":
-        records = _aiperf(envs, model, trace, work / f"closed{load:g}", seed, concurrency=int(load))
+        records = _aiperf(envs, model, trace, work / f"closed{load:g}", seed, concurrency=int(load), url=url)
     else:
         records = _aiperf(envs, model, _rescaled(trace, load, work / f"trace{load:g}.jsonl"), work / f"open{load:g}",
-                          seed, concurrency=None)
-    text = _scrape()
+                          seed, concurrency=None, url=url)
+    text = _scrape(url)
     after = _counters(text)
     run = {"kind": kind, "seed": seed, "load_average": load_before, "load_average_after": os.getloadavg()[0],
            "wall_s": round(time.time() - t0, 2), "counters": {k: after[k] - before[k] for k in after},
-           "histograms": _bucket_deltas(hist_before, _histograms(text)), "requests": records}
+           "histograms": _bucket_deltas(hist_before, _histograms(text, url)), "requests": records}
     run.update({"concurrency": int(load)} if kind == "closed" else {"rate_rps": load})
     print(f"{kind} {load:g}: {len(records)} requests, load {load_before:.1f}", flush=True)
     return run
@@ -286,20 +297,20 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
         subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
                        capture_output=True)
     trace = _trace(work / "trace.jsonl", requests)
-    server = _serve(envs, model, work, kv_bytes)
+    server, url = _serve(envs, model, work, kv_bytes)
     nice = _nice_of(server.pid)
     seeds = itertools.count(101)
     try:
         top = max(closed)
-        runs = [_run(envs, model, trace, work, next(seeds), "closed", top)]
+        runs = [_run(envs, model, trace, work, next(seeds), "closed", top, url)]
         capacity = _capacity_rps(runs[0])
         rest = [c for c in closed if c != top]
         opens = [round(share * capacity, 2) for share in rate_shares]
         for i in range(max(len(rest), len(opens))):
             if i < len(opens):
-                runs.append(_run(envs, model, trace, work, next(seeds), "open", opens[i]))
+                runs.append(_run(envs, model, trace, work, next(seeds), "open", opens[i], url))
             if i < len(rest):
-                runs.append(_run(envs, model, trace, work, next(seeds), "closed", rest[i]))
+                runs.append(_run(envs, model, trace, work, next(seeds), "closed", rest[i], url))
         for run, share in zip([r for r in runs if r["kind"] == "open"], rate_shares, strict=True):
             run["share_of_closed"] = share
     finally:

@@ -20,7 +20,8 @@ class TunerSettings(BaseSettings):
     storage: str | None = Field(None, description="SQLAlchemy URL of the Optuna storage; default SQLite in data_dir")
     ray_address: str | None = Field(None, validation_alias="RAY_ADDRESS",
                                     description="connect to this Ray cluster; default: start a local one")
-    ray_port: int = Field(6390, description="GCS port of the local Ray head (6379 is Redis's)")
+    ray_port: int | None = Field(None, gt=0, lt=65536,
+                                 description="GCS port of the local Ray head; default: a free one its GCS binds itself")
 
     @property
     def storage_url(self) -> str:

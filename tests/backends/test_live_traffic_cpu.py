@@ -14,9 +14,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,6 +34,7 @@ from tuner.backends.vllm import default_envs_dir
 from tuner.cluster import ClusterKey, ClusterStore
 from tuner.deployment import parse_deployment
 from tuner.hardware import get_gpu
+from tuner.launch import free_port_block, lost_port
 from tuner.live import Thresholds, WatchAdviceRequest, WatchState, WatchTarget, check_deployment, record_window, tick
 from tuner.models import load_model
 from tuner.perf import RooflineModel, default_calibration
@@ -52,10 +53,52 @@ PHASES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+PORT_ATTEMPTS = 5  # vLLM starts afresh on a new port when another process took its port before it bound it
+PROMETHEUS_LISTENING = re.compile(r'msg="Listening on" address=127\.0\.0\.1:(\d+)')
+
+
+def _start_vllm(model: Path, tmp: Path) -> tuple[subprocess.Popen, int]:
+    """vLLM serving `model`, healthy, and its port. The port comes from free_port_block (below the ephemeral ports
+    that outgoing connections take); another process can still bind it before vLLM does (vLLM takes no bound
+    socket nor reports a port-0 bind), and a start whose log shows the lost port is made again on a fresh one."""
+    env = {**os.environ, **CPU_SETTINGS.vllm_env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port_block(1)
+        log = tmp / ("vllm.log" if attempt == 0 else f"vllm-{attempt}.log")
+        vllm = subprocess.Popen(
+            [*CPU_SETTINGS.vllm_argv, "serve", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
+             "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "1024", *CPU_SETTINGS.extra_vllm_flags],
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/health", 900, vllm)
+        except BaseException:
+            _stop(vllm)
+            if vllm.returncode is not None and lost_port(log.read_text(errors="replace")):
+                continue
+            raise
+        return vllm, port
+    raise AssertionError(f"vLLM lost its port to another process {PORT_ATTEMPTS} times (logs in {tmp})")
+
+
+def _start_prometheus(binary: str, target_port: int, tmp: Path) -> tuple[subprocess.Popen, str]:
+    """Prometheus scraping the server every second, on a port it binds itself (port 0, read back from its log)."""
+    config = tmp / "prometheus.yml"
+    config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vllm\n"
+                      f"    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n")
+    log = tmp / "prometheus.log"
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+         "--web.listen-address=127.0.0.1:0"],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (found := PROMETHEUS_LISTENING.search(log.read_text(errors="replace"))):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            raise AssertionError(f"prometheus did not say where it listens: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    url = f"http://127.0.0.1:{found.group(1)}"
+    _wait_http(f"{url}/-/ready", 120, proc)
+    return proc, url
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
@@ -122,28 +165,13 @@ def run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[
         pytest.skip("CPU vLLM venvs missing: run `make cpu-vllm`")
     tmp = tmp_path_factory.mktemp("live")
     model = tiny_model
-    port = _free_port()
-    env = {**os.environ, **CPU_SETTINGS.vllm_env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    vllm = subprocess.Popen(
-        [*CPU_SETTINGS.vllm_argv, "serve", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-         "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "1024", *CPU_SETTINGS.extra_vllm_flags],
-        env=env, stdout=(tmp / "vllm.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    vllm, port = _start_vllm(model, tmp)
     prometheus: subprocess.Popen | None = None
     try:
-        _wait_http(f"http://127.0.0.1:{port}/health", 900, vllm)
         prom_url = None
         binary = shutil.which("prometheus")
         if binary:
-            prom_port = _free_port()
-            config = tmp / "prometheus.yml"
-            config.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vllm\n"
-                              f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
-            prometheus = subprocess.Popen(
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                stdout=(tmp / "prometheus.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-            prom_url = f"http://127.0.0.1:{prom_port}"
-            _wait_http(f"{prom_url}/-/ready", 120, prometheus)
+            prometheus, prom_url = _start_prometheus(binary, port, tmp)
         url = f"http://127.0.0.1:{port}/metrics"
         with _service(tmp, url, model) as (client, watch_id):
             scrapes = _serve_phases(url, port, model, tmp)

@@ -8,7 +8,11 @@ by the real study in test_cpu_study_e2e.py, where it must also not stop the stud
 from __future__ import annotations
 
 import glob
+import json
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +66,50 @@ def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path,
     assert not _our_processes(trial_dir)
     assert set(glob.glob("/tmp/vllm_dist_*")) <= temp_before
 
+
+
+@needs_envs
+def test_a_port_taken_before_the_server_binds_it_starts_the_trial_again_on_a_fresh_block(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """Another process binds the server's port between the trial's choice of its block (plan.json written) and
+    the server's own bind (vLLM binds after seconds of imports): the trial stops that start, starts again on a
+    fresh block, and measures. The first start's log, with vLLM's bind error, stays in its own folder."""
+    trial_dir = tmp_path / "trial-port"
+    taken: list[socket.socket] = []
+    stop = threading.Event()
+
+    def take_the_port() -> None:
+        plan_file = trial_dir / "plan.json"
+        while not stop.is_set():
+            try:
+                port = json.loads(plan_file.read_text())["processes"][0]["port"]  # servers first
+            except (OSError, ValueError, KeyError):  # not written yet, or half written
+                time.sleep(0.01)
+                continue
+            sock = socket.socket()
+            sock.bind((SETTINGS.bind_host, port))
+            sock.listen()
+            taken.append(sock)
+            return
+
+    taker = threading.Thread(target=take_the_port, daemon=True)
+    taker.start()
+    try:
+        result = VllmBackend(SETTINGS).run(request(tiny_model, trial_dir,
+                                                   Deployment.single(Topology.parse("TP1", max_num_seqs=8))))
+        taken_port = taken[0].getsockname()[1] if taken else None
+    finally:
+        stop.set()
+        taker.join(timeout=60)
+        for sock in taken:
+            sock.close()
+    assert taken_port is not None, "the port was not taken before the server bound it"
+    assert result.status is TrialStatus.OK, result.reason
+    assert [p.concurrency for p in result.points] == [1, 4]
+    assert "address already in use" in (trial_dir / "logs" / "both0.log").read_text(errors="replace").lower()
+    assert (trial_dir / "logs-port-retry1" / "both0.log").exists()
+    assert json.loads((trial_dir / "plan.json").read_text())["processes"][0]["port"] != taken_port
+    assert not _our_processes(trial_dir)
 
 @needs_envs
 @pytest.mark.skipif(os.environ.get("TOPOTUNE_SKIP_PD") == "1", reason="TOPOTUNE_SKIP_PD=1")

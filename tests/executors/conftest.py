@@ -2,7 +2,8 @@
 
 ray.cluster_utils.Cluster starts one raylet per host (10-15 s on a 2-core box), so the whole suite shares it.
 Every Ray port is one its process binds itself (never 6379, Redis's here, nor a fixed one that collides with other
-runs, nor one chosen here and bound later, which another process can take in between): _support.executors.
+runs, nor one chosen here and bound later, which another process can take in between): tuner.testing's
+ray_test_cluster.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support.executors import GPUS_PER_HOST, HOSTS, ray_test_cluster
+from _support.executors import GPUS_PER_HOST, HOSTS
+
+from tuner.testing import ray_test_cluster
 
 
 @pytest.fixture(scope="session")

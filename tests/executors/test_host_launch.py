@@ -30,12 +30,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support.executors import ray_test_cluster
 from _support.processes import process_alive, processes_mentioning
 
 from tuner.backends import TrialRequest, TrialStatus
 from tuner.backends.vllm import VllmBackend, VllmBackendSettings
 from tuner.deployment import Deployment
+from tuner.testing import ray_test_cluster
 from tuner.topology import Topology
 from tuner.workload import Workload
 

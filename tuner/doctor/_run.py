@@ -93,7 +93,7 @@ def uses_deepep(space: SearchSpace) -> bool:
 
 
 def _probe_ray(request: ProbeRequest, space: SearchSpace, address: str | None,
-               port: int) -> tuple[list[NodeFacts], list[CheckResult], str]:
+               port: int | None) -> tuple[list[NodeFacts], list[CheckResult], str]:
     """One probe per alive Ray node, pinned to it; a node whose probe dies or hangs is a failed check."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -165,7 +165,7 @@ def _is_hybrid(model_path: str) -> bool:
 
 def run_doctor(space: SearchSpace, model_path: str | Path | None, *, space_name: str = "", executor: str = "ray",
                settings: VllmBackendSettings | None = None, ray_address: str | None = None,
-               ray_port: int = 6390) -> DoctorReport:
+               ray_port: int | None = None) -> DoctorReport:
     """Check the cluster a `tune --backend vllm` campaign on `space` would use. Never raises for a broken
     prerequisite: each one is a failed check naming the node, what failed and the fix."""
     model = str(Path(model_path).expanduser().absolute()) if model_path else ""

@@ -5,6 +5,10 @@ opens. Token authentication (on by default since Ray 2.59) stays on: a local hea
 token Ray keeps in ~/.ray/auth_token; a remote cluster's token must be given (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH
 or ~/.ray/auth_token) and a missing or wrong one becomes a ConfigError that says so.
 
+A local head's GCS binds a port of its own choosing (Ray's port 0, read back from the port file it writes), so no
+other process can take the port between its choice and the bind; TOPOTUNE_RAY_PORT asks for a fixed one, which
+must then be the head's own (a start that cannot have it fails with a ConfigError naming the setting).
+
 A local head started here binds to loopback only (its GCS, raylet and agents; the dashboard is off), keeps the
 process's own SIGTERM/SIGINT handlers (Ray's would exit at once, before a service can stop its trials
 gracefully), and has a watchdog (tuner.executors._reaper) that stops every process it started when this process
@@ -28,6 +32,11 @@ from pathlib import Path
 from tuner.errors import ConfigError
 
 REDIS_PORT = 6379  # Redis holds it on our machines; Ray's own default
+PORT_SETTING = "TOPOTUNE_RAY_PORT"
+# How ray.init fails when a fixed GCS port was taken after the check: the GCS could not bind it (a RuntimeError,
+# after Ray's ~40 s wait when some other listener holds it), or another Ray head's GCS holds it and the new head
+# reached that one (an AssertionError: the session name in its store is the other head's; ray/_private/node.py).
+_LOST_PORT = ("Failed to start GCS", "does not match persisted value")
 LOOPBACK = "127.0.0.1"
 OBJECT_STORE_BYTES = 200 * 2**20
 NAMESPACE = "topotune"
@@ -47,6 +56,8 @@ _REAPER: subprocess.Popen | None = None
 
 
 def _port_free(port: int) -> bool:
+    """Whether `port` can be bound now: only to refuse a taken fixed port at once (Ray's own failure to bind it
+    comes after a 40 s wait); a port taken after this check is caught after the start (_start_local)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -75,8 +86,9 @@ def _cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def ensure_ray(*, address: str | None, num_gpus: int, port: int = 6390, num_cpus: int = 2) -> RaySession:
-    """Connect to `address`, or start (or reuse) a local head declaring `num_gpus` logical GPUs.
+def ensure_ray(*, address: str | None, num_gpus: int, port: int | None = None, num_cpus: int = 2) -> RaySession:
+    """Connect to `address`, or start (or reuse) a local head declaring `num_gpus` logical GPUs, its GCS on
+    `port` (TOPOTUNE_RAY_PORT; None: a port the GCS binds itself).
 
     A local head that declared fewer GPUs than now asked is restarted; a session someone else opened in this
     process (tests with ray.cluster_utils.Cluster) is reused as it is.
@@ -95,8 +107,23 @@ def ensure_ray(*, address: str | None, num_gpus: int, port: int = 6390, num_cpus
             ray.shutdown()  # our local head is too small for this space: start a bigger one
             _SESSION = None
         local = address is None or address == ""
+        if local and port is not None:
+            _check_fixed_port(port)
         _SESSION = _start_local(num_gpus=num_gpus, port=port, num_cpus=num_cpus) if local else _connect(address)
         return _SESSION
+
+
+def _port_error(port: int, why: str) -> ConfigError:
+    return ConfigError(f"the local Ray head cannot have GCS port {port}: {why}", field=PORT_SETTING,
+                       fix=f"unset {PORT_SETTING} (the head then binds a free port itself), choose another port, or "
+                           f"set RAY_ADDRESS to the Ray cluster already running there")
+
+
+def _check_fixed_port(port: int) -> None:
+    if port == REDIS_PORT:
+        raise _port_error(port, "it is Redis's port")
+    if not _port_free(port):
+        raise _port_error(port, "another process is listening on it")
 
 
 def _quiet_init_kwargs() -> dict:
@@ -162,15 +189,16 @@ def _connect(address: str) -> RaySession:
     return RaySession(address=address, local=False, num_gpus=_cluster_gpus())
 
 
-def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
-    """A head on `port` (never Redis's 6379; a random free port when taken) bound to loopback, dashboard off,
-    small store, and a watchdog that stops it when this process dies."""
+def _start_local(*, num_gpus: int, port: int | None, num_cpus: int) -> RaySession:
+    """A head bound to loopback, dashboard off, small store, and a watchdog that stops it when this process dies.
+    Its GCS binds a free port itself (port None), or `port`; a port another process took after _check_fixed_port
+    is a ConfigError: Ray's own failures (_LOST_PORT), or, should Ray go on (its check is an assert, which
+    python -O drops), a cluster that is not this head's alone (_joined_own_head)."""
     import ray
     from ray._private import ray_constants
 
-    chosen = port if port != REDIS_PORT and _port_free(port) else 0
     previous = os.environ.get("RAY_GCS_SERVER_PORT")
-    os.environ["RAY_GCS_SERVER_PORT"] = str(chosen)
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port or 0)  # Ray's 0: its GCS binds any free port and publishes it
     # Ray resolves 127.0.0.1 to the machine's address on Linux unless "clusters" are off (its switch is named for
     # Windows and macOS, where it is the default): off, the head, its agents and its workers all bind to loopback.
     previous_cluster = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
@@ -182,6 +210,11 @@ def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
             ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
                            object_store_memory=OBJECT_STORE_BYTES, _node_ip_address=LOOPBACK,
                            **_quiet_init_kwargs())
+    except (RuntimeError, AssertionError) as exc:
+        if port is not None and any(sign in str(exc) for sign in _LOST_PORT):
+            raise _port_error(port, "another process took it after it was checked (Ray's error is chained to this "
+                                    "one)") from exc
+        raise
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
         for name, value in (("RAY_GCS_SERVER_PORT", previous),
@@ -190,8 +223,22 @@ def _start_local(*, num_gpus: int, port: int, num_cpus: int) -> RaySession:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+    if port is not None and not _joined_own_head(ctx.address_info.get("node_id", "")):
+        ray.shutdown()
+        raise _port_error(port, "another Ray head's GCS took it since it was checked")
     _start_reaper()
     return RaySession(address=ctx.address_info.get("gcs_address", ""), local=True, num_gpus=num_gpus)
+
+
+def _joined_own_head(node_id: str) -> bool:
+    """The cluster ray.init reached is the head it started: its GCS process runs, and no other node is there."""
+    import ray
+    from ray._private import ray_constants, worker
+
+    node = worker._global_node
+    gcs = node.all_processes.get(ray_constants.PROCESS_TYPE_GCS_SERVER, []) if node is not None else []
+    return (bool(gcs) and gcs[0].process.poll() is None
+            and {n["NodeID"] for n in ray.nodes() if n.get("Alive")} == {node_id})
 
 
 def shutdown_ray() -> None:

@@ -269,6 +269,13 @@ def free_port_block(count: int, *, start: int = 20000, end: int = 60000, host: s
     raise RuntimeError(f"no block of {count} free ports in [{start}, {end})")
 
 
+def lost_port(log_text: str) -> bool:
+    """The log shows a bind that failed because the port was taken (EADDRINUSE): Python's "[Errno 98] Address
+    already in use", Go's and Rust's "address already in use". A port from free_port_block was free when chosen;
+    another process can still take it before the server binds it, and the caller starts again on a fresh one."""
+    return "address already in use" in log_text.lower()
+
+
 def _ephemeral_low(ranges: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
     """The first port the kernel hands out for connections and port-0 binds (Linux's default 32768)."""
     try:

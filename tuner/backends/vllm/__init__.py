@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     )
     from tuner.backends.vllm._backend import (
         LAUNCHER,
+        PORT_ATTEMPTS,
         PORT_BLOCK,
         TINY_MODEL_SCRIPT,
         TrialTimings,
@@ -67,6 +68,7 @@ _HOMES: dict[str, str] = {
     "LaunchPlan": "_plan",
     "LaunchRules": "_versions",
     "NEWEST_CHECKED": "_versions",
+    "PORT_ATTEMPTS": "_backend",
     "PORT_BLOCK": "_backend",
     "PairingContext": "_pairing",
     "PairingRefusal": "_pairing",
@@ -104,6 +106,7 @@ __all__ = [
     "DISTRIBUTION_VERSION_CODE",
     "LAUNCHER",
     "NEWEST_CHECKED",
+    "PORT_ATTEMPTS",
     "PORT_BLOCK",
     "TINY_MODEL_SCRIPT",
     "AccuracyResult",

@@ -55,6 +55,7 @@ from tuner.backends.vllm._process import (
     RunningProcess,
     clean_temp_files,
     free_port_block,
+    lost_port,
     temp_files_snapshot,
     terminate,
     wait_healthy,
@@ -73,6 +74,9 @@ LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
 PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
 # VLLM_PORT ranges +200.. (10 per server process)
+# Starts of a trial on a fresh free_port_block when a process lost a port of its block to another process before
+# binding it (free when chosen: the block is bound only as the servers start). A port_base the user set is kept.
+PORT_ATTEMPTS = 3
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> str:
@@ -393,10 +397,7 @@ class VllmBackend(Backend):
         artifacts.mkdir(parents=True, exist_ok=True)
         trial = _TrialRun(request, starter or LocalStarter(), artifacts, deadline=started + request.timeout_s)
         try:
-            with trial.timings.timed("plan"):
-                plan = self._plan_stage(trial)
-            with trial.timings.timed("startup"):
-                self._start_stage(trial, plan)
+            plan = self._launch(trial)
             memory_note = self._memory_stage(trial)
             max_conc = self._deployment_concurrency(trial.processes, request)
             pd_baseline = self._connect_pd(request, plan) if request.deployment.is_disaggregated else {}
@@ -431,6 +432,25 @@ class VllmBackend(Backend):
         return VllmTrial(result, trial.plan, trial.timings)
 
     # -- the stages of a trial ------------------------------------------------------------------------
+    def _launch(self, trial: _TrialRun) -> LaunchPlan:
+        """Plan and start; a start that failed because a process lost a port of the trial's block to another
+        process (lost_port in its log) is stopped and made again on a fresh block (PORT_ATTEMPTS), its logs
+        kept in their own folder. Any other failure, or a port_base the user set, ends the trial as before."""
+        for attempt in range(PORT_ATTEMPTS):
+            with trial.timings.timed("plan"):
+                plan = self._plan_stage(trial)
+            try:
+                with trial.timings.timed("startup"):
+                    self._start_stage(trial, plan, "logs" if attempt == 0 else f"logs-port-retry{attempt}")
+                return plan
+            except _TrialFailed:
+                if self.settings.port_base is not None or attempt == PORT_ATTEMPTS - 1 \
+                        or not any(lost_port(p.log_text()) for p in trial.processes):
+                    raise
+            trial.starter.stop(list(trial.processes), grace_s=self.settings.teardown_grace_s)
+            trial.processes.clear()  # the list _live holds: a cancel now stops the next attempt's processes
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:
         port_base = self.settings.port_base or free_port_block(PORT_BLOCK)
         try:
@@ -441,10 +461,10 @@ class VllmBackend(Backend):
         (trial.artifacts / "plan.json").write_text(plan.model_dump_json(indent=2))
         return plan
 
-    def _start_stage(self, trial: _TrialRun, plan: LaunchPlan) -> None:
+    def _start_stage(self, trial: _TrialRun, plan: LaunchPlan, logs_folder: str = "logs") -> None:
         """Servers first, healthy before the fronts start; one by one, so a start that fails still leaves the
         others registered for teardown (and for cancel, through _live)."""
-        logs = trial.artifacts / "logs"
+        logs = trial.artifacts / logs_folder
         with self._live_lock:
             self._live[trial.request.trial_id] = (trial.starter, trial.processes)
         for spec in plan.servers:

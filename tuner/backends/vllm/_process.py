@@ -21,6 +21,7 @@ from tuner.launch import (
     classify_exit,
     free_port_block,
     http_ok,
+    lost_port,
     terminate,
     wait_healthy,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "clean_temp_files",
     "free_port_block",
     "http_ok",
+    "lost_port",
     "start_process",
     "temp_files_snapshot",
     "terminate",
