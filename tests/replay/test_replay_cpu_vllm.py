@@ -111,9 +111,10 @@ def test_a_run_record_keeps_vllm_token_gap_buckets_from_real_scrapes() -> None:
     before, after = ((data / f"{name}.txt").read_text() for name in ("cpu_after_40", "cpu_after_56"))
     sent = json.loads((data / "cpu_after_56.aiperf.json").read_text())["requests"]
     c0, c1 = bench._counters(before), bench._counters(after)
+    url = "http://127.0.0.1:8000"
     run = json.loads(json.dumps({
         "counters": {k: c1[k] - c0[k] for k in c1},
-        "histograms": bench._bucket_deltas(bench._histograms(before), bench._histograms(after)),
+        "histograms": bench._bucket_deltas(bench._histograms(before, url), bench._histograms(after, url)),
         "requests": [{"output_sequence_length": out, "request_latency": 0.0, "time_to_first_token": 0.0}
                      for _, out in sent]}))
     gaps = bench.token_gaps(run)
