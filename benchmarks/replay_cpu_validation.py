@@ -12,7 +12,9 @@ replay_cpu_validation.json and _run2.json (closed runs first, then open; client 
 (and the server at nice -10, load 11-20), _run6.json (server and client at nice -10, load 14-17), and, measured the
 way `measure` runs now on a machine with no other job (the load average is the server's and AIPerf's own, 1-4),
 _run7.json and _run8.json (90 requests a run, the same command twice) and _run9.json and _run10.json (270 requests a
-run, twice; _run10's last two runs at load 6-8, when other jobs started): `analyse` with no FILE pools these four.
+run, twice; _run10's last two runs at load 6-8, when other jobs started), and on a later, faster machine with no
+other job, _run11.json and _run12.json (90 requests a run, the same command twice, with the token-gap and TTFT
+buckets): `analyse` with no FILE pools these six.
 `repeat` holds real vLLM against itself on the repeated pairs (the token-gap mean included). docs/workloads.md
 compares them.
 
@@ -61,8 +63,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks/data/replay_cpu_validation.json"  # where `measure` writes by default
 #: What `analyse` pools by default: the runs on a machine with no other job (2026-12-07)
-QUIET = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (7, 8, 9, 10))
-LATEST = QUIET[-1]  # `agreement`'s default
+QUIET = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (7, 8, 9, 10, 11, 12))
+LATEST = QUIET[3]  # `agreement`'s default
 TINY_CONFIG = REPO / "benchmarks/data/tiny-cpu-model"
 KV_BYTES = 1_500_000  # ~2,900 tokens of the tiny model's KV: preemption past ~8 requests of ~450 tokens
 FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024}
