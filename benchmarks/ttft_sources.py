@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -72,6 +73,28 @@ def ttft_rows() -> list[dict]:
     return [r for r in rows if r["engine"] == "vllm" and r["load"]["kind"] == "closed"
             and (r["measured"].get("ttft_ms") or {}).get("p50")]
 
+
+
+class HopperClass(NamedTuple):
+    """The fixed-length table's rows, its Hopper vLLM rows and their class fit (fidelity.py's full per-class fit):
+    what every Part after the breakdown starts from."""
+
+    rows: list
+    hopper: list
+    full: Calibration
+
+
+_FITTED: dict[int, HopperClass] = {}
+
+
+def hopper_class(cals: wf.Calibrations) -> HopperClass:
+    """Fitted once per run: the fit takes seconds and every Part reads the same one."""
+    if id(cals) not in _FITTED:
+        _, rows = fidelity.load_table(fidelity.TABLE)
+        hopper = [r for r in rows if r.is_vllm and fidelity.gpu_class(cals.replayer.gpu(r.gpu)) == "hopper"]
+        full = fidelity.fit_class(cals.replayer, hopper, fidelity.PRIORS["hopper"])
+        _FITTED[id(cals)] = HopperClass(rows, hopper, full)
+    return _FITTED[id(cals)]
 
 def breakdown(cals: wf.Calibrations) -> None:
     print("Part 1: the typical request's predicted TTFT (analytic, held-out calibration), ms")
@@ -118,10 +141,8 @@ def _solve(predict, measured: float, cal: Calibration, lo: float = 0.2, hi: floa
 
 
 def implied(cals: wf.Calibrations) -> None:
-    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
     replayer = cals.replayer
-    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
-    full = fidelity.fit_class(replayer, hopper, fidelity.PRIORS["hopper"])
+    _, hopper, full = hopper_class(cals)
     print("\nPart 2: what each Hopper vLLM figure implies, all else at the class fit on every fixed-length source")
     print("  " + ", ".join(f"{n}={full.factor(n):.3g}" for n in (*SCALED, "prefill_half_tokens",
                                                                   "request_overhead_ms")))
@@ -217,10 +238,8 @@ def matched_pair(cals: wf.Calibrations) -> None:
 
 def long_decode_pair(cals: wf.Calibrations) -> None:
     """The decode-only steps beside the same long prompts: GPUStack's 32k burst against the blog's 20k closed loop."""
-    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
     replayer = cals.replayer
-    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
-    full = fidelity.fit_class(replayer, hopper, fidelity.PRIORS["hopper"])
+    fixed_rows, _, full = hopper_class(cals)
     burst = next(r for r in fixed_rows if r.id == "q14b-h100-32k")
     blog = next(r for r in ttft_rows() if r["id"] == "vb-fp8kv-llama8b-h100-bf16")
     print("\nPart 3c: decode-only steps at long context on one H100 (a token gap's median is one: most steps carry "
@@ -242,10 +261,7 @@ def long_decode_pair(cals: wf.Calibrations) -> None:
 
 def short_pair(cals: wf.Calibrations) -> None:
     """Two GPUStack ShareGPT rows at c=4 on one H100: the front end each implies, bounded by the GPU's physics."""
-    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
-    replayer = cals.replayer
-    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
-    full = fidelity.fit_class(replayer, hopper, fidelity.PRIORS["hopper"])
+    full = hopper_class(cals).full
     # the fastest the GPU can run the prompt's step: every byte at the HBM peak, every FLOP at the BF16 peak, no
     # kernel or step overhead; the slowest the model prices it: the class fit's own step
     ideal = full.model_copy(update={"hbm_efficiency": 1.0, "prefill_flop_efficiency": 1.0, "prefill_half_tokens": 0.0,
@@ -277,10 +293,8 @@ def short_pair(cals: wf.Calibrations) -> None:
 
 def pinned_by(cals: wf.Calibrations) -> None:
     """Which fixed-length rows each fitted factor moves most (what pins it in the class fit)."""
-    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
     replayer = cals.replayer
-    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
-    full = fidelity.fit_class(replayer, hopper, fidelity.PRIORS["hopper"])
+    _, hopper, full = hopper_class(cals)
     base = fidelity.score(replayer, hopper, {r.gpu: full for r in hopper})
     print("\nPart 4: what pins each factor of the Hopper class fit: the fixed-length figures a 10% change of it "
           "moves most (d log figure / d log factor; tput = tok/s/GPU, user = tok/s/user, ttft = TTFT, weight 0.5)")
@@ -301,11 +315,9 @@ def pinned_by(cals: wf.Calibrations) -> None:
 def floor_on_fixed(cals: wf.Calibrations) -> None:
     """The in-sample floor's TTFT-p50 calibration (fitted on the replayed TTFT p50 rows) on the fixed-length rows."""
     stored = json.loads(FLOOR.read_text())["fits"]["joint"]["TTFT p50"]
-    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
     replayer = cals.replayer
-    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
+    _, hopper, full = hopper_class(cals)
     floor = Calibration.model_validate(stored)
-    full = fidelity.fit_class(replayer, hopper, fidelity.PRIORS["hopper"])
     print("\nPart 5: the calibration that fits the 12 TTFT p50 rows best (benchmarks/workload_floor.py's joint "
           "TTFT p50 fit) on the fixed-length Hopper vLLM rows, in-sample, beside the class fit")
     prefill_only = full.model_copy(update={n: getattr(floor, n) for n in (*SCALED, "prefill_half_tokens",
@@ -332,9 +344,8 @@ class _StackCalibrations:
 
 def stack_split(cals: wf.Calibrations) -> None:
     """Not the shipped model: the Hopper class split by vLLM version, the blog rows predicted by the newer half."""
-    _, fixed_rows = fidelity.load_table(fidelity.TABLE)
     replayer = cals.replayer
-    hopper = [r for r in fixed_rows if r.is_vllm and fidelity.gpu_class(replayer.gpu(r.gpu)) == "hopper"]
+    hopper = hopper_class(cals).hopper
     new = [r for r in hopper if fidelity._version(r.engine_version) >= NEW_STACK]
     cal = fidelity.fit_class(replayer, new, fidelity.PRIORS["hopper"])
     print(f"\nPart 6 (an experiment, not the shipped model): the Hopper class fitted only on its vLLM >= "
