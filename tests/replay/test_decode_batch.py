@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 
 from tuner.deployment import parse_deployment
-from tuner.hardware import GpuSpec
-from tuner.models import ModelSpec
 from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, ReplayPlan, SchedulerLimits, Sessions, replay
 from tuner.replay import _replay as replay_module
@@ -84,15 +82,10 @@ def test_the_batch_steps_as_request_by_request(num_blocks: int, threshold: int) 
         assert batched[2].mean > 1.0  # a gap of more than a step: a recomputed request's, taken one by one
 
 
-def test_replays_report_the_same_as_request_by_request(dense: ModelSpec, h200: GpuSpec,
+def test_replays_report_the_same_as_request_by_request(small_kv: RooflineModel, chunked_mix: Workload,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A small KV cache (preemption), sessions (decodes cache their answers), PD and a chunked mix."""
-    per_token = 2 * 80 * 8 * 128 * 2 / 8
-    small = RooflineModel(dense, h200, kv_cache_memory_bytes=int(per_token * 16_000))
-    mix = Workload.model_validate({
-        "input_tokens": {"distribution": "lognormal", "mean": 2000, "stddev": 1500, "max_tokens": 6000},
-        "output_tokens": {"distribution": "lognormal", "mean": 300, "stddev": 200, "max_tokens": 1000},
-        "prefix": {"shared_tokens": 1024, "num_prefixes": 4}})
+    small, mix = small_kv, chunked_mix
     plans = [ReplayPlan(deployment=parse_deployment("TP8"), workload=mix, arrival=ArrivalProcess("poisson", rate_rps=4),
                         sessions=Sessions(turns=3, think_ms=300), num_requests=150),
              ReplayPlan(deployment=parse_deployment("1P:TP4,1D:TP8"), workload=mix,

@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 
 from tuner.deployment import parse_deployment
-from tuner.hardware import GpuSpec
-from tuner.models import ModelSpec
 from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, Percentiles, ReplayPlan, SchedulerLimits, Sessions, replay
 from tuner.replay import _replay as replay_module
@@ -105,17 +103,12 @@ def test_weighted_percentiles_are_numpys_on_the_expanded_list(seed: int) -> None
         assert got == pytest.approx(want, rel=1e-12)
 
 
-def test_gaps_sum_to_every_answers_decode_time(dense: ModelSpec, h200: GpuSpec,
+def test_gaps_sum_to_every_answers_decode_time(small_kv: RooflineModel, chunked_mix: Workload,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With preemption (recomputed requests: gaps taken one by one), sessions and a warm-up, and PD: the gaps are
     one per token after the first of every measured request (no MTP, stream interval 1) and add up to their
     first-to-last-token times; the token-gap median sits below the per-request ITL's (prefill steps weigh less)."""
-    per_token = 2 * 80 * 8 * 128 * 2 / 8
-    small = RooflineModel(dense, h200, kv_cache_memory_bytes=int(per_token * 16_000))
-    mix = Workload.model_validate({
-        "input_tokens": {"distribution": "lognormal", "mean": 2000, "stddev": 1500, "max_tokens": 6000},
-        "output_tokens": {"distribution": "lognormal", "mean": 300, "stddev": 200, "max_tokens": 1000},
-        "prefix": {"shared_tokens": 1024, "num_prefixes": 4}})
+    small, mix = small_kv, chunked_mix
     engines: list[list[Engine]] = []
     report = replay_module._Run._report
 
