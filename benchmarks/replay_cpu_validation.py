@@ -62,9 +62,13 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "benchmarks/data/replay_cpu_validation.json"  # where `measure` writes by default
-#: What `analyse` pools by default: the runs on a machine with no other job (2026-12-07)
-QUIET = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (7, 8, 9, 10, 11, 12))
-LATEST = QUIET[3]  # `agreement`'s default
+#: What `analyse` pools by default: the runs measured as `measure` runs now (front end pinned, client below the
+#: server's priority) on a machine with no other job (2026-12-07)
+QUIET = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (13, 14, 15, 16))
+#: Quiet runs before the front end was pinned: their closed loops' steps were slowed by the placement (`placement`)
+QUIET_UNPINNED = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (7, 8, 9, 10, 11, 12))
+LATEST = QUIET[-1]
+PLACEMENT_DATA = REPO / "benchmarks/data/replay_cpu_placement.json"  # `placement`'s  # `agreement`'s default
 TINY_CONFIG = REPO / "benchmarks/data/tiny-cpu-model"
 KV_BYTES = 1_500_000  # ~2,900 tokens of the tiny model's KV: preemption past ~8 requests of ~450 tokens
 FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024}
@@ -170,6 +174,42 @@ def _counters(text: str) -> dict[str, float]:
     return out
 
 
+def _worker(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker")
+    return False
+
+
+def _process_tree(pid: int) -> list[int]:
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [pid, *(p for k in kids for p in _process_tree(int(k)))]
+
+
+def _pin_front_end(server: subprocess.Popen) -> str:
+    """Bind every process of the server but its CPU worker (the API server, the engine core with the scheduler, and
+    their helpers) to the cores the worker is not bound to, and return them ("" where there are none).
+
+    vLLM reserves a core for the scheduler's process (vllm/utils/ompmultiprocessing.py: "at least reserve 1/
+    local_world_size core for scheduler proc", with "TODO: make scheduler proc sleep when idle") and binds the
+    worker's OpenMP threads to the others, but leaves the API server and the engine core free to run anywhere. On
+    2 cores the kernel then puts them on the worker's core for part of a run, and every step waits behind them.
+    Measured (docs/workloads.md, `placement`): at one closed-loop client vLLM's token gaps p50 went 5.0 -> 2.4 ms
+    once they were pinned, while an open loop's stayed at 2.8-3.0 ms."""
+    tree = _process_tree(server.pid)
+    worker_cpus = set().union(*(os.sched_getaffinity(pid) for pid in tree if _worker(pid))) if any(
+        _worker(pid) for pid in tree) else set()
+    free = set(range(os.cpu_count() or 1)) - worker_cpus
+    if not worker_cpus or not free:
+        return ""
+    for pid in tree:
+        if _worker(pid):
+            continue
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), free)
+    return ",".join(str(c) for c in sorted(free))
+
+
 def _client_cpus() -> list[str]:
     """`taskset -c CPUS` keeping AIPerf off the core vLLM's CPU worker is bound to (VLLM_CPU_OMP_THREADS_BIND=auto
     binds it to the first cores and reserves the last one, vllm/utils/ompmultiprocessing.py): a client sharing the
@@ -179,7 +219,7 @@ def _client_cpus() -> list[str]:
 
 
 def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concurrency: int | None,
-           url: str) -> list[dict]:
+           url: str, client_nice: int) -> list[dict]:
     from tuner.backends.vllm._aiperf import tokenizer_hub_alias
 
     hub = out.parent / "hub"  # AIPerf decodes hash-id prompts offline: the tokenizer through a hub cache
@@ -192,7 +232,8 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
             "--ui", "none", "--no-gpu-telemetry", "--export-level", "records", "--artifact-dir", str(out),
             "--request-count", str(len(trace.read_text().splitlines()))]
     argv += ["--concurrency", str(concurrency), "--no-fixed-schedule"] if concurrency else ["--fixed-schedule"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=1800, env=env, preexec_fn=_server_priority)
+    subprocess.run(argv, check=True, capture_output=True, timeout=1800, env=env,
+                   preexec_fn=lambda: _priority(client_nice))
     records = []
     for line in (out / "profile_export.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -213,6 +254,19 @@ def _server_priority() -> None:
     Unprivileged: the default priority."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICE)
+
+
+#: AIPerf's priority: below the server's, on the core it shares with the server's front end (`_pin_front_end`). A
+#: closed loop's client works between the server's steps (each answer's end starts the next request); at the
+#: server's own priority it took the front end's core from it: at one client and eight, vLLM's token gaps p50 were
+#: 7.7 and 8.3 ms beside 2.4 and 3.8 ms with the client at nice 19 (`placement`). A load generator does not run on
+#: the server's cores in a real deployment.
+CLIENT_NICE = 19
+
+
+def _priority(nice: int) -> None:
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
 
 
 def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> tuple[subprocess.Popen, str]:
@@ -256,16 +310,18 @@ def _nice_of(pid: int) -> int | None:
         return None
 
 
-def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str, load: float, url: str) -> dict:
+def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str, load: float, url: str,
+         client_nice: int = CLIENT_NICE) -> dict:
     """One AIPerf run (closed loop at concurrency `load`, or open loop on the trace at `load` req/s), with the
     deltas of vLLM's counters over it, its wall time and the machine's load average before and after."""
     text = _scrape(url)
     before, hist_before, load_before, t0 = _counters(text), _histograms(text, url), os.getloadavg()[0], time.time()
     if kind == "closed":
-        records = _aiperf(envs, model, trace, work / f"closed{load:g}", seed, concurrency=int(load), url=url)
+        records = _aiperf(envs, model, trace, work / f"closed{load:g}", seed, concurrency=int(load), url=url,
+                          client_nice=client_nice)
     else:
         records = _aiperf(envs, model, _rescaled(trace, load, work / f"trace{load:g}.jsonl"), work / f"open{load:g}",
-                          seed, concurrency=None, url=url)
+                          seed, concurrency=None, url=url, client_nice=client_nice)
     text = _scrape(url)
     after = _counters(text)
     run = {"kind": kind, "seed": seed, "load_average": load_before, "load_average_after": os.getloadavg()[0],
@@ -274,6 +330,55 @@ def _run(envs: Path, model: Path, trace: Path, work: Path, seed: int, kind: str,
     run.update({"concurrency": int(load)} if kind == "closed" else {"rate_rps": load})
     print(f"{kind} {load:g}: {len(records)} requests, load {load_before:.1f}", flush=True)
     return run
+
+
+#: `placement`'s loads: closed loops at one and eight clients, open loops at 10 and 20 req/s (below the closed loop
+#: at eight's rate on both idle machines measured)
+PLACEMENT_RUNS = (("closed", 1), ("open", 10.0), ("closed", 8), ("open", 20.0))
+#: (front end pinned, the client's nice): the way runs were measured before 2026-12-07's fourth session, each change
+#: alone, and the way `measure` runs now
+PLACEMENTS = ((False, SERVER_NICE), (False, CLIENT_NICE), (True, SERVER_NICE), (True, CLIENT_NICE))
+
+
+def placement(out: Path, requests: int = 90) -> dict:
+    """vLLM's own token gaps at the same loads under each of PLACEMENTS (a server of its own each), written to OUT:
+    what pinning the front end (`_pin_front_end`) and lowering the client's priority (CLIENT_NICE) do to the steps,
+    closed loop against open."""
+    from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
+
+    envs, work = default_envs_dir(), Path(tempfile.mkdtemp(prefix="replay-placement-"))
+    model = work / "tiny"
+    subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
+                   capture_output=True)
+    trace, seeds, rows = _trace(work / "trace.jsonl", requests), itertools.count(201), []
+    for pin, nice in PLACEMENTS:
+        server, url = _serve(envs, model, work, KV_BYTES)
+        try:
+            front = _pin_front_end(server) if pin else ""
+            for kind, load in PLACEMENT_RUNS:
+                run = _run(envs, model, trace, work, next(seeds), kind, load, url, client_nice=nice)
+                rows.append({"front_end_cpus": front or "unpinned", "client_nice": nice, "kind": kind, "load": load,
+                             "capacity_rps": _capacity_rps(run) if kind == "closed" else None,
+                             **{k: v for k, v in _measured(run).items() if k.startswith("gap_")},
+                             "load_average": run["load_average"]})
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    data = {"source": "benchmarks/replay_cpu_validation.py placement", "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                          time.gmtime()),
+            "client_cpus": " ".join(_client_cpus()[2:]) or "unpinned", "requests": requests, "rows": rows}
+    out.write_text(json.dumps(data, indent=1))
+    show_placement(data)
+    return data
+
+
+def show_placement(data: dict) -> None:
+    for row in data["rows"]:
+        load = f"c={row['load']:g}" if row["kind"] == "closed" else f"{row['load']:g} req/s"
+        rate = f", {row['capacity_rps']:.1f} req/s" if row["capacity_rps"] else ""
+        print(f"front end {row['front_end_cpus']:>8}, client nice {row['client_nice']:>3}: {row['kind']:>6} {load:>10}"
+              f"  vLLM token gaps p50 {row['gap_p50']:.2f} / p90 {row['gap_p90']:.2f} / mean {row['gap_mean']:.2f} ms"
+              f"{rate}  (load {row['load_average']:.1f})")
 
 
 def _capacity_rps(run: dict) -> float:
@@ -300,7 +405,7 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
                        capture_output=True)
     trace = _trace(work / "trace.jsonl", requests)
     server, url = _serve(envs, model, work, kv_bytes)
-    nice = _nice_of(server.pid)
+    nice, front_end_cpus = _nice_of(server.pid), _pin_front_end(server)  # see CLIENT_NICE
     seeds = itertools.count(101)
     try:
         top = max(closed)
@@ -324,7 +429,8 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
         "vllm": "vllm-cpu 0.32.0, TP1, --enable-prefix-caching", "kv_cache_memory_bytes": kv_bytes,
         "block_tokens": BLOCK, "flags": FLAGS, "histogram_buckets": HISTOGRAM_BUCKETS, "cores": os.cpu_count(),
         "interleaved": True,
-        "client_cpus": " ".join(_client_cpus()[2:]) or "unpinned", "server_nice": nice, "client_nice": nice,
+        "client_cpus": " ".join(_client_cpus()[2:]) or "unpinned", "server_nice": nice, "client_nice": CLIENT_NICE,
+        "front_end_cpus": front_end_cpus or "unpinned",
         "trace": [json.loads(line) for line in trace.read_text().splitlines()], "runs": runs}
     out.write_text(json.dumps(data, indent=1))
     print(f"wrote {out}")
@@ -675,6 +781,10 @@ if __name__ == "__main__":
             raise SystemExit(f"measure: REQUESTS {sys.argv[3]!r} is not a count; give the requests a run, e.g. 270")
         measure(Path(sys.argv[2]) if len(sys.argv) > 2 else DATA,
                 requests=int(sys.argv[3]) if len(sys.argv) > 3 else 90)
+    elif len(sys.argv) > 1 and sys.argv[1] == "placement":  # placement [OUT]: measure; show: the stored one
+        placement(Path(sys.argv[2]) if len(sys.argv) > 2 else PLACEMENT_DATA)
+    elif len(sys.argv) > 1 and sys.argv[1] == "show-placement":
+        show_placement(json.loads(PLACEMENT_DATA.read_text()))
     elif len(sys.argv) > 1 and sys.argv[1] == "repeat":
         if len(sys.argv) < 4:
             raise SystemExit("repeat: give two or more data sets measured the same way, e.g. repeat "

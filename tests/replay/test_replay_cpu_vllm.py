@@ -74,21 +74,23 @@ def test_repeat_of_a_measurement_against_a_copy_of_itself_differs_by_nothing(tmp
 def test_token_gap_mean_read_off_vllm_counters_is_the_clients_mean_over_the_same_gaps() -> None:
     """The token-gap check's measured side: vLLM's inter_token_latency_seconds sum / count (engine side, ms) on
     every stored quiet run counts one gap per output token after a request's first (`covered`), and agrees with the
-    same mean taken independently on the client, AIPerf's sum(latency - TTFT) / sum(tokens - 1), within 2% (a wrong
-    reading, e.g. the decode time per request, or seconds read as ms, is off by x10 or more); the gaps' sum is vLLM's
+    same mean taken independently on the client, AIPerf's sum(latency - TTFT) / sum(tokens - 1), within 3% (a wrong
+    reading, e.g. the decode time per request, or seconds read as ms, is off by x10 or more; the client below the
+    server's priority since _run13 sees a loaded server's first token up to 2.8% of the decode time late, 1.1% at
+    most before); the gaps' sum is vLLM's
     decode time summed over requests (each last token's time less its first's), so no gap is missing. A file
     without the counters gives no mean rather than a wrong one."""
     import json
     import math
 
     bench = _bench()
-    for path in bench.QUIET:
+    for path in bench.QUIET + bench.QUIET_UNPINNED:
         for run in json.loads(path.read_text())["runs"]:
             gaps = bench.token_gaps(run)
             assert gaps["covered"] == 1.0, (path.name, run["kind"])
             c = run["counters"]
             assert c["inter_token_latency_seconds_sum"] == pytest.approx(c["request_decode_time_seconds_sum"])
-            assert gaps["gap_mean"] == pytest.approx(gaps["gap_mean_client"], rel=0.02), (path.name, gaps)
+            assert gaps["gap_mean"] == pytest.approx(gaps["gap_mean_client"], rel=0.03), (path.name, gaps)
             if "histograms" in run:  # measured with the buckets (_run11 on): vLLM's own percentiles of the gaps
                 assert 0 < gaps["gap_p50"] <= gaps["gap_p90"], (path.name, gaps)
             else:
