@@ -5,6 +5,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse FILE FILE...  # each, then pooled
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py agreement [FILE...]  # vLLM vs #45's bar
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py repeat FILE FILE...  # vLLM against itself
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py placement [OUT]  # ~8 min; show-placement: stored
 
 Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
 replay_cpu_validation.json and _run2.json (closed runs first, then open; client unpinned; load 14-40), _run3.json
@@ -14,7 +15,9 @@ way `measure` runs now on a machine with no other job (the load average is the s
 _run7.json and _run8.json (90 requests a run, the same command twice) and _run9.json and _run10.json (270 requests a
 run, twice; _run10's last two runs at load 6-8, when other jobs started), and on a later, faster machine with no
 other job, _run11.json and _run12.json (90 requests a run, the same command twice, with the token-gap and TTFT
-buckets): `analyse` with no FILE pools these six.
+buckets): QUIET_UNPINNED. Then `placement` found the closed loops' steps slowed by where vLLM's front end and the
+client ran, and _run13-16 (90 requests a run, the same command four times on a third idle machine) are measured
+with the front end pinned and the client below the server's priority: QUIET, what `analyse` with no FILE pools.
 `repeat` holds real vLLM against itself on the repeated pairs (the token-gap mean included). docs/workloads.md
 compares them.
 
@@ -23,8 +26,9 @@ caching on, a KV cache of KV_BYTES so that preemption happens at the higher load
 trace with shared prefixes through AIPerf: closed loop at the highest concurrency first (its rate sets the open
 loop's), then open-loop runs on the trace's timestamps rescaled to shares of that rate alternating with the other
 closed-loop runs, so that both see the same load. Each run uses its own AIPerf seed, so no run hits another's
-prompts in the cache. AIPerf runs pinned to the core vLLM's CPU worker is not bound to, and server and client at
-SERVER_NICE where the user may raise priority. Per-request TTFT / ITL / latency, the /metrics counters (prefix
+prompts in the cache. vLLM's front end (API server, engine core) is pinned to the core its CPU worker is not
+bound to (`_pin_front_end`), AIPerf runs there too at CLIENT_NICE, below the server at SERVER_NICE where the user may
+raise priority. Per-request TTFT / ITL / latency, the /metrics counters (prefix
 queries and hits, preemptions) and vLLM's step and latency histograms (sum and count) of every run, the buckets of
 its token-gap and TTFT histograms (BUCKETED, finer than vLLM's default: HISTOGRAM_BUCKETS; stored since 2026-12-07,
 so runs before hold only their means), the load average and the flags are written to OUT.
