@@ -85,3 +85,21 @@ def test_enumeration_covers_campaign_topologies() -> None:
         t = Topology.parse(name)
         assert (t.tp, t.dp, t.ep) in shapes
     assert all(tp * dp <= 72 for tp, dp, _ in shapes)
+
+
+def test_accepted_topologies_apply_an_engine_knob_where_it_exists_or_rule_out_the_rest(
+        reference_model_path: Path) -> None:
+    """A sweep's DBO choice applies to the layouts that have EP over DP ranks and leaves the others at its default;
+    asked strictly (a user's `memory --sweep --enable-dbo`), only the layouts DBO runs on are listed, each with it."""
+    from tuner.topology import accepted_topologies
+
+    ref = load_model(reference_model_path)
+    every = accepted_topologies(ref, 16)
+    dbo = {"dbo": True, "all2all_backend": "deepep_low_latency"}
+    sweep = accepted_topologies(ref, 16, **dbo)
+    strict = accepted_topologies(ref, 16, knobs_where_they_apply=False, **dbo)
+    assert [(t.tp, t.dp, t.ep) for t in sweep] == [(t.tp, t.dp, t.ep) for t in every]
+    assert {t.dbo for t in sweep} == {True, False}
+    assert all(t.dbo == (t.ep and t.dp > 1) for t in sweep)
+    assert strict and all(t.dbo and t.ep and t.dp > 1 for t in strict)
+    assert {t.name for t in strict} == {t.name for t in sweep if t.dbo}

@@ -393,6 +393,27 @@ _FIELD_FIXES = {
 }
 
 
+def accepted_topologies(model: ModelSpec, num_gpus: int, *, mtp_depths: tuple[int, ...] | list[int] = (0,),
+                        powers_of_two: bool = True, max_gpus_per_instance: int | None = None,
+                        knobs_where_they_apply: bool = True, **engine: object) -> list[Topology]:
+    """Every (TP, DP, EP, MTP) vLLM accepts for the model within the GPU count: what the memory sweep and the
+    performance sweep both start from. Each engine knob applies where its layout has it (Topology.on_layout: a
+    sweep's choice), or with knobs_where_they_apply=False rules out the layouts without it (a user's
+    `memory --sweep --enable-dbo` lists the layouts DBO runs on)."""
+    build = Topology.on_layout if knobs_where_they_apply else Topology.create
+    out = []
+    for tp, dp, ep in enumerate_topologies(num_gpus, max_gpus_per_instance=max_gpus_per_instance,
+                                           powers_of_two=powers_of_two):
+        for mtp in mtp_depths:
+            topo = build(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
+            try:
+                topo.check(model, cluster_gpus=num_gpus)
+            except TopologyError:
+                continue
+            out.append(topo)
+    return out
+
+
 def enumerate_topologies(num_gpus: int, *, max_gpus_per_instance: int | None = None,
                          powers_of_two: bool = True) -> list[tuple[int, int, bool]]:
     """All (tp, dp, ep) with tp x dp <= num_gpus; callers filter with Topology.check."""

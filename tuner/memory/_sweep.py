@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.errors import TopologyError
 from tuner.hardware import GpuSpec
 from tuner.memory._breakdown import MemoryBreakdown, MemoryInputs, compute_memory
 from tuner.models import ModelSpec
-from tuner.topology import Topology, enumerate_topologies
+from tuner.topology import Topology, accepted_topologies
 
 
 @dataclass(frozen=True)
@@ -24,14 +23,8 @@ def sweep_topologies(model: ModelSpec, gpu: GpuSpec, num_gpus: int, inputs: Memo
 
     powers_of_two=False also tries every other TP and DP (EP48 = TP8 x DP6, EP72 = DP72, ...).
     """
-    rows = []
-    for tp, dp, ep in enumerate_topologies(num_gpus, powers_of_two=powers_of_two):
-        for mtp in mtp_values:
-            topo = Topology.create(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
-            try:
-                topo.check(model, cluster_gpus=num_gpus)
-            except TopologyError:
-                continue
-            rows.append(SweepRow(topo, compute_memory(model, gpu, topo, inputs)))
+    rows = [SweepRow(topo, compute_memory(model, gpu, topo, inputs))
+            for topo in accepted_topologies(model, num_gpus, mtp_depths=mtp_values, powers_of_two=powers_of_two,
+                                            knobs_where_they_apply=False, **engine)]
     rows.sort(key=lambda r: (-r.memory.fits, -r.memory.max_concurrency_instance / r.topology.num_gpus))
     return rows

@@ -7,12 +7,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tuner.errors import DoesNotFitError, TopologyError
+from tuner.errors import DoesNotFitError
 from tuner.metrics import ServingMetrics
 from tuner.perf._base import PerformanceModel
 from tuner.perf._roofline import RooflineModel
 from tuner.perf._traffic import SATURATION, predict_traffic
-from tuner.topology import Role, Topology, enumerate_topologies
+from tuner.topology import Role, Topology, accepted_topologies
 from tuner.workload import Workload
 
 # Load levels a sweep predicts: steps of about sqrt(2), so neighbouring points of a front are close (powers of two
@@ -72,18 +72,10 @@ class Curves:
 
 def candidate_topologies(perf: PerformanceModel, num_gpus: int, *, max_gpus_per_instance: int | None = None,
                          mtp_depths: Sequence[int] = (0,), **engine: object) -> list[Topology]:
-    """Every (TP, DP, EP, MTP) vLLM accepts for the model within the GPU count (memory is checked later); an engine
-    knob applies to the layouts that have it (DBO and EPLB to EP layouts: Topology.on_layout)."""
-    out = []
-    for tp, dp, ep in enumerate_topologies(num_gpus, max_gpus_per_instance=max_gpus_per_instance):
-        for mtp in mtp_depths:
-            topo = Topology.on_layout(tp=tp, dp=dp, ep=ep, mtp=mtp, **engine)
-            try:
-                topo.check(perf.model, cluster_gpus=num_gpus)
-            except TopologyError:
-                continue
-            out.append(topo)
-    return out
+    """The performance model's candidates: tuner.topology.accepted_topologies for its model (memory is checked
+    later)."""
+    return accepted_topologies(perf.model, num_gpus, mtp_depths=tuple(mtp_depths),
+                               max_gpus_per_instance=max_gpus_per_instance, **engine)
 
 
 def sweep_curves(perf: PerformanceModel, topologies: Sequence[Topology], *, isl: int, osl: int,
