@@ -344,16 +344,23 @@ PLACEMENT_RUNS = (("closed", 1), ("open", 10.0), ("closed", 8), ("open", 20.0))
 PLACEMENTS = ((False, SERVER_NICE), (False, CLIENT_NICE), (True, SERVER_NICE), (True, CLIENT_NICE))
 
 
+def _envs_work_model(prefix: str, model: Path | None = None) -> tuple[Path, Path, Path]:
+    """The vLLM CPU envs, a fresh work folder and the tiny model (`model`, or one made in the folder)."""
+    from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
+
+    envs, work = default_envs_dir(), Path(tempfile.mkdtemp(prefix=prefix))
+    if model is None:
+        model = work / "tiny"
+        subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
+                       capture_output=True)
+    return envs, work, model
+
+
 def placement(out: Path, requests: int = 90) -> dict:
     """vLLM's own token gaps at the same loads under each of PLACEMENTS (a server of its own each), written to OUT:
     what pinning the front end (`_pin_front_end`) and lowering the client's priority (CLIENT_NICE) do to the steps,
     closed loop against open."""
-    from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
-
-    envs, work = default_envs_dir(), Path(tempfile.mkdtemp(prefix="replay-placement-"))
-    model = work / "tiny"
-    subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
-                   capture_output=True)
+    envs, work, model = _envs_work_model("replay-placement-")
     trace, seeds, rows = _trace(work / "trace.jsonl", requests), itertools.count(201), []
     for pin, nice in PLACEMENTS:
         server, url = _serve(envs, model, work, KV_BYTES)
@@ -399,14 +406,7 @@ def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = C
     The closed-loop run at the highest concurrency comes first (its rate sets the open-loop rates); then open and
     closed runs alternate, so that calibration and held-out runs see the same load of a shared machine. `model`: a
     tiny model already made (the tests' session one); None makes one."""
-    from tuner.backends.vllm import TINY_MODEL_SCRIPT, default_envs_dir
-
-    envs = default_envs_dir()
-    work = Path(tempfile.mkdtemp(prefix="replay-cpu-"))
-    if model is None:
-        model = work / "tiny"
-        subprocess.run([str(envs / "vllm/bin/python"), str(TINY_MODEL_SCRIPT), str(model)], check=True,
-                       capture_output=True)
+    envs, work, model = _envs_work_model("replay-cpu-", model)
     trace = _trace(work / "trace.jsonl", requests)
     server, url = _serve(envs, model, work, kv_bytes)
     nice, front_end_cpus = _nice_of(server.pid), _pin_front_end(server)  # see CLIENT_NICE
