@@ -55,6 +55,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -400,14 +401,14 @@ def _capacity_rps(run: dict) -> float:
 
 def measure(out: Path = DATA, *, requests: int = 90, closed: tuple[int, ...] = CLOSED,
             rate_shares: tuple[float, ...] = RATE_SHARES, kv_bytes: int = KV_BYTES,
-            model: Path | None = None) -> dict:
+            model: Path | None = None, make_trace: Callable[[Path, int], Path] | None = None) -> dict:
     """Serve, replay the trace through AIPerf at each load, write and return the data.
 
     The closed-loop run at the highest concurrency comes first (its rate sets the open-loop rates); then open and
     closed runs alternate, so that calibration and held-out runs see the same load of a shared machine. `model`: a
     tiny model already made (the tests' session one); None makes one."""
     envs, work, model = _envs_work_model("replay-cpu-", model)
-    trace = _trace(work / "trace.jsonl", requests)
+    trace = (make_trace or _trace)(work / "trace.jsonl", requests)
     server, url = _serve(envs, model, work, kv_bytes)
     nice, front_end_cpus = _nice_of(server.pid), _pin_front_end(server)  # see CLIENT_NICE
     seeds = itertools.count(101)
@@ -779,6 +780,56 @@ def agreement(data: dict) -> dict[str, float]:
     return ratios
 
 
+# -- waves: closed and open loop on fixed lengths -------------------------------------------------------
+#: `waves`: every prompt WAVE_INPUT tokens of its own (no shared prefix) and every answer WAVE_OUTPUT tokens, a KV
+#: cache holding the WAVE_CLIENTS running at once (no preemption), closed loop at WAVE_CLIENTS clients, then open
+#: loop (Poisson) at AGREEMENT_SHARE of the closed loop's rate, twice.
+WAVE_INPUT, WAVE_OUTPUT, WAVE_CLIENTS, WAVE_KV_BYTES = 512, 64, 8, 4_000_000
+WAVES_DATA = REPO / "benchmarks/data/replay_cpu_waves.json"
+
+
+def _fixed_trace(path: Path, n: int, seed: int = 11) -> Path:
+    rng, rows, t = np.random.default_rng(seed), [], 0.0
+    per = WAVE_INPUT // BLOCK
+    for i in range(n):
+        rows.append({"timestamp": round(t, 1), "input_length": WAVE_INPUT, "output_length": WAVE_OUTPUT,
+                     "hash_ids": list(range(10_000 + i * per, 10_000 + (i + 1) * per))})
+        t += float(rng.exponential(1000.0))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def measure_waves(out: Path = WAVES_DATA, requests: int = 96) -> dict:
+    """Issue #45's closed/open bar on real vLLM where the replay says fixed lengths break it: a closed loop of
+    fixed-length requests runs in waves (every answer of a wave ends in one step and the next wave prefills
+    together), which an open loop never does."""
+    return measure(out, requests=requests, closed=(WAVE_CLIENTS,), rate_shares=(AGREEMENT_SHARE, AGREEMENT_SHARE),
+                   kv_bytes=WAVE_KV_BYTES, make_trace=_fixed_trace)
+
+
+def waves(files: list[Path], calibrated_on: Path) -> None:
+    """Open loop at AGREEMENT_SHARE of the closed loop's rate, over the closed loop, per percentile: real vLLM's
+    (each `measure_waves` file) beside the replay's, the replay's CPU step costs fitted on `calibrated_on`'s closed
+    loops (a QUIET file: the same machine, another workload), so nothing of these runs is fitted."""
+    base = json.loads(calibrated_on.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        perf, dep, workload = _setup(base, Path(tmp))
+        fitted = fit_step_costs(perf, dep, workload, [r for r in base["runs"] if r["kind"] == "closed"])
+        print(f"replay calibrated on {calibrated_on.name}'s closed loops")
+        for path in files:
+            data = json.loads(path.read_text())
+            perf, dep, workload = _setup(data, Path(tmp))
+            perf = perf.with_calibration(fitted)
+            closed = next(r for r in data["runs"] if r["kind"] == "closed")
+            m_closed, p_closed = _measured(closed), _predicted(_predict(perf, dep, workload, closed))
+            print(f"== {path.name}: closed loop at c={closed['concurrency']}, {_capacity_rps(closed):.2f} req/s; "
+                  + ", ".join(f"{k} {m_closed[k]:.1f} ms (replay {p_closed[k]:.1f})" for k in FIT_METRICS))
+            for run in (r for r in data["runs"] if r["kind"] == "open"):
+                m, p = _measured(run), _predicted(_predict(perf, dep, workload, run))
+                print(f"  open at {run['rate_rps']:g} req/s, open / closed: " + "  ".join(
+                    f"{k} vLLM x{m[k] / m_closed[k]:.2f} replay x{p[k] / p_closed[k]:.2f}" for k in FIT_METRICS))
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "measure":  # measure [OUT [REQUESTS]]
         if len(sys.argv) > 3 and not (sys.argv[3].isdigit() and int(sys.argv[3]) >= 2):
@@ -787,6 +838,10 @@ if __name__ == "__main__":
                 requests=int(sys.argv[3]) if len(sys.argv) > 3 else 90)
     elif len(sys.argv) > 1 and sys.argv[1] == "placement":  # placement [OUT]: measure; show: the stored one
         placement(Path(sys.argv[2]) if len(sys.argv) > 2 else PLACEMENT_DATA)
+    elif len(sys.argv) > 1 and sys.argv[1] == "measure-waves":  # measure-waves [OUT]
+        measure_waves(Path(sys.argv[2]) if len(sys.argv) > 2 else WAVES_DATA)
+    elif len(sys.argv) > 1 and sys.argv[1] == "waves":  # waves [FILE...]: vLLM's and the replay's open / closed
+        waves([Path(a) for a in sys.argv[2:]] or [WAVES_DATA], QUIET[-1])
     elif len(sys.argv) > 1 and sys.argv[1] == "show-placement":
         show_placement(json.loads(PLACEMENT_DATA.read_text()))
     elif len(sys.argv) > 1 and sys.argv[1] == "repeat":
