@@ -175,3 +175,21 @@ def test_front_end_is_pinned_off_the_workers_cores() -> None:
         for pid in bench._process_tree(server.pid)[::-1]:
             os.kill(pid, 9)
         server.wait()
+
+
+def test_stored_waves_runs_are_the_fixed_lengths_they_claim() -> None:
+    """`measure-waves`' stored runs (docs/benchmarks/closed-open-agreement.md) are what the comparison assumes:
+    every request exactly WAVE_INPUT prompt and WAVE_OUTPUT answer tokens by vLLM's own count, no prefix hit (each
+    prompt its own blocks) and no preemption; and the trace it sends says so too."""
+    import json
+
+    bench = _bench()
+    data = json.loads(bench.WAVES_DATA.read_text())
+    assert {(r["input_length"], r["output_length"]) for r in data["trace"]} == {(bench.WAVE_INPUT, bench.WAVE_OUTPUT)}
+    blocks = [b for r in data["trace"] for b in r["hash_ids"]]
+    assert len(blocks) == len(set(blocks))
+    for run in data["runs"]:
+        assert len(run["requests"]) == len(data["trace"]), run["kind"]
+        assert {(r["input_sequence_length"], r["output_sequence_length"]) for r in run["requests"]} == {
+            (bench.WAVE_INPUT, bench.WAVE_OUTPUT)}
+        assert run["counters"]["num_preemptions"] == 0 and run["counters"]["prefix_cache_hits"] == 0
