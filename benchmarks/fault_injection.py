@@ -116,7 +116,6 @@ def _study(storage_url: str) -> str | None:
 
 # -- the service under kill -9 and SIGTERM ----------------------------------------------------------------------
 TOKEN = "fault-token-" + "x" * 20
-PORT_ATTEMPTS = 5
 
 
 def _listening_outside_loopback(pids: set[int]) -> list[str]:
@@ -178,27 +177,32 @@ class _Service:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        """`topotune serve` on a port from free_port_block (below the ephemeral ports outgoing connections take),
-        a fresh one at each start; a start that lost its port to another process before binding it (serve.log
-        says so) is made again on another."""
-        from tuner.launch import free_port_block, lost_port
+        """`topotune serve` on a port from free_port_block (below the ephemeral ports outgoing connections take), a
+        fresh one at each start, through start_on_free_ports: again on another when another process took it."""
+        from tuner.launch import start_on_free_ports
 
         log_path = self.work / "serve.log"
-        for _ in range(PORT_ATTEMPTS):
-            self.port = free_port_block(1)
+        logged = 0  # serve.log's size before this start: what follows is its log
+
+        def this_start() -> str:
+            with open(log_path, "rb") as fh:
+                fh.seek(logged)
+                return fh.read().decode(errors="replace")
+
+        def start(port: int, _attempt: int) -> None:
+            nonlocal logged
+            self.port = port
             logged = log_path.stat().st_size if log_path.exists() else 0
             self.proc = subprocess.Popen([sys.executable, "-c", "from api.cli import main; main()", "serve",
                                           "--port", str(self.port),
                                           "--log-level", "warning"], env=self.env, stdout=subprocess.DEVNULL,
                                          stderr=open(log_path, "a"))  # noqa: SIM115
-            if self._healthy():
-                return
-            with open(log_path, "rb") as fh:
-                fh.seek(logged)
-                this_start = fh.read().decode(errors="replace")
-            if self.proc.poll() is None or not lost_port(this_start):
-                raise RuntimeError(f"the service did not start within 120 s; serve.log ends:\n{this_start[-3000:]}")
-        raise RuntimeError(f"the service lost its port to another process {PORT_ATTEMPTS} times (serve.log)")
+            if not self._healthy():
+                self.proc.kill()  # not healthy in 120 s, or exited
+                self.proc.wait()
+                raise RuntimeError(f"the service did not start within 120 s; serve.log ends:\n{this_start()[-3000:]}")
+
+        start_on_free_ports(start, ports=1, logs=lambda _: [this_start()], where=log_path)
 
     def _healthy(self) -> bool:
         """Until /healthz answers (True) or the process exits or 120 s pass (False)."""

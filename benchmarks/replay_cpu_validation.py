@@ -80,7 +80,6 @@ FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 10
 BLOCK = 128
 CLOSED = (1, 2, 4, 8, 12)
 RATE_SHARES = (0.3, 0.5, 0.7, 0.85, 1.0, 1.3)  # of the closed-loop rate at the highest concurrency
-PORT_ATTEMPTS = 5  # the server starts afresh on a new port when another process took its port first
 
 
 def _trace(path: Path, n: int = 90, seed: int = 7) -> Path:
@@ -275,17 +274,16 @@ def _priority(nice: int) -> None:
 
 
 def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> tuple[subprocess.Popen, str]:
-    """The server, healthy, and its URL. Its port comes from free_port_block (below the ephemeral ports outgoing
+    """The server, healthy, and its URL, on a port from free_port_block (below the ephemeral ports outgoing
     connections take; a fixed port collides with any other run on the machine, and its health check could even
-    reach the other run's server); another process can still bind it before vLLM does, and a start whose log
-    shows the lost port is made again on a fresh one."""
+    reach the other run's server), through start_on_free_ports: again on another when another process took it."""
     from tuner.backends.vllm._backend import LAUNCHER
-    from tuner.launch import free_port_block, lost_port
+    from tuner.launch import start_on_free_ports
 
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "auto", "HF_HUB_OFFLINE": "1"}
     log = work / "server.log"
-    for _ in range(PORT_ATTEMPTS):
-        port = free_port_block(1)
+
+    def start(port: int, _attempt: int) -> tuple[subprocess.Popen, str]:
         argv = [str(envs / "vllm/bin/python"), str(LAUNCHER), "serve", str(model), "--served-model-name", "tiny",
                 "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--enforce-eager",
                 "--enable-prefix-caching", "--kv-cache-memory-bytes", str(kv_bytes),
@@ -303,9 +301,12 @@ def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> tuple[subproce
                 time.sleep(2)
         server.terminate()
         server.wait(timeout=60)
-        if not lost_port(log.read_text(errors="replace")):
-            raise SystemExit(f"server did not start: see {log}")
-    raise SystemExit(f"the server lost its port to another process {PORT_ATTEMPTS} times: see {log}")
+        raise RuntimeError(f"server did not start: see {log}")
+
+    try:
+        return start_on_free_ports(start, ports=1, logs=lambda _: [log.read_text(errors="replace")], where=log)
+    except RuntimeError as exc:  # PortsLost too
+        raise SystemExit(str(exc)) from None
 
 
 def _nice_of(pid: int) -> int | None:

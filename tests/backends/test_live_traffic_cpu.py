@@ -35,7 +35,7 @@ from tuner.backends.vllm import default_envs_dir
 from tuner.cluster import ClusterKey, ClusterStore
 from tuner.deployment import parse_deployment
 from tuner.hardware import get_gpu
-from tuner.launch import free_port_block, lost_port
+from tuner.launch import start_on_free_ports
 from tuner.live import Thresholds, WatchAdviceRequest, WatchState, WatchTarget, check_deployment, record_window, tick
 from tuner.models import load_model
 from tuner.perf import RooflineModel, default_calibration
@@ -54,31 +54,31 @@ PHASES = {
 }
 
 
-PORT_ATTEMPTS = 5  # vLLM starts afresh on a new port when another process took its port before it bound it
 PROMETHEUS_LISTENING = re.compile(r'msg="Listening on" address=127\.0\.0\.1:(\d+)')
 
 
 def _start_vllm(model: Path, tmp: Path) -> tuple[subprocess.Popen, int]:
-    """vLLM serving `model`, healthy, and its port. The port comes from free_port_block (below the ephemeral ports
-    that outgoing connections take); another process can still bind it before vLLM does (vLLM takes no bound
-    socket nor reports a port-0 bind), and a start whose log shows the lost port is made again on a fresh one."""
+    """vLLM serving `model`, healthy, and its port, from free_port_block (below the ephemeral ports that outgoing
+    connections take) through start_on_free_ports: again on another when another process bound it before vLLM
+    did (vLLM takes no bound socket nor reports a port-0 bind)."""
     env = {**os.environ, **CPU_SETTINGS.vllm_env, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    for attempt in range(PORT_ATTEMPTS):
-        port = free_port_block(1)
-        log = tmp / ("vllm.log" if attempt == 0 else f"vllm-{attempt}.log")
+
+    def log(attempt: int) -> Path:
+        return tmp / ("vllm.log" if attempt == 0 else f"vllm-{attempt}.log")
+
+    def start(port: int, attempt: int) -> tuple[subprocess.Popen, int]:
         vllm = subprocess.Popen(
             [*CPU_SETTINGS.vllm_argv, "serve", str(model), "--served-model-name", "tiny", "--host", "127.0.0.1",
              "--port", str(port), "--max-num-seqs", "8", "--max-model-len", "1024", *CPU_SETTINGS.extra_vllm_flags],
-            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+            env=env, stdout=log(attempt).open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
         try:
             _wait_http(f"http://127.0.0.1:{port}/health", 900, vllm)
         except BaseException:
             _stop(vllm)
-            if vllm.returncode is not None and lost_port(log.read_text(errors="replace")):
-                continue
             raise
         return vllm, port
-    raise AssertionError(f"vLLM lost its port to another process {PORT_ATTEMPTS} times (logs in {tmp})")
+
+    return start_on_free_ports(start, ports=1, logs=lambda n: [log(n).read_text(errors="replace")], where=tmp)
 
 
 def _start_prometheus(binary: str, target_port: int, tmp: Path) -> tuple[subprocess.Popen, str]:

@@ -1,6 +1,6 @@
 """Each server the tests and benchmarks start on a port chosen beforehand, started for real on a port another
-process holds: it exits, and tuner.launch.lost_port reads the lost port from its log (the sign those callers
-start it again on a fresh port by)."""
+process holds: it exits, and tuner.launch.lost_port reads the lost port from its log (the sign by which
+tuner.launch.start_on_free_ports starts it again on a fresh port; its loop is tested in tests/launch)."""
 
 from __future__ import annotations
 

@@ -19,10 +19,11 @@ import pytest
 from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 
 from tuner.backends import TrialRequest
-from tuner.backends.vllm import PORT_ATTEMPTS, PORT_BLOCK, VllmBackend
+from tuner.backends.vllm import PORT_BLOCK, LaunchPlan, VllmBackend
 from tuner.backends.vllm._accuracy import ask_completion
-from tuner.backends.vllm._process import free_port_block, lost_port, start_process, terminate, wait_healthy
+from tuner.backends.vllm._process import RunningProcess, start_process, terminate, wait_healthy
 from tuner.deployment import Deployment
+from tuner.launch import start_on_free_ports
 from tuner.operating_point import choose_router_policy
 from tuner.topology import Topology
 from tuner.workload import Workload
@@ -67,17 +68,20 @@ def test_the_chosen_policy_gets_more_prefix_hits_than_round_robin(tiny_model: Pa
     request = TrialRequest(trial_id="router", model_path=str(tiny_model), gpu="cpu", workload=WORKLOAD,
                            deployment=Deployment.single(Topology.parse("TP1", max_num_seqs=4), count=2),
                            artifacts_dir=str(tmp_path), timeout_s=600)
-    # the servers start on a fresh block when one lost its port to another process before binding it (as a trial's)
-    for attempt in range(PORT_ATTEMPTS):
-        base = free_port_block(PORT_BLOCK)
+
+    def start(base: int, attempt: int) -> tuple[int, dict[str, LaunchPlan], list[RunningProcess]]:
         plans = {policy: VllmBackend(CPU_SETTINGS.model_copy(update={"router_policy": policy})).plan(
             request, port_base=base) for policy in ("round_robin", chosen.policy)}
         servers = [start_process(p, tmp_path / f"logs{attempt}") for p in plans["round_robin"].servers]
         failure = wait_healthy(servers, CPU_SETTINGS.startup_timeout_s)
-        if failure is None:
-            break
-        terminate(servers, grace_s=CPU_SETTINGS.teardown_grace_s)
-        assert attempt < PORT_ATTEMPTS - 1 and any(lost_port(s.log_text()) for s in servers), failure
+        if failure is not None:
+            terminate(servers, grace_s=CPU_SETTINGS.teardown_grace_s)
+            raise AssertionError(failure)
+        return base, plans, servers
+
+    # the servers start on a fresh block when one lost its port to another process before binding it (as a trial's)
+    base, plans, servers = start_on_free_ports(start, ports=PORT_BLOCK, where=tmp_path, logs=lambda n: [
+        log.read_text(errors="replace") for log in (tmp_path / f"logs{n}").glob("*.log")])
     assert [p.argv[p.argv.index("--policy") + 1] for plan in plans.values() for p in plan.fronts] == \
         ["round_robin", "cache_aware"]
     assert backend.plan(request, port_base=base).fronts[0].argv == plans["cache_aware"].fronts[0].argv  # the default

@@ -140,7 +140,7 @@ def test_free_port_block_passes_over_a_taken_block_wherever_its_scan_starts() ->
 def test_free_port_block_stays_below_the_kernels_ephemeral_ports(tmp_path) -> None:
     """Outgoing connections take ephemeral ports: a trial's block is chosen below them (read from the kernel's
     ip_local_port_range; Linux's default 32768 when it cannot be read)."""
-    from tuner.launch._process import _ephemeral_low
+    from tuner.launch._ports import _ephemeral_low
 
     ranges = tmp_path / "ip_local_port_range"
     ranges.write_text("40000\t60999\n")

@@ -1,15 +1,35 @@
-"""tuner.launch: a process is judged by its backend's policy, and the alive check treats zombies as dead."""
+"""tuner.launch: a process is judged by its backend's policy, the alive check treats zombies as dead, and a server
+that lost its port to another process before binding it starts again on a fresh block."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tuner.backends import TrialStatus
-from tuner.launch import Failure, LocalStarter, ProcessPolicy, process_alive, start_process, terminate
+from tuner.launch import (
+    Failure,
+    LocalStarter,
+    PortsLost,
+    ProcessPolicy,
+    RunningProcess,
+    free_port_block,
+    http_ok,
+    lost_port,
+    process_alive,
+    start_on_free_ports,
+    start_process,
+    terminate,
+    wait_healthy,
+)
+
+HANG_GUARD_S = 120  # not a timing assertion: only so a server that never answers fails instead of blocking the run
 
 
 @dataclass(frozen=True)
@@ -73,3 +93,83 @@ def test_a_zombie_is_not_alive(tmp_path: Path) -> None:
     assert process_alive(running.popen.pid)
     terminate([running], grace_s=1.0)
     assert not process_alive(running.popen.pid)
+
+
+@dataclass
+class _HttpServers:
+    """Starts of a real `python -m http.server` on a block's port, for start_on_free_ports: the first `lose` find
+    their port taken (this test binds and listens on it between the choice of the block and the server's bind)."""
+
+    logs: Path
+    lose: int
+    code: tuple[str, ...] = ("-m", "http.server", "--bind", "127.0.0.1")
+    bases: list[int] = field(default_factory=list)
+    held: list[socket.socket] = field(default_factory=list)
+
+    def __call__(self, base: int, attempt: int) -> RunningProcess:
+        self.bases.append(base)
+        if attempt < self.lose:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", base))
+            sock.listen()
+            self.held.append(sock)
+        server = start_process(Spec(f"server{attempt}", (sys.executable, *self.code, "--directory", str(self.logs),
+                                                         str(base)), health_url=f"http://127.0.0.1:{base}/"),
+                               self.logs)
+        failure = wait_healthy([server], HANG_GUARD_S, poll_s=0.1)
+        if failure is not None:
+            terminate([server], grace_s=5)
+            raise RuntimeError(failure.reason)
+        return server
+
+    def log(self, attempt: int) -> list[str]:
+        return [(self.logs / f"server{attempt}.log").read_text(errors="replace")]
+
+    def close(self) -> None:
+        for sock in self.held:
+            sock.close()
+
+
+def test_a_server_that_lost_its_port_starts_again_on_a_fresh_block(tmp_path: Path) -> None:
+    starts = _HttpServers(tmp_path, lose=2)
+    try:
+        server = start_on_free_ports(starts, ports=1, logs=starts.log, where=tmp_path)
+        try:
+            assert http_ok(server.spec.health_url or "")
+        finally:
+            terminate([server], grace_s=5)
+    finally:
+        starts.close()
+    assert len(starts.bases) == 3 and len(set(starts.bases)) == 3  # the lost ports are still held: never chosen
+    assert all(lost_port(starts.log(n)[0]) for n in (0, 1)) and not lost_port(starts.log(2)[0])
+
+
+def test_a_server_that_keeps_losing_its_port_is_given_up_on_with_where_its_logs_are(tmp_path: Path) -> None:
+    starts = _HttpServers(tmp_path, lose=99)
+    try:
+        with pytest.raises(PortsLost, match=r"3 starts in a row, each on a fresh block of 1") as caught:
+            start_on_free_ports(starts, ports=1, attempts=3, logs=starts.log, where=tmp_path)
+    finally:
+        starts.close()
+    assert str(tmp_path) in str(caught.value)
+    assert len(starts.bases) == 3
+
+
+def test_a_failure_that_is_no_lost_port_is_not_retried(tmp_path: Path) -> None:
+    starts = _HttpServers(tmp_path, lose=0, code=("-c", "import sys; sys.exit('no such model')"))
+    with pytest.raises(RuntimeError, match="no such model") as caught:
+        start_on_free_ports(starts, ports=1, logs=starts.log, where=tmp_path)
+    assert not isinstance(caught.value, PortsLost)
+    assert len(starts.bases) == 1
+
+
+def test_a_base_the_caller_fixed_is_kept_even_when_its_port_was_lost(tmp_path: Path) -> None:
+    starts = _HttpServers(tmp_path, lose=1)
+    fixed = free_port_block(1)
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            start_on_free_ports(starts, ports=1, logs=starts.log, where=tmp_path, base=fixed)
+    finally:
+        starts.close()
+    assert not isinstance(caught.value, PortsLost) and lost_port(starts.log(0)[0])
+    assert starts.bases == [fixed]

@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -251,43 +249,3 @@ def clean_temp_files(before: set[str], pattern: str | None) -> list[str]:
             os.remove(path)
             removed.append(path)
     return removed
-
-
-def free_port_block(count: int, *, start: int = 20000, end: int = 60000, host: str = "127.0.0.1") -> int:
-    """A port P such that P .. P+count-1 are all free to bind now (avoids 5432, 6379 by range). The scan starts at
-    a random block of the range and wraps: two trials choosing at once (each binds its ports only when its
-    servers start) would both find the range's first free block. It stays below the kernel's ephemeral ports, which
-    every outgoing connection (a benchmark client's, Ray's) takes one of, and so could take one of ours meanwhile."""
-    if start + count <= (low := _ephemeral_low()):
-        end = min(end, low)
-    blocks = (end - start) // count
-    first = random.SystemRandom().randrange(blocks) if blocks > 0 else 0
-    for index in range(blocks):
-        base = start + ((first + index) % blocks) * count
-        if all(_bindable(host, port) for port in range(base, base + count)):
-            return base
-    raise RuntimeError(f"no block of {count} free ports in [{start}, {end})")
-
-
-def lost_port(log_text: str) -> bool:
-    """The log shows a bind that failed because the port was taken (EADDRINUSE): Python's "[Errno 98] Address
-    already in use", Go's and Rust's "address already in use". A port from free_port_block was free when chosen;
-    another process can still take it before the server binds it, and the caller starts again on a fresh one."""
-    return "address already in use" in log_text.lower()
-
-
-def _ephemeral_low(ranges: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
-    """The first port the kernel hands out for connections and port-0 binds (Linux's default 32768)."""
-    try:
-        return int(ranges.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     )
     from tuner.backends.vllm._backend import (
         LAUNCHER,
-        PORT_ATTEMPTS,
         PORT_BLOCK,
         TINY_MODEL_SCRIPT,
         TrialTimings,
@@ -68,7 +67,6 @@ _HOMES: dict[str, str] = {
     "LaunchPlan": "_plan",
     "LaunchRules": "_versions",
     "NEWEST_CHECKED": "_versions",
-    "PORT_ATTEMPTS": "_backend",
     "PORT_BLOCK": "_backend",
     "PairingContext": "_pairing",
     "PairingRefusal": "_pairing",
@@ -106,7 +104,6 @@ __all__ = [
     "DISTRIBUTION_VERSION_CODE",
     "LAUNCHER",
     "NEWEST_CHECKED",
-    "PORT_ATTEMPTS",
     "PORT_BLOCK",
     "TINY_MODEL_SCRIPT",
     "AccuracyResult",

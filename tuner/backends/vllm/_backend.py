@@ -54,8 +54,6 @@ from tuner.backends.vllm._process import (
     ProcessStarter,
     RunningProcess,
     clean_temp_files,
-    free_port_block,
-    lost_port,
     temp_files_snapshot,
     terminate,
     wait_healthy,
@@ -64,6 +62,7 @@ from tuner.backends.vllm._replay import ReplayFile, aiperf_synthesizes, write_re
 from tuner.backends.vllm._startup_log import StartupFigures, compare, parse_startup_log, predicted_figures
 from tuner.backends.vllm._versions import detect_version
 from tuner.errors import ConfigError
+from tuner.launch import PortsLost, start_on_free_ports
 from tuner.metrics import ServingMetrics
 from tuner.models import model_revision
 from tuner.operating_point import choose_router_policy
@@ -74,9 +73,6 @@ LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
 PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
 # VLLM_PORT ranges +200.. (10 per server process)
-# Starts of a trial on a fresh free_port_block when a process lost a port of its block to another process before
-# binding it (free when chosen: the block is bound only as the servers start). A port_base the user set is kept.
-PORT_ATTEMPTS = 3
 
 
 def scrape(url: str, timeout_s: float = 10.0) -> str:
@@ -433,26 +429,25 @@ class VllmBackend(Backend):
 
     # -- the stages of a trial ------------------------------------------------------------------------
     def _launch(self, trial: _TrialRun) -> LaunchPlan:
-        """Plan and start; a start that failed because a process lost a port of the trial's block to another
-        process (lost_port in its log) is stopped and made again on a fresh block (PORT_ATTEMPTS), its logs
-        kept in their own folder. Any other failure, or a port_base the user set, ends the trial as before."""
-        for attempt in range(PORT_ATTEMPTS):
+        """Plan and start on a fresh port block (a port_base the user set is kept), again on another when a process
+        lost a port of it to another process (start_on_free_ports); a retry's logs in their own folder."""
+        def start(port_base: int, attempt: int) -> LaunchPlan:
+            if trial.processes:  # the start before, which lost a port
+                trial.starter.stop(list(trial.processes), grace_s=self.settings.teardown_grace_s)
+                trial.processes.clear()  # the list _live holds: a cancel now stops this start's processes
             with trial.timings.timed("plan"):
-                plan = self._plan_stage(trial)
-            try:
-                with trial.timings.timed("startup"):
-                    self._start_stage(trial, plan, "logs" if attempt == 0 else f"logs-port-retry{attempt}")
-                return plan
-            except _TrialFailed:
-                if self.settings.port_base is not None or attempt == PORT_ATTEMPTS - 1 \
-                        or not any(lost_port(p.log_text()) for p in trial.processes):
-                    raise
-            trial.starter.stop(list(trial.processes), grace_s=self.settings.teardown_grace_s)
-            trial.processes.clear()  # the list _live holds: a cancel now stops the next attempt's processes
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                plan = self._plan_stage(trial, port_base)
+            with trial.timings.timed("startup"):
+                self._start_stage(trial, plan, "logs" if attempt == 0 else f"logs-port-retry{attempt}")
+            return plan
 
-    def _plan_stage(self, trial: _TrialRun) -> LaunchPlan:
-        port_base = self.settings.port_base or free_port_block(PORT_BLOCK)
+        try:
+            return start_on_free_ports(start, ports=PORT_BLOCK, base=self.settings.port_base, where=trial.artifacts,
+                                       logs=lambda _: [p.log_text() for p in trial.processes])
+        except PortsLost as exc:
+            raise _TrialFailed(Failure(TrialStatus.CRASHED, str(exc))) from exc
+
+    def _plan_stage(self, trial: _TrialRun, port_base: int) -> LaunchPlan:
         try:
             plan = self.plan(trial.request, port_base=port_base)
         except ConfigError as exc:  # a layout or pairing the targeted vLLM cannot run: said, never launched
