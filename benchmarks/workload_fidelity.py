@@ -47,7 +47,10 @@ held-out calibration, the row's replicas behind the router it names, Poisson arr
 closed loop, 1,000 sampled requests with a 10% warm-up) and scored the same way, beside the analytic figures, and
 #45's targets are printed as met or not met. llm-d's shared_prefix traffic is replayed as inference-perf sent it: its
 num_groups x num_prompts_per_group prompts, generated once and cycled in a shuffled order (so a whole prompt recurs),
-at the row's rate (constant or Poisson, as the row says), the first cycle as warm-up.
+and its stages as inference-perf ran them (STAGE_IDLE_S): the source's warm-up stage, drained, then the row's stage
+alone, int(rate x duration) requests at the row's rate (constant or Poisson, as the row says) from an idle server,
+measured to its last answer; such a finite stage is called saturated as the source's is (TTFT p90 > 10 s), since
+its requests in flight rise through a stage shorter than a request whatever the load.
 
 Side by side (with --replay): NVIDIA aisimulate's predictions of the same rows on the replay's own request stream
 (benchmarks/data/aisimulate.yaml, written with the exact commands by benchmarks/aisimulate_runs.py, so this runs
@@ -70,6 +73,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
@@ -85,6 +89,9 @@ from tuner.perf import Calibration, RooflineModel, predict_traffic
 from tuner.router import RouterPolicy
 from tuner.topology import Role, Topology
 from tuner.workload import HistogramLengths, LogNormalLengths, PrefixSharing, Workload
+
+if TYPE_CHECKING:
+    from tuner.replay import ReplayReport
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "benchmarks" / "data" / "public_workload_measurements.yaml"
@@ -103,6 +110,16 @@ LINE_TIMESTAMP_SOURCES = frozenset({"llmd-kvcache-37cap-llama70b-h100", "llmd-kv
 TPOT_KEYS = ("tpot_mean", "tpot_p50", "tpot_p90", "tpot_p99")
 ITL_KEYS = ("itl_mean", "itl_p50", "itl_p90", "itl_p99")
 HASH_BLOCK_TOKENS = 400  # the cycled-prompt traces' hash blocks (a multiple of vLLM's 16-token blocks)
+#: inference-perf runs each stage of its load ladder to the end: after a stage's duration its load generator waits
+#: until every request of the stage has finished before the next stage starts (inference_perf/loadgen/
+#: load_generator.py at 1ccc48b, `mp_run`: "Wait until all requests are finished processing"; at 23b52d0 each
+#: worker's STAGE_END awaits its in-flight requests; the one-process `run` leaves its TaskGroup only when every request
+#: is done), then sleeps `load.interval` (1 s by default). So llm-d's stages did not overlap: each started on an idle
+#: server (its prefix cache warm) and ended with its own drain, and a stage's row is its requests alone. The replay
+#: leaves this long idle between the warm-up and the stage (that the warm-up drained in it is checked).
+STAGE_IDLE_S = 3600.0
+#: a rate row is measured saturated past this TTFT p90 (its queue grew through the stage; `measured_verdict`)
+SATURATED_TTFT_P90_MS = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +147,7 @@ def measured_verdict(row: dict) -> str:
     m, load = row["measured"], row["load"]
     ttft_p90 = (m.get("ttft_ms") or {}).get("p90", 0.0)
     offered = float(load["request_rate"]) * float(row["workload"]["osl_nominal"])
-    if ttft_p90 > 10_000:
+    if ttft_p90 > SATURATED_TTFT_P90_MS:
         return "saturated"
     if ttft_p90 < 2_000 and float(m.get("output_tok_s", 0.0)) >= 0.75 * offered:
         return "keeping up"
@@ -209,29 +226,71 @@ def row_perf(row: dict, model_dir: Path, cal: Calibration, topology: Topology) -
     return RooflineModel(model, gpu, cal, kv_cache_memory_bytes=pages * layout.page_size_bytes * layout.group_size)
 
 
-def cycled_prompts_trace(row: dict, path: Path, measured: int = 1000, seed: int = 0) -> tuple[Path, int]:
-    """inference-perf's shared_prefix traffic as a trace: num_groups x num_prompts_per_group prompts generated once
-    (a shared prefix per group, a question per prompt), shuffled, and sent in that order over and over
-    (inference_perf/datagen/shared_prefix_datagen.py `get_data`), at the row's rate (constant or Poisson). The
-    first cycle warms the cache, as the source's warm-up stage did; returns the trace and that cycle's length."""
+@dataclass(frozen=True)
+class StageTrace:
+    """One inference-perf stage as a trace (`stage_trace`): where it is, how many requests warm the cache first,
+    how many the stage sends, and when the warm-up's last and the stage's first request are sent."""
+
+    path: Path
+    warmup_requests: int
+    stage_requests: int
+    warmup_end_ms: float
+    stage_start_ms: float
+
+    @property
+    def warmup_share(self) -> float:
+        """ReplayPlan's warm-up share that makes exactly the warm-up's requests unmeasured (it rounds up)."""
+        return (self.warmup_requests - 0.5) / (self.warmup_requests + self.stage_requests)
+
+
+def stage_trace(row: dict, path: Path, seed: int = 0) -> StageTrace:
+    """One stage of llm-d's inference-perf ladder as a trace, as the source ran it (STAGE_IDLE_S says why): the
+    source's warm-up stage (the rate and duration its `ramp` states; else one cycle of the prompts at the row's
+    rate), idle while it drains, then the stage alone: int(rate x duration) requests at the row's rate (constant or
+    Poisson), which are what the stage's report is made of. The prompts are num_groups x num_prompts_per_group,
+    generated once (a shared prefix per group, a question per prompt) and shuffled; every stage sends them from the
+    first, cycling (inference_perf/datagen/shared_prefix_datagen.py `get_request(n)`, n counted per stage)."""
     w, load = row["workload"], row["load"]
     groups, per = int(w["num_groups"]), int(w["num_prompts_per_group"])
     shared, isl, osl = int(w["shared_prefix_tokens"]), int(w["isl_nominal"]), int(w["osl_nominal"])
+    rate = float(load["request_rate"])
     rng = np.random.default_rng(seed)
     order = rng.permutation(groups * per).tolist()
     shared_ids = shared // HASH_BLOCK_TOKENS
     own_ids = -(-isl // HASH_BLOCK_TOKENS) - shared_ids
-    gap_ms = 1000.0 / float(load["request_rate"])
-    t, lines = 0.0, []
-    for i in range(len(order) + measured):
-        prompt = order[i % len(order)]
+    warm = re.search(r"warm-up ([\d.]+) rps x ([\d.]+) s", str(load.get("ramp", "")))
+    warm_rps, warm_n = (float(warm[1]), int(float(warm[1]) * float(warm[2]))) if warm else (rate, len(order))
+    stage_n = int(rate * float(load["stage_duration_s"]))  # load_generator.py: int(stage.rate * stage.duration)
+    lines: list[str] = []
+
+    def send(n: int, t: float) -> None:
+        prompt = order[n % len(order)]
         group = prompt // per
         ids = [group * shared_ids + j for j in range(shared_ids)]
         ids += [groups * shared_ids + prompt * own_ids + j for j in range(own_ids)]
         lines.append(f'{{"timestamp": {t:.3f}, "input_length": {isl}, "output_length": {osl}, "hash_ids": {ids}}}')
-        t += gap_ms if load.get("arrival") == "constant" else float(rng.exponential(gap_ms))
+
+    def sends(count: int, rps: float, t: float) -> float:
+        """`count` sends from `t` at `rps`; returns the last one's time."""
+        last = t
+        for n in range(count):
+            send(n, t)
+            last = t
+            t += 1000.0 / rps if load.get("arrival") == "constant" else float(rng.exponential(1000.0 / rps))
+        return last
+
+    warmup_end = sends(warm_n, warm_rps, 0.0)
+    stage_start = warmup_end + STAGE_IDLE_S * 1e3
+    sends(stage_n, rate, stage_start)
     path.write_text("\n".join(lines) + "\n")
-    return path, len(order)
+    return StageTrace(path, warm_n, stage_n, warmup_end, stage_start)
+
+
+def drained(report: ReplayReport, trace: StageTrace) -> bool:
+    """Whether the replay's deployment was idle (nothing waiting or running) at some time between the warm-up's last
+    send and the stage's first, as inference-perf's next stage starts only then."""
+    return any(p.waiting + p.running == 0 for p in report.timeline
+               if trace.warmup_end_ms <= p.t_s * 1e3 < trace.stage_start_ms)
 
 
 def measuring_tool(row: dict) -> str | None:
@@ -370,10 +429,11 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
     count = max(requests, 4 * arrival.concurrency)
     workload, warmup = shape.workload, 0.1
     tmp = tempfile.TemporaryDirectory()
-    if "num_prompts_per_group" in row["workload"] and load["kind"] == "rate":
-        trace, cycle = cycled_prompts_trace(row, Path(tmp.name) / "trace.jsonl", requests)
-        workload = Workload.from_trace(trace, block_tokens=HASH_BLOCK_TOKENS)
-        arrival, count, warmup = ArrivalProcess("trace"), None, cycle / (cycle + requests)
+    stage = None
+    if "num_prompts_per_group" in row["workload"] and load["kind"] == "rate":  # an inference-perf stage
+        stage = stage_trace(row, Path(tmp.name) / "trace.jsonl")
+        workload = Workload.from_trace(stage.path, block_tokens=HASH_BLOCK_TOKENS)
+        arrival, count, warmup = ArrivalProcess("trace"), None, stage.warmup_share
     plan = ReplayPlan(deployment=Deployment.single(shape.topology, shape.replicas), workload=workload,
                       arrival=arrival, num_requests=count, warmup_share=warmup,
                       router=RouterPolicy.CACHE_AWARE if shape.cache_aware else RouterPolicy.ROUND_ROBIN)
@@ -394,8 +454,14 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
                                                 sum(r.output_tokens for r in streamed), len(streamed))
     errors = {k: math.log(figures[k] / v) for k, v in _measured(row).items() if figures.get(k, 0) > 0}
     saturated = report.queue.grows if load["kind"] == "rate" else None
-    return Scored(row, None, errors, f"replay, {cls} fit without {row['source']}; prefix hits "
-                  f"{report.prefix_hit_share:.0%}", saturated=saturated)
+    note = f"replay, {cls} fit without {row['source']}; prefix hits {report.prefix_hit_share:.0%}"
+    if stage is not None:
+        # a finite stage from an idle server: its requests in flight rise through a stage shorter than a request
+        # whatever the load, so the queue's trend says nothing; judged as the source is (`measured_verdict`)
+        saturated = report.ttft_ms.p90 > SATURATED_TTFT_P90_MS
+        note += f"; one stage of {stage.stage_requests} requests after {stage.warmup_requests} of warm-up" + (
+            "" if drained(report, stage) else f" (NOT drained in {STAGE_IDLE_S:g} s: the stage starts on its backlog)")
+    return Scored(row, None, errors, note, saturated=saturated)
 
 
 def _summary(name: str, group: list[Scored]) -> None:
