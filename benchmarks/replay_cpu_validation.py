@@ -62,6 +62,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+# AIPerf's priority, below the server's on the core it shares with the front end (`_pin_front_end`); real trials
+# run AIPerf at it too (why: tuner/backends/vllm/_cpu_placement.py)
+from tuner.backends.vllm._cpu_placement import CLIENT_NICE
+
 if TYPE_CHECKING:
     from tuner.perf import Calibration
 
@@ -178,40 +182,12 @@ def _counters(text: str) -> dict[str, float]:
     return out
 
 
-def _worker(pid: int) -> bool:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker")
-    return False
-
-
-def _process_tree(pid: int) -> list[int]:
-    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [pid, *(p for k in kids for p in _process_tree(int(k)))]
-
-
 def _pin_front_end(server: subprocess.Popen) -> str:
-    """Bind every process of the server but its CPU worker (the API server, the engine core with the scheduler, and
-    their helpers) to the cores the worker is not bound to, and return them ("" where there are none).
+    """The server's front end off its CPU worker's cores (tuner's pin_front_end, as real CPU trials run it): the
+    cores it now runs on, "" where there are none."""
+    from tuner.backends.vllm._cpu_placement import pin_front_end
 
-    vLLM reserves a core for the scheduler's process (vllm/utils/ompmultiprocessing.py: "at least reserve 1/
-    local_world_size core for scheduler proc", with "TODO: make scheduler proc sleep when idle") and binds the
-    worker's OpenMP threads to the others, but leaves the API server and the engine core free to run anywhere. On
-    2 cores the kernel then puts them on the worker's core for part of a run, and every step waits behind them.
-    Measured (docs/workloads.md, `placement`): at one closed-loop client vLLM's token gaps p50 went 5.0 -> 2.4 ms
-    once they were pinned, while an open loop's stayed at 2.8-3.0 ms."""
-    tree = _process_tree(server.pid)
-    worker_cpus = set().union(*(os.sched_getaffinity(pid) for pid in tree if _worker(pid))) if any(
-        _worker(pid) for pid in tree) else set()
-    free = set(range(os.cpu_count() or 1)) - worker_cpus
-    if not worker_cpus or not free:
-        return ""
-    for pid in tree:
-        if _worker(pid):
-            continue
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(int(tid), free)
-    return ",".join(str(c) for c in sorted(free))
+    return ",".join(str(c) for c in sorted(pin_front_end(server.pid) or ()))
 
 
 def _client_cpus() -> list[str]:
@@ -258,14 +234,6 @@ def _server_priority() -> None:
     Unprivileged: the default priority."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICE)
-
-
-#: AIPerf's priority: below the server's, on the core it shares with the server's front end (`_pin_front_end`). A
-#: closed loop's client works between the server's steps (each answer's end starts the next request); at the
-#: server's own priority it took the front end's core from it: at one client and eight, vLLM's token gaps p50 were
-#: 7.7 and 8.3 ms beside 2.4 and 3.8 ms with the client at nice 19 (`placement`). A load generator does not run on
-#: the server's cores in a real deployment.
-CLIENT_NICE = 19
 
 
 def _priority(nice: int) -> None:

@@ -7,6 +7,7 @@ by the real study in test_cpu_study_e2e.py, where it must also not stop the stud
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -41,13 +42,36 @@ def request(model: Path, trial_dir: Path, deployment: Deployment, **extra: objec
                         workload=WORKLOAD, artifacts_dir=str(trial_dir), timeout_s=600, **extra)
 
 
+def _watch_placement(trial_dir: Path, seen: dict[str, set[int]], stop: threading.Event) -> None:
+    """Once the trial records its CPU placement (after the start, servers healthy), the kernel's affinity of every
+    process of the server, by name (vLLM's process titles: VLLM::EngineCore, VLLM::Worker_TP0)."""
+    from tuner.backends.vllm._cpu_placement import process_tree
+
+    record = trial_dir / "cpu_placement.json"
+    while not stop.is_set() and not record.exists():
+        time.sleep(0.2)
+    with contextlib.suppress(OSError, ValueError):
+        for pid in process_tree(json.loads(record.read_text())["processes"]["both0"]):
+            seen[Path(f"/proc/{pid}/comm").read_text().strip()] = os.sched_getaffinity(pid)
+
+
 @needs_envs
 def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path, tmp_path: Path) -> None:
+    """A full trial; while it runs, its engine core and API server run off the worker's cores (when the worker
+    leaves one free: VLLM_CPU_OMP_THREADS_BIND=auto reserves one)."""
     temp_before = set(glob.glob("/tmp/vllm_dist_*"))
     backend = VllmBackend(SETTINGS)
     trial_dir = tmp_path / "trial-tp1"
-    trial = backend.run_trial(request(tiny_model, trial_dir,
-                                      Deployment.single(Topology.parse("TP1", max_num_seqs=8)), min_accuracy=0.0))
+    seen: dict[str, set[int]] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_placement, args=(trial_dir, seen, stop), daemon=True)
+    watcher.start()
+    try:
+        trial = backend.run_trial(request(tiny_model, trial_dir, Deployment.single(
+            Topology.parse("TP1", max_num_seqs=8)), min_accuracy=0.0))
+    finally:
+        stop.set()
+        watcher.join(timeout=60)
     result, plan, timings = trial.result, trial.plan, trial.timings
     assert result.status is TrialStatus.OK, result.reason
     assert [p.concurrency for p in result.points] == [1, 4]
@@ -65,6 +89,13 @@ def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path,
     assert timings.levels_measured == 2 and plan is not None and plan.servers[0].role == "both"
     assert not _our_processes(trial_dir)
     assert set(glob.glob("/tmp/vllm_dist_*")) <= temp_before
+    if len(os.sched_getaffinity(0)) > 1:
+        worker = next((cpus for name, cpus in seen.items() if name.startswith("VLLM::Worker")), None)
+        engine = next((cpus for name, cpus in seen.items() if name.startswith("VLLM::EngineCor")), None)
+        assert worker and engine and not engine & worker, seen
+        assert all(not cpus & worker for name, cpus in seen.items() if not name.startswith("VLLM::Worker")), seen
+        placed = json.loads((trial_dir / "cpu_placement.json").read_text())
+        assert set(placed["front_end_cpus"]) == engine
 
 
 

@@ -5,7 +5,6 @@ hit share (vLLM's own counters) and that both preempt. The timing errors are the
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -133,48 +132,6 @@ def test_a_run_record_keeps_vllm_token_gap_buckets_from_real_scrapes() -> None:
     assert stored["le"][-1] == "+Inf" and stored["cumulative"][-1] == stored["count"] == 16 * 119
     ttft = bench.stored_histogram(run, "time_to_first_token_seconds")
     assert ttft is not None and ttft.count == len(sent)
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
-def test_front_end_is_pinned_off_the_workers_cores() -> None:
-    """`measure` pins every process of the server but vLLM's CPU worker (named VLLM::Worker, bound by vLLM to its
-    cores) to the cores the worker leaves free: here a real process tree, a parent and two children (one a worker
-    bound to core 0), each with a second thread; the worker keeps its binding, the rest, threads included, move."""
-    import subprocess
-    import sys
-
-    bench = _bench()
-    child = ("import os, sys, threading, time\n"
-             "if sys.argv[1] == 'worker':\n"
-             "    open('/proc/self/comm', 'w').write('VLLM::Worker')\n"
-             "    os.sched_setaffinity(0, {0})\n"
-             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-             "print('ready', flush=True)\n"
-             "time.sleep(60)\n")
-    parent = ("import subprocess, sys, threading, time\n"
-              f"kids = [subprocess.Popen([sys.executable, '-c', {child!r}, role], stdout=subprocess.PIPE, text=True)\n"
-              "        for role in ('worker', 'engine')]\n"
-              "[k.stdout.readline() for k in kids]\n"
-              "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-              "print('ready', flush=True)\n"
-              "time.sleep(60)\n")
-    server = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline().strip() == "ready"  # after both children and every thread started
-        free = bench._pin_front_end(server)
-        tree = bench._process_tree(server.pid)
-        assert len(tree) == 3
-        others = set(range(os.cpu_count())) - {0}
-        assert free == ",".join(str(c) for c in sorted(others))
-        for pid in tree:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                want = {0} if bench._worker(pid) else others
-                assert os.sched_getaffinity(int(tid)) == want, (pid, tid)
-        assert sum(bench._worker(pid) for pid in tree) == 1
-    finally:
-        for pid in bench._process_tree(server.pid)[::-1]:
-            os.kill(pid, 9)
-        server.wait()
 
 
 def test_stored_waves_runs_are_the_fixed_lengths_they_claim() -> None:

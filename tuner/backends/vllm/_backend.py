@@ -38,6 +38,7 @@ from tuner.backends.vllm._aiperf import (
     to_serving_metrics,
     tokenizer_hub_alias,
 )
+from tuner.backends.vllm._cpu_placement import lower_priority, pin_front_end
 from tuner.backends.vllm._plan import (
     Device,
     LaunchPlan,
@@ -151,6 +152,10 @@ class VllmBackendSettings(BaseModel):
     vllm_env: dict[str, str] = Field(default_factory=dict)
     cpu_threads_bind: str | None = None  # "auto" | "ids" | None (auto for one worker, ids otherwise)
     cpu_kv_cache_gib: float | None = Field(None, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU")
+    pin_cpu_front_end: bool = Field(True, description=(
+        "on CPU, once the servers are healthy, bind their API servers and engine cores (and the router) to the "
+        "cores vLLM's workers are not bound to: vLLM leaves them free to run on a worker's core, which slowed "
+        "every step up to ~2x on 2 cores (tuner/backends/vllm/_cpu_placement.py); processes on this host only"))
     # vLLM's CPU attention backend uses 128-token blocks (tuner.memory assumes the GPU kernels' 16).
     cpu_block_size: int = Field(128, ge=1)
     startup_timeout_s: float = Field(900.0, gt=0)
@@ -469,6 +474,18 @@ class VllmBackend(Backend):
             for spec in plan.fronts:
                 trial.processes.append(trial.starter.start(spec, logs, host_of(plan, spec), policy=VLLM_PROCESSES))
             self._wait(trial.processes, trial.deadline, min(120.0, self.settings.startup_timeout_s))
+        if self.settings.device == "cpu" and self.settings.pin_cpu_front_end:
+            self._pin_front_ends(trial.processes, trial.artifacts)
+
+    @staticmethod
+    def _pin_front_ends(processes: list[ProcessHandle], artifacts: Path) -> None:
+        """The trial's processes started on this host (LocalStarter's: a host agent's may run on another node,
+        their pids are not this host's) with their front ends off the workers' cores (pin_front_end), recorded in
+        cpu_placement.json; nothing pinned where the workers hold every core."""
+        local = {p.spec.name: p.popen.pid for p in processes if isinstance(p, RunningProcess)}
+        cpus = pin_front_end(*local.values()) if local else None
+        (artifacts / "cpu_placement.json").write_text(json.dumps(
+            {"processes": local, "front_end_cpus": sorted(cpus) if cpus else None}, indent=2))
 
     def _memory_stage(self, trial: _TrialRun) -> str:
         """vLLM's startup figures against the memory model (memory_check.json); the mismatch note, if any."""
@@ -644,6 +661,7 @@ class VllmBackend(Backend):
         with (out / "aiperf.stdout.log").open("wb") as log:
             proc = subprocess.Popen(run.argv(out), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True, cwd=out)
+            lower_priority(proc.pid)  # below the server's, whose front end may share its core (CLIENT_NICE)
             aiperf = RunningProcess(spec=plan.servers[0].model_copy(update={"name": f"aiperf-{level.name}"}),
                                     popen=proc, log_path=out / "aiperf.stdout.log")
             code = self._wait_aiperf(aiperf, processes, level.describe(), timeout)
