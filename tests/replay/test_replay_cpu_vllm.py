@@ -38,8 +38,9 @@ def test_hit_share_and_preemption_match_real_vllm(tiny_model: Path, tmp_path: Pa
 
 def test_step_costs_fitted_on_closed_loop_fit_it_better_than_the_defaults(tmp_path: Path) -> None:
     """The benchmark's bounded fit, on a stored measurement (from a coarse start, to keep it short): the closed-loop
-    runs it sees are predicted closer than with the catalog's CPU defaults, and every fitted factor stays within
-    its documented range."""
+    runs it sees are predicted closer than with the catalog's CPU defaults, and than from the grid's best point; the
+    several starts end lower than the best one alone; every fitted factor stays within its documented range."""
+    import itertools
     import json
 
     from tuner.perf import factor_range
@@ -48,12 +49,19 @@ def test_step_costs_fitted_on_closed_loop_fit_it_better_than_the_defaults(tmp_pa
     data = json.loads(bench.QUIET[0].read_text())  # 90 requests a run: the shortest
     perf, dep, workload = bench._setup(data, tmp_path)
     closed = [r for r in data["runs"] if r["kind"] == "closed"][:3]
-    fitted = bench.fit_step_costs(perf, dep, workload, closed, grid=tuple(g[::2] for g in bench.FIT_GRID))
+    grid = tuple(g[::2] for g in bench.FIT_GRID)
+    fitted = bench.fit_step_costs(perf, dep, workload, closed, grid=grid)
+    one_start = bench.fit_step_costs(perf, dep, workload, closed, grid=grid, starts=1)
 
-    def cost(model) -> float:
-        return sum(e * e for e in bench._residuals(model, dep, workload, closed))
+    def cost(calibration=None) -> float:
+        model = perf if calibration is None else perf.with_calibration(calibration)
+        return bench.closed_loop_cost(model, dep, workload, closed)
 
-    assert cost(perf.with_calibration(fitted)) < cost(perf)
+    best_start = min(cost(perf.calibration.model_copy(update=dict(zip(bench.FIT_FACTORS, point, strict=True))))
+                     for point in itertools.product(*grid))
+    assert cost(fitted) <= cost(one_start) <= best_start, (cost(fitted), cost(one_start), best_start)
+    assert cost(fitted) < 0.75 * cost(one_start)  # 0.11 vs 0.22: one start stops in a shallow dip
+    assert cost(fitted) < cost()
     for name in bench.FIT_FACTORS:
         low, high = factor_range(name)
         assert low <= fitted.factor(name) <= high, name
