@@ -76,8 +76,8 @@ DATA = REPO / "benchmarks/data/replay_cpu_validation.json"  # where `measure` wr
 QUIET = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (13, 14, 15, 16))
 #: Quiet runs before the front end was pinned: their closed loops' steps were slowed by the placement (`placement`)
 QUIET_UNPINNED = tuple(REPO / f"benchmarks/data/replay_cpu_validation_run{n}.json" for n in (7, 8, 9, 10, 11, 12))
-LATEST = QUIET[-1]
-PLACEMENT_DATA = REPO / "benchmarks/data/replay_cpu_placement.json"  # `placement`'s  # `agreement`'s default
+LATEST = QUIET[-1]  # `agreement`'s default
+PLACEMENT_DATA = REPO / "benchmarks/data/replay_cpu_placement.json"  # `placement`'s
 TINY_CONFIG = REPO / "benchmarks/data/tiny-cpu-model"
 KV_BYTES = 1_500_000  # ~2,900 tokens of the tiny model's KV: preemption past ~8 requests of ~450 tokens
 FLAGS = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "max_model_len": 1024}
@@ -228,15 +228,10 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
 SERVER_NICE = -10  # the server's and the client's priority over the machine's other jobs, where it may be raised
 
 
-def _server_priority() -> None:
-    """Run the server and AIPerf (and the processes they start) at SERVER_NICE: on a machine shared with other jobs
-    the steps, and the client's timestamps, then take the time they need, not what the other jobs leave them.
-    Unprivileged: the default priority."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, SERVER_NICE)
-
-
 def _priority(nice: int) -> None:
+    """Run this process (a server or AIPerf, and the processes it starts) at `nice`: the server at SERVER_NICE, so
+    that on a machine shared with other jobs its steps take the time they need, not what the other jobs leave them;
+    AIPerf at CLIENT_NICE, below it. Unprivileged, raising priority fails and the default stays."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, nice)
 
@@ -259,7 +254,7 @@ def _serve(envs: Path, model: Path, work: Path, kv_bytes: int) -> tuple[subproce
                 str(FLAGS["max_num_batched_tokens"]), "--max-model-len", str(FLAGS["max_model_len"]),
                 "--custom-histogram-buckets", json.dumps(HISTOGRAM_BUCKETS)]
         server = subprocess.Popen(argv, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                  preexec_fn=_server_priority)
+                                  preexec_fn=lambda: _priority(SERVER_NICE))
         deadline = time.time() + 600
         while server.poll() is None and time.time() < deadline:
             try:
