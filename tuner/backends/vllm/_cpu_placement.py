@@ -6,9 +6,9 @@ proc" (vllm/utils/ompmultiprocessing.py: "at least reserve 1/local_world_size co
 engine core (the scheduler) free to run on any core. On a small machine the kernel then puts them on the worker's
 core for part of a run and every step waits behind them; and a load generator at the server's priority on the
 remaining core takes that core from them. Measured on 2 cores (docs/workloads.md, "The cause, measured: where
-vLLM's front end runs"; benchmarks/replay_cpu_validation.py `placement`): closed loops' steps up to ~2x slower;
-at one closed-loop client vLLM's token gaps p50 went 5.0 -> 2.4 ms once the front end was pinned and the client
-ran at CLIENT_NICE.
+vLLM's front end runs"; benchmarks/replay_cpu_validation.py `show-placement`): closed loops' steps up to ~2x
+slower; at one closed-loop client vLLM's token gaps went p50 4.0 -> 3.2 ms, p90 9.4 -> 5.9 ms, and the closed loop
+at eight carried 27.3 req/s against 21.8, once the front end was pinned and the client ran at CLIENT_NICE.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ WORKER_COMM = "VLLM::Worker"
 
 #: The load generator's (AIPerf's) priority: below the server's. A closed loop's client works between the server's
 #: steps (each answer's end starts the next request); at the server's own priority on the core the front end runs
-#: on it took that core from it: at one client and eight, vLLM's token gaps p50 were 7.7 and 8.3 ms beside 2.4 and
-#: 3.8 ms with the client at nice 19 (benchmarks/replay_cpu_validation.py `placement`). A load generator does not
-#: run on the server's cores in a real deployment; where it has its own cores the priority changes nothing.
+#: on it took that core from it: with the front end pinned, at one client and eight, vLLM's token gaps p50 were 4.5
+#: and 8.6 ms beside 3.2 and 4.5 ms with the client at nice 19 (benchmarks/replay_cpu_validation.py
+#: `show-placement`). A load generator does not run on the server's cores in a real deployment; where it has its own
+#: cores the priority changes nothing.
 CLIENT_NICE = 19
 
 
