@@ -543,7 +543,7 @@ def fit_step_costs(perf, dep, workload, closed: list[dict], grid: tuple[tuple[fl
         return _residuals(perf.with_calibration(calibrated(x)), dep, workload, closed)
 
     def cost(x):
-        return float(np.sum(np.square(residuals(x))))
+        return closed_loop_cost(perf.with_calibration(calibrated(x)), dep, workload, closed)
 
     points = [np.clip(np.log(point), lo, hi) for point in itertools.product(*grid)]
     scored = sorted(((cost(x), i) for i, x in enumerate(points)))[:starts]
