@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
@@ -393,7 +393,7 @@ _FIELD_FIXES = {
 }
 
 
-def accepted_topologies(model: ModelSpec, num_gpus: int, *, mtp_depths: tuple[int, ...] | list[int] = (0,),
+def accepted_topologies(model: ModelSpec, num_gpus: int, *, mtp_depths: Sequence[int] = (0,),
                         powers_of_two: bool = True, max_gpus_per_instance: int | None = None,
                         knobs_where_they_apply: bool = True, **engine: object) -> list[Topology]:
     """Every (TP, DP, EP, MTP) vLLM accepts for the model within the GPU count: what the memory sweep and the

@@ -74,7 +74,7 @@ def candidate_topologies(perf: PerformanceModel, num_gpus: int, *, max_gpus_per_
                          mtp_depths: Sequence[int] = (0,), **engine: object) -> list[Topology]:
     """The performance model's candidates: tuner.topology.accepted_topologies for its model (memory is checked
     later)."""
-    return accepted_topologies(perf.model, num_gpus, mtp_depths=tuple(mtp_depths),
+    return accepted_topologies(perf.model, num_gpus, mtp_depths=mtp_depths,
                                max_gpus_per_instance=max_gpus_per_instance, **engine)
 
 
