@@ -39,8 +39,8 @@ the stage), keeping up when TTFT p90 < 2 s and it delivered >= 75% of the offere
 
 Last, the real CPU trace trial (benchmarks/data/cpu_trace_trial.yaml, measured by benchmarks/real_trial_cpu.py
 --trace builtin): the simulator re-predicts that request and its p90 TTFT/ITL error is printed. The catalog's `cpu`
-device is not calibrated for this machine, so the error is large and said as it is: one trial is one point, too few
-to fit a CPU class and hold anything out.
+device is not calibrated for this machine (one trial is one point, too few to fit a CPU class and hold anything
+out), so the error is printed as it comes.
 
 With --replay, every scored row is also replayed event by event through vLLM's scheduler (tuner/replay: the same
 held-out calibration, the row's replicas behind the router it names, Poisson arrivals at the row's rate or its
