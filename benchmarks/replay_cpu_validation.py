@@ -35,12 +35,14 @@ so runs before hold only their means), the load average and the flags are writte
 
 `analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
 efficiency, the front end's time, and its time finishing an answer, which a request sent meanwhile waits behind) to
-the closed-loop runs only, then predicts the open-loop runs with the replay: p50/p90 TTFT and ITL errors, the
-prefix-hit share and the rate where preemption starts, each against its target (25% latency, 10% hit share and
-onset) as met or not met, and beside the per-request ITL the replay's token-gap mean against vLLM's own engine-side
-one (`token_gaps`: its inter_token_latency_seconds sum / count; p50/p90 too for runs with stored buckets); given
-several files, each is fitted on its own closed loops and the held-out errors are also pooled. `agreement` reads
-issue #45's closed/open bar off the real runs alone (docs/benchmarks/closed-open-agreement.md).
+the closed-loop runs only (their AIPerf TTFT and ITL percentiles, and vLLM's own mean queue and prefill times,
+`engine_times`, which leave the front end out), then predicts the open-loop runs with the replay: p50/p90 TTFT and
+ITL errors, the prefix-hit share and the rate where preemption starts, each against its target (25% latency, 10% hit
+share and onset) as met or not met, vLLM's engine times held out too, and beside the per-request ITL the replay's
+token-gap mean against vLLM's own engine-side one (`token_gaps`: its inter_token_latency_seconds sum / count;
+p50/p90 too for runs with stored buckets); given several files, each is fitted on its own closed loops and the
+held-out errors are also pooled. `agreement` reads issue #45's closed/open bar off the real runs alone
+(docs/benchmarks/closed-open-agreement.md).
 """
 
 from __future__ import annotations
@@ -481,6 +483,29 @@ def token_gaps(run: dict) -> dict[str, float]:
             "covered": float(count == gaps)}
 
 
+#: vLLM's own per-request engine intervals, means over a run (ms): its queue time and prefill time (`engine_times`)
+ENGINE_METRICS = ("queue_mean", "prefill_mean")
+
+
+def engine_times(run: dict) -> dict[str, float]:
+    """vLLM's mean queue time and prefill time over a run (ms; nan where the file does not hold the counters):
+    vllm:request_queue_time_seconds and request_prefill_time_seconds, sum / count over the run's requests.
+
+    Both are engine-core intervals (vllm/v1/metrics/stats.py `update_from_finished_request`; what each stamp is:
+    tuner/replay/_report.py RequestRecord): queue time from when the engine core takes the request in, between
+    steps, to the start of the step that first schedules it; prefill time from there to the end of the step that
+    gives its first token, a recompute after preemption included. The front end's time before the engine core
+    (the replay's request_overhead_ms) is in neither, nor the wait for the step running when the request arrives:
+    so at one client the queue time is ~0.02 ms and the prefill time one step with the prompt's chunk in it. The
+    replay's RequestRecord.queued_ms / prefill_ms are the same intervals, so they are held like for like."""
+    c = run["counters"]
+    out = {}
+    for key, name in zip(ENGINE_METRICS, ("request_queue_time_seconds", "request_prefill_time_seconds"), strict=True):
+        count = c.get(f"{name}_count", 0.0)
+        out[key] = 1000 * c[f"{name}_sum"] / count if count else float("nan")
+    return out
+
+
 def _measured(run: dict) -> dict[str, float]:
     ttft = np.array([r["time_to_first_token"] for r in run["requests"]])
     itl = np.array([r["inter_token_latency"] for r in run["requests"] if r.get("inter_token_latency")])
@@ -488,14 +513,17 @@ def _measured(run: dict) -> dict[str, float]:
     return {"ttft_p50": float(np.percentile(ttft, 50)), "ttft_p90": float(np.percentile(ttft, 90)),
             "itl_p50": float(np.percentile(itl, 50)), "itl_p90": float(np.percentile(itl, 90)),
             "hit_share": c["prefix_cache_hits"] / c["prefix_cache_queries"] if c["prefix_cache_queries"] else 0.0,
-            "preemptions": c["num_preemptions"], "steps": c["iteration_tokens_total_count"], **token_gaps(run)}
+            "preemptions": c["num_preemptions"], "steps": c["iteration_tokens_total_count"], **token_gaps(run),
+            **engine_times(run)}
 
 
 def _predicted(report) -> dict[str, float]:
     return {"ttft_p50": report.ttft_ms.p50, "ttft_p90": report.ttft_ms.p90, "itl_p50": report.itl_ms.p50,
             "itl_p90": report.itl_ms.p90, "hit_share": report.prefix_hit_share, "preemptions": report.preemptions,
             "steps": report.steps, "gap_mean": report.token_gap_ms.mean, "gap_p50": report.token_gap_ms.p50,
-            "gap_p90": report.token_gap_ms.p90}
+            "gap_p90": report.token_gap_ms.p90,
+            "queue_mean": float(np.mean([r.queued_ms for r in report.requests])),
+            "prefill_mean": float(np.mean([r.prefill_ms for r in report.requests]))}
 
 
 #: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
@@ -505,12 +533,31 @@ FIT_FACTORS = ("step_overhead_ms", "request_step_us", "prefill_flop_efficiency",
                "answer_finish_ms")
 FIT_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
 PREEMPTION_ONSET = 3  # preemptions in a run of the trace: where preemption has started
+#: The weight of each run's two engine-time residuals (`_residuals`) beside its p50s' 1 and p90s' 0.5; 0: the fit
+#: sees only the client's percentiles (as before 2026-12-07's fitsignal change)
+ENGINE_WEIGHT = 1.0
+
+
 def _residuals(perf, dep, workload, runs: list[dict]) -> list[float]:
-    """Log errors of each run's percentiles, the p90s at half weight (a loaded machine moves them most)."""
+    """Log errors of each run's percentiles, the p90s at half weight (a loaded machine moves them most), and of
+    vLLM's own engine times (`engine_times`) at ENGINE_WEIGHT.
+
+    The client's TTFT is the front end's time plus the engine's, and on the closed loops alone a faster front end
+    and a slower prefill give the same percentiles (docs/workloads.md, "The cause, measured"); vLLM's queue and
+    prefill times are the engine's part alone, so they pin the prefill and leave the front end the rest. Fitted as
+    log((queue + prefill) / ...) and log(prefill / ...), each mean against the replay's: the queue time alone is
+    ~0.02 ms up to four clients (a request is scheduled at the step boundary that takes it in), whose log error
+    would be noise; queue + prefill, the engine's time to first token, is never below one step, and prefill alone
+    separates the step's price from the queueing behind it. A file without the counters adds 0s."""
     out = []
     for run in runs:
         m, p = _measured(run), _predicted(_predict(perf, dep, workload, run))
         out += [float(np.log(p[k] / m[k])) * (1.0 if k.endswith("p50") else 0.5) for k in FIT_METRICS]
+        if ENGINE_WEIGHT:
+            engine_m, engine_p = m["queue_mean"] + m["prefill_mean"], p["queue_mean"] + p["prefill_mean"]
+            known = np.isfinite(engine_m)
+            out += [ENGINE_WEIGHT * float(np.log(engine_p / engine_m)) if known else 0.0,
+                    ENGINE_WEIGHT * float(np.log(p["prefill_mean"] / m["prefill_mean"])) if known else 0.0]
     return out
 
 
@@ -576,6 +623,10 @@ def _row(kind: str, load: str, m: dict, p: dict) -> str:
     line.append(f"hit {m['hit_share']:.1%}/{p['hit_share']:.1%}, preemptions {m['preemptions']:.0f}/"
                 f"{p['preemptions']:.0f}, steps {m['steps']:.0f}/{p['steps']:.0f}")
     line += [f"{k} {m[k]:.1f}/{p[k]:.1f} ms ({p[k] / m[k] - 1:+.0%})" for k in GAP_METRICS if np.isfinite(m[k])]
+    if np.isfinite(m["queue_mean"]):
+        queue, prefill = m["queue_mean"], m["prefill_mean"]
+        line.append(f"engine: queue mean {queue:.2f}/{p['queue_mean']:.2f} ms, prefill mean {prefill:.1f}/"
+                    f"{p['prefill_mean']:.1f} ms ({p['prefill_mean'] / prefill - 1:+.0%})")
     if np.isfinite(m["gap_mean"]):
         line.append(f"(client's gap mean {m['gap_mean_client']:.1f} ms"
                     + ("" if m["covered"] else "; vLLM's counters do not cover the run's tokens one for one") + ")")
@@ -595,7 +646,8 @@ def _held_out(data: dict) -> tuple[dict[str, list[float]], float | None, float |
           + ", ".join(f"{n} {best.factor(n):.3g}" for n in FIT_FACTORS)
           + f"; closed-loop cost {closed_loop_cost(perf.with_calibration(best), dep, workload, closed):.4f}")
     model = perf.with_calibration(best)
-    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share", *GAP_METRICS, "gap_mean_client")}
+    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share", *GAP_METRICS, "gap_mean_client",
+                                                      "engine_mean", "prefill_mean")}
     onset: dict[str, list[float]] = {"measured": [], "predicted": []}
     for kind, run in [("closed", r) for r in closed] + [("open (held out)", r) for r in opened]:
         m, p = _measured(run), _predicted(_predict(model, dep, workload, run))
@@ -610,6 +662,10 @@ def _held_out(data: dict) -> tuple[dict[str, list[float]], float | None, float |
                     errors[k].append(abs(p[k] / m[k] - 1))
             if np.isfinite(m["gap_mean"]):
                 errors["gap_mean_client"].append(abs(p["gap_mean"] / m["gap_mean_client"] - 1))
+            if np.isfinite(m["queue_mean"]):
+                errors["engine_mean"].append(abs((p["queue_mean"] + p["prefill_mean"])
+                                                 / (m["queue_mean"] + m["prefill_mean"]) - 1))
+                errors["prefill_mean"].append(abs(p["prefill_mean"] / m["prefill_mean"] - 1))
             onset["measured"].append(m["preemptions"])
             onset["predicted"].append(p["preemptions"])
     rates = [r["rate_rps"] for r in opened]
@@ -647,6 +703,10 @@ def _summary(errors: dict[str, list[float]], onsets: list[tuple[float | None, fl
         print(f"  {k}: held-out median |error| {medians[k]:.0%} (worst {max(errors[k]):.0%}); target 25%: "
               f"{'met' if medians[k] <= 0.25 else 'not met'}")
     _gap_summary(errors, medians)
+    if "prefill_mean" in medians:
+        print(f"  vLLM's engine times (`engine_times`; in the fit at ENGINE_WEIGHT {ENGINE_WEIGHT:g}): queue + prefill "
+              f"mean held-out median |error| {medians['engine_mean']:.0%} (worst {max(errors['engine_mean']):.0%}), "
+              f"prefill mean {medians['prefill_mean']:.0%} (worst {max(errors['prefill_mean']):.0%})")
     hit = max(errors["hit_share"])
     print(f"  prefix-hit share: within {hit * 100:.1f} points; target 10%: {'met' if hit <= 0.1 else 'not met'}")
     reached = [(m, p) for m, p in onsets if m is not None and p is not None]

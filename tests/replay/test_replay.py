@@ -207,3 +207,33 @@ def test_a_closed_loops_next_request_waits_for_the_answer_being_finished(dense: 
     assert [r.ttft_ms for r in run(finishing, sparse)] == pytest.approx([r.ttft_ms for r in run(base, sparse)])
     # each waited request answers 7 ms later, so the next leaves 7 ms later: the 6th, 4 x 7 ms
     assert waited[-1].sent_ms == pytest.approx(plain[-1].sent_ms + 4 * 7.0, rel=1e-6)
+
+
+def test_queue_and_prefill_times_are_vllms_engine_intervals(dense: ModelSpec, h200: GpuSpec) -> None:
+    """RequestRecord.queued_ms / prefill_ms as vLLM's request_queue_time / request_prefill_time define them: a
+    request alone is never queued and its prefill time is its prefill step; past capacity requests queue, and the
+    front end's time and the wait for the step running when a request arrives are in neither (vLLM's engine core
+    takes requests in between steps), so TTFT is at least the front end plus both, more for some requests."""
+    perf = RooflineModel(dense, h200)
+    dep = parse_deployment("TP8")
+    alone = replay(perf, ReplayPlan(deployment=dep, workload=_fixed(), arrival=ArrivalProcess("closed", concurrency=1),
+                                    num_requests=4))
+    for r in alone.requests:
+        assert r.queued_ms == 0.0
+        assert r.prefill_ms == pytest.approx(r.ttft_ms - perf.front_end_ms(r.prompt_tokens), rel=1e-9)
+    state = perf.state(Topology.parse("TP8"), Role.BOTH, isl=ISL, osl=OSL)
+    prefill = mixed_step(state.costs, h200, perf.calibration, decode_requests_per_rank=0, total_decode_requests=0,
+                         context_tokens=1, mtp_depth=0, chunk_tokens_per_rank=ISL, busy_ranks=1,
+                         prompt_tokens=ISL).step_ms
+    assert alone.requests[0].prefill_ms == pytest.approx(prefill, rel=0.02)
+    few = parse_deployment("TP8", max_num_seqs=8)  # past 8 running, requests wait in the queue
+    rate = 1.5 * replay(perf, ReplayPlan(deployment=few, workload=_fixed(), arrival=ArrivalProcess(
+        "closed", concurrency=8), num_requests=200)).request_rps
+    past = replay(perf, ReplayPlan(deployment=few, workload=_fixed(), arrival=ArrivalProcess("poisson", rate_rps=rate),
+                                   num_requests=200))
+    waits = [r.ttft_ms - perf.front_end_ms(r.prompt_tokens) - r.queued_ms - r.prefill_ms for r in past.requests]
+    assert min(waits) >= -1e-6
+    assert sum(w > 1e-3 for w in waits) > len(waits) // 4  # arrived during a step: waited for its end, unqueued
+    assert all(r.prefill_ms > 0 for r in past.requests)
+    late = sorted(past.requests, key=lambda r: r.sent_ms)[-50:]
+    assert sum(r.queued_ms for r in late) > 5 * sum(r.prefill_ms for r in late)  # the queue grows past capacity

@@ -160,9 +160,11 @@ class Engine:
         return self.pool.used_blocks / self.pool.num_blocks if self.pool.num_blocks else 0.0
 
     def add(self, request: ReplayRequest, t_ms: float) -> None:
-        """A request reaches this rank's waiting queue at `t_ms`."""
+        """A request reaches this rank's waiting queue at `t_ms`; the engine takes it in (`queued_ms`) then, or when
+        the step running at `t_ms` ends (see RequestRecord.queued_ms)."""
         if not (self.running or self.waiting or self.transferring) and t_ms > self.clock:
             self.clock = t_ms
+        request.queued_ms = self.clock if self.clock > t_ms else t_ms
         self.waiting.append(request)
 
     # -- blocks ------------------------------------------------------------------------------------
@@ -242,7 +244,10 @@ class Engine:
         self.transferring = still
 
     def _join(self, r: ReplayRequest) -> None:
-        """Append to the running list, which stays in join order."""
+        """Append to the running list, which stays in join order; the first time, the step starting now is the
+        one that first schedules it (`scheduled_ms`, vLLM's SCHEDULED event: a preempted request's return is not)."""
+        if r.scheduled_ms is None:
+            r.scheduled_ms = self.clock
         r.join = self._joins
         self._joins += 1
         self.running.append(r)

