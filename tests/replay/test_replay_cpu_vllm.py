@@ -191,3 +191,23 @@ def test_vllm_queue_and_prefill_times_are_engine_intervals_the_fit_holds_the_rep
     assert residuals[-1] == pytest.approx(bench.ENGINE_WEIGHT * np.log(predicted["prefill_mean"] / measured))
     bare = {**alone, "counters": {k: v for k, v in alone["counters"].items() if "queue_time" not in k}}
     assert bench._residuals(perf, dep, workload, [bare])[-2:] == [0.0, 0.0]
+
+
+def test_vllm_ttft_window_sits_inside_the_clients_on_every_stored_quiet_run() -> None:
+    """`front_times`: vLLM's own TTFT (from the stamp its renderer takes before tokenizing to the front end's receipt
+    of the first token's output) is shorter than the client's on every stored quiet run, by the HTTP handling and the
+    way back, and the same window around e2e differs from it by no more than a step: nothing of finishing an answer
+    comes before the client sees its end (docs/workloads.md, "The front end's two costs against vLLM's TTFT
+    window")."""
+    import json
+
+    bench = _bench()
+    for path in bench.QUIET:
+        for run in json.loads(path.read_text())["runs"]:
+            f, c = bench.front_times(run), run["counters"]
+            assert c["time_to_first_token_seconds_count"] == len(run["requests"]), path.name
+            ttft_gap = f["client_ttft_mean"] - f["vllm_ttft_mean"]
+            e2e_gap = (sum(r["request_latency"] for r in run["requests"]) / len(run["requests"])
+                       - 1000 * c["e2e_request_latency_seconds_sum"] / c["e2e_request_latency_seconds_count"])
+            assert 0 < ttft_gap < 50, (path.name, ttft_gap)
+            assert -10 < e2e_gap - ttft_gap < 1, (path.name, e2e_gap, ttft_gap)
