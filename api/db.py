@@ -6,8 +6,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
+
+from tuner.sqlite import use_wal
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Optuna keeps its own Alembic history in `alembic_version`: ours must live in another table.
@@ -19,17 +21,7 @@ def make_engine(url: str) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _wal(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-            # WAL lets the pages and API read while the runner and Optuna write (the mode sticks to the file).
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        return engine
+        return use_wal(create_engine(url, connect_args={"timeout": 60, "check_same_thread": False}))
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from _support.cpu_vllm import needs_envs
 from _support.processes import processes_mentioning
 
 from tuner.backends import TrialRequest, TrialStatus
-from tuner.backends.vllm import VllmBackend
+from tuner.backends.vllm import VllmBackend, VllmTrial
 from tuner.deployment import Deployment
 from tuner.topology import Topology
 from tuner.workload import Workload
@@ -55,58 +56,25 @@ def _watch_placement(trial_dir: Path, seen: dict[str, set[int]], stop: threading
             seen[Path(f"/proc/{pid}/comm").read_text().strip()] = os.sched_getaffinity(pid)
 
 
-@needs_envs
-def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(tiny_model: Path, tmp_path: Path) -> None:
-    """A full trial; while it runs, its engine core and API server run off the worker's cores (when the worker
-    leaves one free: VLLM_CPU_OMP_THREADS_BIND=auto reserves one)."""
+@dataclass(frozen=True)
+class _PortTakenTrial:
+    trial: VllmTrial
+    trial_dir: Path
+    temp_before: set[str]
+    seen: dict[str, set[int]]  # process name -> its CPU affinity while the trial ran (_watch_placement)
+    taken_port: int | None  # the port another process bound before the server did
+
+
+@pytest.fixture(scope="module")
+def port_taken_trial(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> _PortTakenTrial:
+    """One full trial (TP1, two levels, the accuracy gate) that both tests below read, one real vLLM trial less
+    in the suite: another process binds the server's port between the trial's choice of its block (plan.json
+    written) and the server's own bind (vLLM binds after seconds of imports), and, once it runs, the kernel's
+    CPU affinity of each of its processes is recorded."""
     temp_before = set(glob.glob("/tmp/vllm_dist_*"))
-    backend = VllmBackend(SETTINGS)
-    trial_dir = tmp_path / "trial-tp1"
-    seen: dict[str, set[int]] = {}
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_placement, args=(trial_dir, seen, stop), daemon=True)
-    watcher.start()
-    try:
-        trial = backend.run_trial(request(tiny_model, trial_dir, Deployment.single(
-            Topology.parse("TP1", max_num_seqs=8)), min_accuracy=0.0))
-    finally:
-        stop.set()
-        watcher.join(timeout=60)
-    result, plan, timings = trial.result, trial.plan, trial.timings
-    assert result.status is TrialStatus.OK, result.reason
-    assert [p.concurrency for p in result.points] == [1, 4]
-    for point in result.points:
-        # never 0 tok/s/user when tokens came back, even when a loaded machine coalesced the stream into one
-        # chunk (then ITL carries no timing and the figures are the bound the client observed)
-        assert point.output_tok_s > 0 and point.tok_s_per_user > 0 and point.error_rate == 0
-        assert point.itl_ms_mean > 0 and point.tok_s_per_user <= 1000.0 / point.itl_ms_mean * 1.0001
-        assert point.num_gpus == 1 and point.max_concurrency > 0
-    assert result.accuracy is not None and 0.0 <= result.accuracy <= 1.0
-    assert result.observed_memory["kv_cache_tokens"] > 0
-    assert result.predicted_memory, "the memory model should predict the tiny model's KV figures"
-    assert (trial_dir / "aiperf" / "c4" / "profile_export_aiperf.json").exists()
-    assert (trial_dir / "logs" / "both0.log").exists()
-    assert timings.levels_measured == 2 and plan is not None and plan.servers[0].role == "both"
-    assert not _our_processes(trial_dir)
-    assert set(glob.glob("/tmp/vllm_dist_*")) <= temp_before
-    if len(os.sched_getaffinity(0)) > 1:
-        worker = next((cpus for name, cpus in seen.items() if name.startswith("VLLM::Worker")), None)
-        engine = next((cpus for name, cpus in seen.items() if name.startswith("VLLM::EngineCor")), None)
-        assert worker and engine and not engine & worker, seen
-        assert all(not cpus & worker for name, cpus in seen.items() if not name.startswith("VLLM::Worker")), seen
-        placed = json.loads((trial_dir / "cpu_placement.json").read_text())
-        assert set(placed["front_end_cpus"]) == engine
-
-
-
-@needs_envs
-def test_a_port_taken_before_the_server_binds_it_starts_the_trial_again_on_a_fresh_block(
-        tiny_model: Path, tmp_path: Path) -> None:
-    """Another process binds the server's port between the trial's choice of its block (plan.json written) and
-    the server's own bind (vLLM binds after seconds of imports): the trial stops that start, starts again on a
-    fresh block, and measures. The first start's log, with vLLM's bind error, stays in its own folder."""
-    trial_dir = tmp_path / "trial-port"
+    trial_dir = tmp_path_factory.mktemp("e2e") / "trial-tp1"
     taken: list[socket.socket] = []
+    seen: dict[str, set[int]] = {}
     stop = threading.Event()
 
     def take_the_port() -> None:
@@ -123,17 +91,61 @@ def test_a_port_taken_before_the_server_binds_it_starts_the_trial_again_on_a_fre
             taken.append(sock)
             return
 
-    taker = threading.Thread(target=take_the_port, daemon=True)
-    taker.start()
+    threads = [threading.Thread(target=take_the_port, daemon=True),
+               threading.Thread(target=_watch_placement, args=(trial_dir, seen, stop), daemon=True)]
+    for thread in threads:
+        thread.start()
     try:
-        result = VllmBackend(SETTINGS).run(request(tiny_model, trial_dir,
-                                                   Deployment.single(Topology.parse("TP1", max_num_seqs=8))))
+        trial = VllmBackend(SETTINGS).run_trial(request(tiny_model, trial_dir, Deployment.single(
+            Topology.parse("TP1", max_num_seqs=8)), min_accuracy=0.0))
         taken_port = taken[0].getsockname()[1] if taken else None
     finally:
         stop.set()
-        taker.join(timeout=60)
+        for thread in threads:
+            thread.join(timeout=60)
         for sock in taken:
             sock.close()
+    return _PortTakenTrial(trial, trial_dir, temp_before, seen, taken_port)
+
+
+@needs_envs
+def test_dense_tp1_two_levels_accuracy_gate_and_clean_teardown(port_taken_trial: _PortTakenTrial) -> None:
+    """A full trial; while it runs, its engine core and API server run off the worker's cores (when the worker
+    leaves one free: VLLM_CPU_OMP_THREADS_BIND=auto reserves one)."""
+    trial_dir, seen = port_taken_trial.trial_dir, port_taken_trial.seen
+    result, plan, timings = port_taken_trial.trial.result, port_taken_trial.trial.plan, port_taken_trial.trial.timings
+    assert result.status is TrialStatus.OK, result.reason
+    assert [p.concurrency for p in result.points] == [1, 4]
+    for point in result.points:
+        # never 0 tok/s/user when tokens came back, even when a loaded machine coalesced the stream into one
+        # chunk (then ITL carries no timing and the figures are the bound the client observed)
+        assert point.output_tok_s > 0 and point.tok_s_per_user > 0 and point.error_rate == 0
+        assert point.itl_ms_mean > 0 and point.tok_s_per_user <= 1000.0 / point.itl_ms_mean * 1.0001
+        assert point.num_gpus == 1 and point.max_concurrency > 0
+    assert result.accuracy is not None and 0.0 <= result.accuracy <= 1.0
+    assert result.observed_memory["kv_cache_tokens"] > 0
+    assert result.predicted_memory, "the memory model should predict the tiny model's KV figures"
+    assert (trial_dir / "aiperf" / "c4" / "profile_export_aiperf.json").exists()
+    assert (trial_dir / "logs" / "both0.log").exists()
+    assert timings.levels_measured == 2 and plan is not None and plan.servers[0].role == "both"
+    assert not _our_processes(trial_dir)
+    assert set(glob.glob("/tmp/vllm_dist_*")) <= port_taken_trial.temp_before
+    if len(os.sched_getaffinity(0)) > 1:
+        worker = next((cpus for name, cpus in seen.items() if name.startswith("VLLM::Worker")), None)
+        engine = next((cpus for name, cpus in seen.items() if name.startswith("VLLM::EngineCor")), None)
+        assert worker and engine and not engine & worker, seen
+        assert all(not cpus & worker for name, cpus in seen.items() if not name.startswith("VLLM::Worker")), seen
+        placed = json.loads((trial_dir / "cpu_placement.json").read_text())
+        assert set(placed["front_end_cpus"]) == engine
+
+
+@needs_envs
+def test_a_port_taken_before_the_server_binds_it_starts_the_trial_again_on_a_fresh_block(
+        port_taken_trial: _PortTakenTrial) -> None:
+    """The trial stops the start whose port was taken, starts again on a fresh block, and measures. The first
+    start's log, with vLLM's bind error, stays in its own folder."""
+    trial_dir, taken_port = port_taken_trial.trial_dir, port_taken_trial.taken_port
+    result = port_taken_trial.trial.result
     assert taken_port is not None, "the port was not taken before the server bound it"
     assert result.status is TrialStatus.OK, result.reason
     assert [p.concurrency for p in result.points] == [1, 4]

@@ -79,6 +79,33 @@ def test_wait_healthy_reports_a_crash_from_the_log(tmp_path: Path) -> None:
     assert failure.reason.startswith("server: out of memory")
 
 
+# What vLLM's engine core logs when the KV cache cannot hold one request; the process then exits by itself (1.5 s
+# later here) and, signalled meanwhile, hangs (here: a SIGTERM handler that never returns) until SIGKILL.
+FAILED_START = r"""
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: time.sleep(3600))
+print("(EngineCore pid=1) ERROR 12-07 13:27:40 [core.py:1510] ValueError: To serve at least one request with the "
+      "model's max seq len (2816), (0.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+      "(0.0 GiB).", flush=True)
+time.sleep(1.5)
+sys.exit(1)
+"""
+
+
+def test_a_server_that_logged_its_failure_exits_on_its_own_before_any_signal(tmp_path: Path) -> None:
+    """vLLM's API server, signalled while its engine core's failed start-up unwinds, hung until SIGKILL; left
+    alone it exits. Teardown waits for that exit."""
+    script = tmp_path / "failed_start.py"
+    script.write_text(FAILED_START)
+    proc = start_process(spec("server", [sys.executable, str(script)], "http://127.0.0.1:1/health"), tmp_path)
+    failure = wait_healthy([proc], timeout_s=20, poll_s=0.1, probe=lambda url: False)
+    assert failure is not None and failure.status is TrialStatus.KV_TOO_SMALL
+    started = time.monotonic()
+    terminate([proc], grace_s=10.0)
+    assert proc.popen.returncode == 1  # its own exit, not SIGKILL after the grace
+    assert time.monotonic() - started < 10
+
+
 def test_wait_healthy_times_out_and_succeeds(tmp_path: Path) -> None:
     proc = start_process(spec("slow", [sys.executable, "-c", "import time; time.sleep(30)"], "http://x/health"),
                          tmp_path)

@@ -3,9 +3,10 @@ noise test, the new runs supersede the old ones, the search re-opens, and studie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import shutil
+import sqlite3
 from pathlib import Path
 
 import optuna
@@ -56,7 +57,9 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def study(tuned: tuple[Path, str], tmp_path: Path) -> tuple[str, str]:
     """A private copy of the tuned study: (storage url, campaign name)."""
     db, name = tuned
-    shutil.copy(db, tmp_path / "studies.db")
+    with contextlib.closing(sqlite3.connect(db)) as source, contextlib.closing(
+            sqlite3.connect(tmp_path / "studies.db")) as copy:
+        source.backup(copy)  # the committed pages, the write-ahead log's included (tuner.sqlite)
     return f"sqlite:///{tmp_path / 'studies.db'}", name
 
 

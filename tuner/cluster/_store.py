@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from tuner.cluster._key import ClusterKey
 from tuner.errors import ConfigError
 from tuner.metrics import ServingMetrics
+from tuner.sqlite import use_wal
 from tuner.topology import Role, Topology
 from tuner.trial_status import TrialStatus
 from tuner.workload import Workload
@@ -71,7 +72,7 @@ def _engine(url: str) -> sa.Engine:
                     Path(path).parent.mkdir(parents=True, exist_ok=True)
                 kwargs = {"connect_args": {"timeout": 60}}
             try:
-                engine = sa.create_engine(url, **kwargs)
+                engine = use_wal(sa.create_engine(url, **kwargs))
             except Exception as exc:  # ArgumentError, a missing driver (ImportError)
                 raise ConfigError(f"cannot open storage {url!r}: {exc}", field="--storage",
                                   fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB") from exc

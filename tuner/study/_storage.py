@@ -11,6 +11,7 @@ import optuna
 import sqlalchemy.exc
 
 from tuner.errors import ConfigError
+from tuner.sqlite import use_wal
 
 _LOCK = threading.Lock()
 _STORAGES: dict[str, optuna.storages.RDBStorage] = {}
@@ -42,6 +43,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"cannot open storage {url!r}: {first_line}", field="--storage",
                               fix="check the URL and that the database server is reachable") from exc
+        use_wal(storage.engine)
         _STORAGES[url] = storage
         return storage
 
