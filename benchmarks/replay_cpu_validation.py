@@ -34,7 +34,8 @@ its token-gap and TTFT histograms (BUCKETED, finer than vLLM's default: HISTOGRA
 so runs before hold only their means), the load average and the flags are written to OUT.
 
 `analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
-efficiency, the front end's time, and its time finishing an answer, which a request sent meanwhile waits behind) to
+efficiency, the front end's time, and its time per request output of a step, behind which first and last tokens
+reach the client late once it falls behind the engine) to
 the closed-loop runs only (their AIPerf TTFT and ITL percentiles, and vLLM's own mean queue and prefill times,
 `engine_times`, which leave the front end out), then predicts the open-loop runs with the replay: p50/p90 TTFT and
 ITL errors, the prefix-hit share and the rate where preemption starts, each against its target (25% latency, 10% hit
@@ -551,10 +552,12 @@ def _predicted(report) -> dict[str, float]:
 
 
 #: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
-#: prefill token (as a FLOP efficiency), the front end's time to first token, and its time finishing an answer (a
-#: request arriving meanwhile waits: a closed loop's next request always does, an open loop's seldom).
+#: prefill token (as a FLOP efficiency), the front end's time to first token, and its time per request output of a
+#: step (`front_end_output_us`: one FIFO server behind the engine, so the client's window grows with the requests in
+#: flight, in closed and open loops alike). It replaced `answer_finish_ms` (a wait behind finishing answers, which
+#: closed loops alone meet) on 2026-12-07: docs/workloads.md, "The front end as a queue behind the engine".
 FIT_FACTORS = ("step_overhead_ms", "request_step_us", "prefill_flop_efficiency", "request_overhead_ms",
-               "answer_finish_ms")
+               "front_end_output_us")
 FIT_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
 PREEMPTION_ONSET = 3  # preemptions in a run of the trace: where preemption has started
 #: The weight of each run's two engine-time residuals (`_residuals`) beside its p50s' 1 and p90s' 0.5; 0: the fit
@@ -586,8 +589,8 @@ def _residuals(perf, dep, workload, runs: list[dict]) -> list[float]:
 
 
 #: The coarse start of the fit (each FIT_FACTORS value): per step 0.5-8 ms, per request 10-300 us, prefill 2-40% of
-#: the catalog's CPU peak, a front end of 3-30 ms, finishing an answer 0.5-20 ms.
-FIT_GRID = ((0.5, 2.0, 8.0), (10.0, 60.0, 300.0), (0.02, 0.1, 0.4), (3.0, 10.0, 30.0), (0.5, 5.0, 20.0))
+#: the catalog's CPU peak, a front end of 3-30 ms, 30-1,000 us per request output.
+FIT_GRID = ((0.5, 2.0, 8.0), (10.0, 60.0, 300.0), (0.02, 0.1, 0.4), (3.0, 10.0, 30.0), (30.0, 300.0, 1000.0))
 #: How many of the grid's best points the fit refines. The closed-loop cost is flat and rugged (the percentiles move
 #: in steps as the batches change), so one refinement stops in the first shallow dip it meets (docs/workloads.md,
 #: "The cause, measured"); the best start is the one refined before, so the fit ends no higher than it did.

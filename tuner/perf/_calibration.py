@@ -101,6 +101,13 @@ class Calibration(BaseModel):
                     "output processor's finished-request stats, the stream's final and usage chunks, the access log; "
                     "the client reading the end of the stream), milliseconds. A request arriving meanwhile waits for "
                     "it, as a closed loop's next request always does; an open loop's only when it lands there (0-50).")
+    front_end_output_us: float = Field(
+        0.0, ge=0, le=2000,
+        description="Time vLLM's front end (one asyncio process per instance: async_llm.py `output_handler`, "
+                    "output_processor.py `process_outputs`) spends per request output of an engine step (detokenize, "
+                    "stats, the request's stream) before the client sees it, microseconds. The replay queues each "
+                    "step's outputs behind the front end's earlier ones (one FIFO server per engine), so first and "
+                    "last tokens arrive late by its lag when it falls behind (0: no lag; 0-2000).")
     tokenize_us_per_token: float = Field(
         0.5, ge=0, le=20,
         description="Tokenizer and input processing time per prompt token before scheduling, microseconds.")

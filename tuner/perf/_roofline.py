@@ -297,6 +297,10 @@ class RooflineModel(PerformanceModel):
         (the replay's front end: `answer_finish_ms`)."""
         return self.calibration.answer_finish_ms
 
+    def front_end_output_ms(self) -> float:
+        """Time the front end spends on one request's output of an engine step (the replay's output lag)."""
+        return self.calibration.front_end_output_us * 1e-3
+
     def _mixed(self, topo: Topology, isl: int, osl: int, busy: int,
                new: int | None = None) -> Callable[[float, float], MixedStep]:
         state = self.state(topo, Role.BOTH, isl=isl, osl=osl)

@@ -38,6 +38,13 @@ Each step or stretch also counts the gaps between a measured request's streamed 
 tuner/replay/_gaps.py): the batch's members got a token at the end of the step before, so each gap of theirs is
 the step's time, counted once per member; a request that a step skipped or that was recomputed keeps the time of
 its last token (`last_token_ms`) and its gap goes one by one.
+
+With a front-end cost per output (`front_output_ms`, Calibration.front_end_output_us) the engine also runs its
+front end as one FIFO server (vllm/v1/engine/async_llm.py `output_handler` takes each step's outputs in turn and
+output_processor.py `process_outputs` handles them request by request before they reach their streams): a step
+ending at t with n requests given a token frees it at max(free, t) + n x cost, and a request's first and last tokens
+reach the client then (`first_seen_ms`, `finish_seen_ms`). A stretch of k steps of n requests does the same in
+closed form: free = max(free + k n cost, max_j (end of step j + (k - j + 1) n cost)).
 """
 
 from __future__ import annotations
@@ -98,7 +105,7 @@ class Engine:
     """The scheduler and KV cache of one DP rank; `advance` runs the next step (or stretch)."""
 
     def __init__(self, name: str, pricer: Pricer, limits: SchedulerLimits, *,
-                 transfer_ms: Callable[[ReplayRequest], float] | None = None) -> None:
+                 transfer_ms: Callable[[ReplayRequest], float] | None = None, front_output_ms: float = 0.0) -> None:
         self.name = name
         self.pricer = pricer
         self.limits = limits
@@ -129,6 +136,10 @@ class Engine:
         self.gaps = TokenGaps(limits.stream_interval, self.accepted)  # streamed chunks' gaps (measured requests)
         self._regular = 0  # this step's gaps of one step time (requests that got a token in the step before)
         self._pending: list[ReplayRequest] = []  # joined the batch after a step that skipped them
+        self.front_output_ms = front_output_ms  # the front end's time per request output of a step (0: none)
+        self.front_free_ms = -math.inf  # when the front end has handed on every output so far
+        self._outputs = 0  # this step's request outputs (requests given a token), with a front-end cost
+        self._firsts: list[ReplayRequest] = []  # this step's first tokens, with a front-end cost
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -463,6 +474,10 @@ class Engine:
                 return False
             r.generated += 1.0
             r.computed = r.prompt_tokens + r.generated - 1.0
+        if self.front_output_ms:
+            self._outputs += 1
+            if r.first_token_ms is None:
+                self._firsts.append(r)
         if r.first_token_ms is None:
             r.first_token_ms = self.clock
         elif not r.warmup:
@@ -481,10 +496,42 @@ class Engine:
                 running.remove(r)
                 r.finish_ms = now
                 self._free(r)
+        if self.front_output_ms:
+            self._front_step(finished)
         pool = self.pool
         self._samples.append((now, len(self.waiting), len(self.running), pool.num_blocks - pool.free_blocks
                               - pool.evictable_blocks))
         return finished
+
+    def _front_step(self, finished: list[ReplayRequest]) -> None:
+        """The front end takes this step's outputs (after its earlier ones); its first and last tokens are seen
+        when it is done."""
+        if self._outputs:
+            free = self.front_free_ms
+            self.front_free_ms = (free if free > self.clock else self.clock) + self._outputs * self.front_output_ms
+            self._outputs = 0
+        seen = self.front_free_ms
+        for r in self._firsts:
+            r.first_seen_ms = seen
+        self._firsts.clear()
+        for r in finished:
+            r.finish_seen_ms = seen
+
+    def _front_stretch(self, before: float, first: float, slope: float, k: int, n: int) -> None:
+        """The front end over a stretch of k steps of n outputs each, step j (1..k) ending at before + j first +
+        slope j (j - 1) / 2: free_k = max(free_0 + k c, max_j (end_j + (k - j + 1) c)), c = n x cost. end_j - j c
+        is convex in j when slope >= 0 (its largest at j = 1 or k), else largest at the integers by its vertex."""
+        c = n * self.front_output_ms
+        if not c:
+            return
+        js = {1, k}
+        if slope < 0:
+            vertex = (c - first) / slope + 0.5
+            for j in (math.floor(vertex), math.ceil(vertex)):
+                if 1 <= j <= k:
+                    js.add(j)
+        best = max(j * (first - c) + slope * j * (j - 1) / 2 for j in js)
+        self.front_free_ms = max(self.front_free_ms + k * c, before + best + (k + 1) * c)
 
     # -- closed form between events ---------------------------------------------------------------
     def _stretch_length(self, limit_ms: float) -> int:
@@ -546,6 +593,8 @@ class Engine:
         g = decode.g + k * self.accepted
         blocks = decode.blocks_at(g)
         before, first, slope = self._stretch_clock(k)
+        if self.front_output_ms:
+            self._front_stretch(before, first, slope, k, decode.n)
         full = decode.n - decode.warm
         if self._pending:
             self._record_stretch(first, slope, k, self._members_gap(before + first), full)
@@ -603,6 +652,8 @@ class Engine:
     def _stretch_each(self, k: int) -> list[ReplayRequest]:
         """A stretch, request by request (the reference the batched stretch must equal)."""
         before, first, slope = self._stretch_clock(k)
+        if self.front_output_ms:
+            self._front_stretch(before, first, slope, k, len(self.running))
         gained = k * self.accepted
         finished = []
         lookahead = self._q + self._lookahead - self.accepted  # slots of the last step past its computed tokens
@@ -651,6 +702,8 @@ class Engine:
         before = self.clock
         ms = self._execute_batched(scheduled)
         self._regular += self._members_gap(self.clock) if self._pending else decode.n - decode.warm
+        if self.front_output_ms:
+            self._outputs += decode.n
         decode.advance(g, blocks)
         return self._finish_batched(scheduled, before, ms)
 

@@ -122,7 +122,8 @@ def _instances(perf: RooflineModel, plan: ReplayPlan, isl: int, osl: int) -> lis
             def transfer(r: ReplayRequest, _s=state) -> float:
                 return perf.kv_transfer_ms(_s, r.prompt_tokens)
         for i in range(group.count):
-            engines = [Engine(f"{group.role.value} instance {i} rank {rank}", pricer, limits, transfer_ms=transfer)
+            engines = [Engine(f"{group.role.value} instance {i} rank {rank}", pricer, limits, transfer_ms=transfer,
+                              front_output_ms=perf.front_end_output_ms())
                        for rank in range(topo.dp)]
             out.append(_Instance(group, engines, DpBalancer(topo.dp)))
     return out
@@ -253,6 +254,8 @@ class _Run:
         inst = self.engine_instance[id(engine)]
         inst.in_flight -= 1
         t = r.finish_ms or engine.clock
+        if r.finish_seen_ms is not None and not (self.pd and not r.remote):
+            t = r.finish_seen_ms  # the client sees the end once the front end hands it on
         if self.pd and not r.remote:
             # the prefill side is done: the request moves to a decode instance with its KV
             r.prefill_done_ms = t
@@ -344,8 +347,9 @@ class _Run:
             if r.warmup or r.finish_ms is None:
                 continue
             first = r.first_token_ms if r.first_token_ms is not None else r.finish_ms
-            ttft = first - r.sent_ms
-            e2e = r.finish_ms - r.sent_ms
+            seen = r.first_seen_ms if r.first_seen_ms is not None else first  # through the front end's lag
+            ttft = seen - r.sent_ms
+            e2e = (r.finish_seen_ms if r.finish_seen_ms is not None else r.finish_ms) - r.sent_ms
             itl = (e2e - ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else None
             front = r.front
             scheduled = r.scheduled_ms if r.scheduled_ms is not None else first

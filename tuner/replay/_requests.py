@@ -54,6 +54,8 @@ class ReplayRequest:
     first_token_ms: float | None = None
     last_token_ms: float = 0.0  # its latest streamed token (a member of a DecodeSet: see Engine._write_back)
     finish_ms: float | None = None
+    first_seen_ms: float | None = None  # when the front end has handed its first token on (with an output cost)
+    finish_seen_ms: float | None = None  # the same for its last token
     preemptions: int = 0
     ready_ms: float = 0.0  # PD decode: when the KV transfer lands
     prefill_done_ms: float | None = None  # PD: when the prefill instance produced its token
