@@ -4,6 +4,7 @@ request-by-request steps, which it replaced on the common path: the same batches
 from __future__ import annotations
 
 import pytest
+from _support.replay_engine import drive
 
 from tuner.deployment import parse_deployment
 from tuner.perf import RooflineModel
@@ -55,19 +56,7 @@ def _steps(engine_type: type[Engine], num_blocks: int, threshold: int) -> tuple[
                              block_size=BS, num_blocks=num_blocks)
     engine = engine_type("rank 0", _UnitStep(), limits)  # type: ignore[arg-type]
     engine.log = []
-    pending = _specs()
-    requests = []
-    while pending or engine.has_work:
-        while pending and pending[0][1] <= engine.clock + 1e-9:
-            spec, arrive = pending.pop(0)
-            r = ReplayRequest(rid=len(requests), spec=spec, sent_ms=arrive, prompt_tokens=spec.prompt_tokens,
-                              output_tokens=spec.output_tokens, units=spec.units)
-            requests.append(r)
-            engine.add(r, float(arrive))
-        if not engine.has_work:
-            engine.clock = float(pending[0][1])
-            continue
-        engine.advance(pending[0][1] if pending else float("inf"))
+    requests = drive(engine, _specs())
     return engine.log, [(r.hit_tokens, r.preemptions, r.first_token_ms, r.finish_ms) for r in requests], \
         token_gap_percentiles([engine.gaps])
 

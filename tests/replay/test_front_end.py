@@ -4,13 +4,14 @@ in closed form over a stretch of decode steps exactly as step by step."""
 from __future__ import annotations
 
 import pytest
+from _support.replay_engine import drive
 
 from tuner.deployment import parse_deployment
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec
 from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, ReplayPlan, SchedulerLimits, replay
-from tuner.replay._requests import ReplayRequest, RequestSpec
+from tuner.replay._requests import RequestSpec
 from tuner.workload import Workload
 
 
@@ -37,20 +38,9 @@ def _seen(engine_type: type[Engine], cost_ms: float, slope: float = 0.0) -> list
     """Six requests on a linear-time engine: (first token, first seen, finish, finish seen) per request."""
     limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, block_size=16, num_blocks=200)
     engine = engine_type("rank 0", _LinearStep(slope), limits, front_output_ms=cost_ms)  # type: ignore[arg-type]
-    pending = [(RequestSpec(prompt_tokens=p, output_tokens=o, units=()), t)
-               for p, o, t in [(20, 40, 0), (30, 25, 0), (10, 60, 3), (40, 30, 5), (15, 20, 30), (25, 45, 31)]]
-    requests = []
-    while pending or engine.has_work:
-        while pending and pending[0][1] <= engine.clock + 1e-9:
-            spec, arrive = pending.pop(0)
-            r = ReplayRequest(rid=len(requests), spec=spec, sent_ms=arrive, prompt_tokens=spec.prompt_tokens,
-                              output_tokens=spec.output_tokens, units=())
-            requests.append(r)
-            engine.add(r, float(arrive))
-        if not engine.has_work:
-            engine.clock = float(pending[0][1])
-            continue
-        engine.advance(pending[0][1] if pending else float("inf"))
+    timed = [(RequestSpec(prompt_tokens=p, output_tokens=o, units=()), t)
+             for p, o, t in [(20, 40, 0), (30, 25, 0), (10, 60, 3), (40, 30, 5), (15, 20, 30), (25, 45, 31)]]
+    requests = drive(engine, timed)
     return [(r.first_token_ms, r.first_seen_ms, r.finish_ms, r.finish_seen_ms) for r in requests]
 
 

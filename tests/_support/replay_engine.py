@@ -1,0 +1,25 @@
+"""Drive one replay engine over timed requests, as the replay's event loop does, for tests that compare two engines
+(closed-form stretches against step by step) on the same arrivals."""
+
+from __future__ import annotations
+
+from tuner.replay import Engine
+from tuner.replay._requests import ReplayRequest, RequestSpec
+
+
+def drive(engine: Engine, timed: list[tuple[RequestSpec, int]]) -> list[ReplayRequest]:
+    """Each spec reaches the engine at its time (ms, ascending); advance until every request has finished."""
+    pending = list(timed)
+    requests: list[ReplayRequest] = []
+    while pending or engine.has_work:
+        while pending and pending[0][1] <= engine.clock + 1e-9:
+            spec, arrive = pending.pop(0)
+            r = ReplayRequest(rid=len(requests), spec=spec, sent_ms=arrive, prompt_tokens=spec.prompt_tokens,
+                              output_tokens=spec.output_tokens, units=spec.units)
+            requests.append(r)
+            engine.add(r, float(arrive))
+        if not engine.has_work:
+            engine.clock = float(pending[0][1])
+            continue
+        engine.advance(pending[0][1] if pending else float("inf"))
+    return requests
