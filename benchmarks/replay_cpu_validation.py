@@ -520,10 +520,11 @@ def front_times(run: dict) -> dict[str, float]:
     the same for e2e as for TTFT within 0-3 ms (nothing of finishing an answer before the client sees its end).
 
     Printed per run (`_row`), not fitted (docs/workloads.md, "The front end's two costs against vLLM's TTFT
-    window"): the replay's front end (`RooflineModel.front_end_ms`) straddles the stamp, and the wait behind an
-    answer being finished (`answer_finish_ms`, RequestRecord.finish_wait_ms) falls in client - vLLM with the part of
-    it before the stamp, so the windows split the two costs only with an assumed share of the front end on each
-    side; held against vLLM's TTFT mean at shares 0 and 0.5, the held-out TTFT did not improve."""
+    window"): the replay's front end (`RooflineModel.front_end_ms`) straddles the stamp, so the windows split its
+    time only with an assumed share on each side; held against vLLM's TTFT mean at shares 0 and 0.5 (with a since
+    removed wait behind finishing answers beside it), the held-out TTFT did not improve. The replay's whole window
+    outside the engine (TTFT - queue - prefill: its front end, the wait for the step in flight, the output lag) is
+    printed beside the client's."""
     c, requests = run["counters"], run["requests"]
     count = c.get("time_to_first_token_seconds_count", 0.0)
     return {"vllm_ttft_mean": 1000 * c["time_to_first_token_seconds_sum"] / count if count else float("nan"),
@@ -548,14 +549,15 @@ def _predicted(report) -> dict[str, float]:
             "gap_p90": report.token_gap_ms.p90,
             "queue_mean": float(np.mean([r.queued_ms for r in report.requests])),
             "prefill_mean": float(np.mean([r.prefill_ms for r in report.requests])),
-            "finish_wait_mean": float(np.mean([r.finish_wait_ms for r in report.requests]))}
+            "outside_mean": float(np.mean([r.ttft_ms - r.queued_ms - r.prefill_ms for r in report.requests]))}
 
 
 #: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
 #: prefill token (as a FLOP efficiency), the front end's time to first token, and its time per request output of a
 #: step (`front_end_output_us`: one FIFO server behind the engine, so the client's window grows with the requests in
 #: flight, in closed and open loops alike). It replaced `answer_finish_ms` (a wait behind finishing answers, which
-#: closed loops alone meet) on 2026-12-07: docs/workloads.md, "The front end as a queue behind the engine".
+#: closed loops alone meet; removed since: vLLM shows no such wait) on 2026-12-07: docs/workloads.md, "The front end
+#: as a queue behind the engine".
 FIT_FACTORS = ("step_overhead_ms", "request_step_us", "prefill_flop_efficiency", "request_overhead_ms",
                "front_end_output_us")
 FIT_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
@@ -655,9 +657,10 @@ def _row(kind: str, load: str, m: dict, p: dict) -> str:
         line.append(f"engine: queue mean {queue:.2f}/{p['queue_mean']:.2f} ms, prefill mean {prefill:.1f}/"
                     f"{p['prefill_mean']:.1f} ms ({p['prefill_mean'] / prefill - 1:+.0%})")
     if np.isfinite(m["vllm_ttft_mean"]):
+        engine = m["queue_mean"] + m["prefill_mean"]
         line.append(f"front (`front_times`): client - vLLM TTFT mean {m['client_ttft_mean'] - m['vllm_ttft_mean']:.1f}"
-                    f" ms, vLLM TTFT - queue - prefill {m['vllm_ttft_mean'] - m['queue_mean'] - m['prefill_mean']:.1f}"
-                    f" ms; replay's wait behind answers finishing {p['finish_wait_mean']:.1f} ms")
+                    f" ms, vLLM TTFT - queue - prefill {m['vllm_ttft_mean'] - engine:.1f} ms; client TTFT - queue -"
+                    f" prefill {m['client_ttft_mean'] - engine:.1f}/{p['outside_mean']:.1f} ms (vLLM/replay)")
     if np.isfinite(m["gap_mean"]):
         line.append(f"(client's gap mean {m['gap_mean_client']:.1f} ms"
                     + ("" if m["covered"] else "; vLLM's counters do not cover the run's tokens one for one") + ")")

@@ -60,8 +60,8 @@ def test_step_costs_fitted_on_closed_loop_fit_it_better_than_the_defaults(tmp_pa
     best_start = min(cost(perf.calibration.model_copy(update=dict(zip(bench.FIT_FACTORS, point, strict=True))))
                      for point in itertools.product(*grid))
     assert cost(fitted) <= cost(one_start) <= best_start, (cost(fitted), cost(one_start), best_start)
-    # 0.157 vs 0.193 (front_end_output_us; 0.155 vs 0.207 with answer_finish_ms in its place, 0.115 vs 0.224 before
-    # the engine-time residuals): one start stops in a shallow dip
+    # 0.157 vs 0.193 (front_end_output_us; 0.155 vs 0.207 with the removed answer_finish_ms in its place, 0.115 vs
+    # 0.224 before the engine-time residuals): one start stops in a shallow dip
     assert cost(fitted) < 0.85 * cost(one_start)
     assert cost(fitted) < cost()
     for name in bench.FIT_FACTORS:

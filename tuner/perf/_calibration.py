@@ -95,12 +95,6 @@ class Calibration(BaseModel):
         20.0, ge=0, le=200,
         description="Time to first token outside the GPU: HTTP/API server, detokenizer round trip and scheduler "
                     "admission, milliseconds (vLLM's API server at concurrency 1: 5-30 ms).")
-    answer_finish_ms: float = Field(
-        0.0, ge=0, le=50,
-        description="Time the front end is busy finishing an answer after its last token (vLLM's API server: the "
-                    "output processor's finished-request stats, the stream's final and usage chunks, the access log; "
-                    "the client reading the end of the stream), milliseconds. A request arriving meanwhile waits for "
-                    "it, as a closed loop's next request always does; an open loop's only when it lands there (0-50).")
     front_end_output_us: float = Field(
         0.0, ge=0, le=2000,
         description="Time vLLM's front end (one asyncio process per instance: async_llm.py `output_handler`, "

@@ -292,11 +292,6 @@ class RooflineModel(PerformanceModel):
         cal = self.calibration
         return cal.request_overhead_ms + cal.tokenize_us_per_token * 1e-3 * isl
 
-    def answer_finish_ms(self) -> float:
-        """Time the front end spends finishing an answer after its last token; a request arriving meanwhile waits
-        (the replay's front end: `answer_finish_ms`)."""
-        return self.calibration.answer_finish_ms
-
     def front_end_output_ms(self) -> float:
         """Time the front end spends on one request's output of an engine step (the replay's output lag)."""
         return self.calibration.front_end_output_us * 1e-3
