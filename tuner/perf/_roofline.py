@@ -22,6 +22,7 @@ from tuner.perf._steps import (
     decode_step,
     mixed_step,
     prefill_step,
+    request_step_us,
 )
 from tuner.topology import Role, Topology
 
@@ -295,6 +296,13 @@ class RooflineModel(PerformanceModel):
     def front_end_output_ms(self) -> float:
         """Time the front end spends on one request's output of an engine step (the replay's output lag)."""
         return self.calibration.front_end_output_us * 1e-3
+
+    def front_end_core_ms(self, stream_interval: int) -> tuple[float, float]:
+        """The part of an engine step that runs on its front end's core (`front_end_core_share` of the step's host
+        time): (per step, per decoding request), milliseconds; the replay shares that core with the front end."""
+        cal = self.calibration
+        share = cal.front_end_core_share
+        return share * cal.step_overhead_ms, share * request_step_us(cal, stream_interval) * 1e-3
 
     def _mixed(self, topo: Topology, isl: int, osl: int, busy: int,
                new: int | None = None) -> Callable[[float, float], MixedStep]:

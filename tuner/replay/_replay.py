@@ -122,7 +122,8 @@ def _instances(perf: RooflineModel, plan: ReplayPlan, isl: int, osl: int) -> lis
                 return perf.kv_transfer_ms(_s, r.prompt_tokens)
         for i in range(group.count):
             engines = [Engine(f"{group.role.value} instance {i} rank {rank}", pricer, limits, transfer_ms=transfer,
-                              front_output_ms=perf.front_end_output_ms())
+                              front_output_ms=perf.front_end_output_ms(),
+                              shared_host_ms=perf.front_end_core_ms(topo.stream_interval))
                        for rank in range(topo.dp)]
             out.append(_Instance(group, engines, DpBalancer(topo.dp)))
     return out
