@@ -10,7 +10,7 @@ from tuner.launch import alive_pids
 from tuner.testing._campaign import small_campaign, study_counts
 from tuner.testing._cluster import ray_test_cluster
 from tuner.testing._conformance import ConformanceError, check_backend, check_executor, check_result
-from tuner.testing._faults import KillReport, kill_runners
+from tuner.testing._faults import KilledCampaign, KillReport, campaign_under_kills, kill_runners
 from tuner.testing._probe import CHILDREN, EVENTS, ProbeBackend, peak_gpus, read_events, spawned_children
 
 __all__ = [
@@ -18,8 +18,10 @@ __all__ = [
     "EVENTS",
     "ConformanceError",
     "KillReport",
+    "KilledCampaign",
     "ProbeBackend",
     "alive_pids",
+    "campaign_under_kills",
     "check_backend",
     "check_executor",
     "check_result",
