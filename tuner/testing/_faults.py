@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import random
 import signal
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tuner.executors import RUNNER_PID, BackendSpec
 from tuner.testing._campaign import small_campaign, study_counts
-from tuner.testing._probe import ProbeBackend
+from tuner.testing._probe import probe_spec
 
 if TYPE_CHECKING:
     from tuner.executors import RayExecutor
@@ -86,8 +85,7 @@ def campaign_under_kills(*, model_path: str | Path, space_path: str | Path, work
 
     work.mkdir(parents=True, exist_ok=True)
     records, artifacts = work / "records", work / "art"
-    spec = BackendSpec("probe", factory=functools.partial(
-        ProbeBackend, str(records), delay_s=2.0, spawn=True, inner=BackendSpec("simulated")))
+    spec = probe_spec(records, delay_s=2.0, spawn=True, inner=BackendSpec("simulated"))
     executor = RayExecutor(spec, gpus_per_host=gpus_per_host, max_parallel=3, max_retries=2)
     storage = f"sqlite:///{work / 'study.db'}"
     campaign = small_campaign(model_path=model_path, space_path=space_path, executor=executor, storage_url=storage,
