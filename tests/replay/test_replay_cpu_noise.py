@@ -122,3 +122,26 @@ def test_common_grid_of_the_stored_quiet_runs_stays_inside_what_they_measured() 
         assert all(o.measured[0][0] <= x <= o.measured[-1][0] for o in loops), x
     shares = [bench.open_loops(p.name, json.loads(p.read_text()), "share_of_closed") for p in bench.QUIET]
     assert bench.common_grid(shares, len(shares)) == list(bench.RATE_SHARES)
+
+
+def test_noise_reads_a_stored_fit_and_predicts_each_open_loop_run_with_it(tmp_path) -> None:
+    """`noise --fits`: a calibration stored under a file's key is the one its open loops are replayed with (no fit:
+    the replay's figures are `_predicted` under it, run by run), and a file whose closed loops differ has another
+    key; `--one-fit` refuses files measured on different servers, naming the field."""
+    bench = _bench()
+    data = json.loads(bench.QUIET[0].read_text())
+    perf, dep, workload = bench._setup(data, tmp_path)
+    stored = perf.calibration.model_copy(update={"step_overhead_ms": 2.5, "request_overhead_ms": 4.0})
+    fits = tmp_path / "fits.json"
+    fits.write_text(json.dumps({bench._fit_key([data]): stored.model_dump(mode="json")}))
+    loops = bench.predicted_loops({"a": data}, fits=fits)[0]
+    model = perf.with_calibration(stored)
+    runs = sorted((r for r in data["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"])
+    for run, (rate, predicted) in zip(runs, loops.predicted, strict=True):
+        assert rate == run["rate_rps"]
+        assert predicted == bench._predicted(bench._predict(model, dep, workload, run))
+    other = json.loads(bench.QUIET[1].read_text())
+    assert bench._fit_key([other]) != bench._fit_key([data])
+    with pytest.raises(SystemExit, match="flags"):
+        bench.predicted_loops({"a": data, "b": {**other, "flags": {**other["flags"], "max_num_seqs": 8}}},
+                              one_fit=True, fits=fits)
