@@ -990,12 +990,14 @@ def median_of_others(loops: list[OpenLoops], min_others: int = 2) -> tuple[dict[
     return errors, onsets, covered
 
 
-def common_grid(loops: list[OpenLoops], min_files: int) -> list[float]:
+def common_grid(loops: list[OpenLoops], min_files: int, even: int | None = None) -> list[float]:
     """The points any file's open loops stand at (in rate: RATE_SHARES of each file's own closed-loop rate, so they
     differ per file; in share: RATE_SHARES) that at least `min_files` files' open loops span: nothing outside what
-    the measurements cover, and no point that no run stands at."""
+    the measurements cover, and no point that no run stands at. With `even`, that many points evenly spaced from
+    the first of them to the last instead (the grid's figures pool over its points, so where they crowd weighs)."""
     points = sorted({x for o in loops for x, _ in o.measured})
-    return [x for x in points if sum(o.measured[0][0] <= x <= o.measured[-1][0] for o in loops) >= min_files]
+    kept = [x for x in points if sum(o.measured[0][0] <= x <= o.measured[-1][0] for o in loops) >= min_files]
+    return [float(x) for x in np.linspace(kept[0], kept[-1], even)] if even and kept else kept
 
 
 @dataclass(frozen=True)
@@ -1139,7 +1141,7 @@ def _print_grid(rows: list[GridRow], axis: str) -> None:
         figures = "  ".join(f"{k} {m[k]:.1f}" + (f"/{p[k]:.1f} ms ({p[k] / m[k] - 1:+.0%})" if p else " ms")
                             for k in FIT_METRICS)
         hit = f"hit {m['hit_share']:.1%}" + (f"/{p['hit_share']:.1%}" if p else "")
-        at = f"{row.at:g} req/s" if axis == "rate_rps" else f"{row.at:.0%}"
+        at = f"{row.at:.4g} req/s" if axis == "rate_rps" else f"{row.at:.0%}"
         print(f"  {at} (median of {row.files}): {figures}  {hit}")
 
 
@@ -1153,22 +1155,24 @@ def _floor(loops: list[OpenLoops], grid: list[float], axis: str) -> dict[str, di
 
 
 def _grid_line(loops: list[OpenLoops], grid: list[float], min_files: int, axis: str) -> None:
-    shown = ", ".join(f"{x:g}" if axis == "rate_rps" else f"{x:.0%}" for x in grid)
-    print(f"grid: the {len(grid)} points any file's open loops stand at that {min_files} of the {len(loops)} files "
-          f"span: {shown}{_unit(axis)}")
+    shown = ", ".join(f"{x:.4g}" if axis == "rate_rps" else f"{x:.0%}" for x in grid)
+    print(f"grid: {len(grid)} points where {min_files} of the {len(loops)} files' open loops span: {shown}"
+          f"{_unit(axis)}")
 
 
-def floor(files: list[Path], min_files: int | None = None, axis: str = "rate_rps") -> dict[str, dict[str, float]]:
+def floor(files: list[Path], min_files: int | None = None, axis: str = "rate_rps",
+          even: int | None = None) -> dict[str, dict[str, float]]:
     """Real vLLM against the median of its other runs (`median_of_others`), and a half of the files' median against
-    the other half's (`split_half`) on the grid `min_files` span (default: all): no fit, vLLM's runs alone."""
+    the other half's (`split_half`) on the grid `min_files` span (default: all; `common_grid`): no fit, vLLM's runs
+    alone."""
     loops = [open_loops(p.name, json.loads(p.read_text()), axis) for p in files]
-    grid = common_grid(loops, min_files or len(loops))
+    grid = common_grid(loops, min_files or len(loops), even)
     _grid_line(loops, grid, min_files or len(loops), axis)
     return _floor(loops, grid, axis)
 
 
-def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_rps", one_fit: bool = False,
-          fits: Path | None = None) -> dict[str, dict[str, float]]:
+def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_rps", even: int | None = None,
+          one_fit: bool = False, fits: Path | None = None) -> dict[str, dict[str, float]]:
     """How much of the replay's held-out error is one run's noise: `floor`'s two views of vLLM against itself, the
     replay per run (all runs, and the runs the median of others covers), and the replay against the median of the
     files at each point of the common grid, and pooled."""
@@ -1179,7 +1183,7 @@ def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_
            else "each file fitted on its own closed loops")
     print(f"replay: {how} (fitted or read from {fits or 'nowhere'}, and predicted in {time.monotonic() - start:.0f} s, "
           f"{time.process_time() - cpu:.0f} s CPU)")
-    grid = common_grid(loops, min_files or len(loops))
+    grid = common_grid(loops, min_files or len(loops), even)
     _grid_line(loops, grid, min_files or len(loops), axis)
     out = _floor(loops, grid, axis)
     out["replay_per_run"] = noise_figures("the replay per run, every open-loop run", *_replay_per_run(loops))
@@ -1198,14 +1202,16 @@ def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_
 
 
 def noise_cli(command: str, argv: list[str]) -> None:
-    """`floor [--min-files K] [--axis A] [FILE...]` and `noise [--min-files K] [--axis A] [--one-fit] [--fits JSON]
-    [FILE...]` (no FILE: QUIET)."""
+    """`floor [--min-files K] [--axis A] [--even N] [FILE...]` and `noise [--min-files K] [--axis A] [--even N]
+    [--one-fit] [--fits JSON] [FILE...]` (no FILE: QUIET)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog=f"replay_cpu_validation.py {command}")
     parser.add_argument("files", nargs="*", type=Path, help="data sets measured the same way (default: QUIET)")
     parser.add_argument("--min-files", type=int, default=None,
                         help="the grid's points are those at least this many files span (default: all of them)")
+    parser.add_argument("--even", type=int, default=None, metavar="N",
+                        help="N grid points evenly spaced over that span, rather than the points the runs stand at")
     parser.add_argument("--axis", choices=NOISE_AXES, default="rate_rps",
                         help="hold runs against each other at the same offered rate (default, as `repeat`) or at "
                              "the same share of each file's closed-loop rate")
@@ -1222,10 +1228,12 @@ def noise_cli(command: str, argv: list[str]) -> None:
                          f"needs two), e.g. {command} benchmarks/data/replay_cpu_validation_run1{{3,4,5,6}}.json")
     if args.min_files is not None and not 2 <= args.min_files <= len(files):
         raise SystemExit(f"{command}: --min-files {args.min_files} must be between 2 and the {len(files)} files given")
+    if args.even is not None and args.even < 2:
+        raise SystemExit(f"{command}: --even {args.even}: give two or more grid points, e.g. --even 20")
     if command == "floor":
-        floor(files, args.min_files, args.axis)
+        floor(files, args.min_files, args.axis, args.even)
     else:
-        noise(files, min_files=args.min_files, axis=args.axis, one_fit=args.one_fit, fits=args.fits)
+        noise(files, min_files=args.min_files, axis=args.axis, even=args.even, one_fit=args.one_fit, fits=args.fits)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ returns can be worked out by hand, and the stored quiet runs (no fit: these stay
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -102,7 +103,7 @@ def test_median_of_others_of_identical_stored_files_is_each_files_own_figure(tmp
         assert all(m == p for m, p in onsets)
     opened = [r for r in data["runs"] if r["kind"] == "open"]
     loops = bench.open_loops("a", data)
-    for (r0, _), (r1, _) in zip(loops.measured, loops.measured[1:], strict=False):
+    for (r0, _), (r1, _) in itertools.pairwise(loops.measured):
         at = 0.3 * r0 + 0.7 * r1
         expected = bench._interpolated(opened, at).values
         got = bench._linear(loops.measured, at)
@@ -112,7 +113,8 @@ def test_median_of_others_of_identical_stored_files_is_each_files_own_figure(tmp
 
 def test_common_grid_of_the_stored_quiet_runs_stays_inside_what_they_measured() -> None:
     """The grid in rate: every point an offered rate some file measured, inside every file's range (all files) or
-    at least three (`--min-files 3`, more points); in share of the closed loop's rate: RATE_SHARES."""
+    at least three (`--min-files 3`, more points), or (`--even`) evenly spaced over the same span; in share of the
+    closed loop's rate: RATE_SHARES."""
     bench = _bench()
     loops = [bench.open_loops(p.name, json.loads(p.read_text())) for p in bench.QUIET]
     measured = {x for o in loops for x, _ in o.measured}
@@ -120,6 +122,9 @@ def test_common_grid_of_the_stored_quiet_runs_stays_inside_what_they_measured() 
     assert set(everyone) <= set(three) <= measured and len(three) > len(everyone) > 0
     for x in everyone:
         assert all(o.measured[0][0] <= x <= o.measured[-1][0] for o in loops), x
+    even = bench.common_grid(loops, len(loops), even=5)
+    assert even[0] == everyone[0] and even[-1] == pytest.approx(everyone[-1]) and len(even) == 5
+    assert all(b - a == pytest.approx(even[1] - even[0]) for a, b in itertools.pairwise(even))
     shares = [bench.open_loops(p.name, json.loads(p.read_text()), "share_of_closed") for p in bench.QUIET]
     assert bench.common_grid(shares, len(shares)) == list(bench.RATE_SHARES)
 
