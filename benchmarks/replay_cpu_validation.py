@@ -1131,6 +1131,33 @@ def _replay_per_run(loops: list[OpenLoops], only: set[tuple[str, float]] | None 
     return errors, onsets
 
 
+def error_split(loops: list[OpenLoops], grid: list[float]) -> dict[str, dict[str, float]]:
+    """The replay's log errors, log(predicted / measured), at the grid points every file spans, split in two: what
+    the files share at each point (their mean: the replay's bias at that load) and what differs file to file (each
+    run's noise, the noise its own closed loops put into its fit, and any model error particular to the file);
+    beside them, how far the files' measured figures scatter about their mean at the same point. Root mean squares
+    over the points, the file-to-file parts with n / (n - 1) (a sample's); the shared part also less the noise a
+    mean of n files keeps (the file-to-file variance / n), and the file-to-file part's share of the two's variance."""
+    everyone = [x for x in grid if all(_linear(o.measured, x) is not None for o in loops)]
+    n, out = len(loops), {}
+
+    def scatter(a: np.ndarray) -> float:
+        return float(np.sqrt(np.mean(np.square(a - a.mean(axis=0))) * n / (n - 1)))
+
+    for k in FIT_METRICS:
+        measured = np.log([[_linear(o.measured, x)[k] for x in everyone] for o in loops])
+        errors = np.log([[_linear(o.predicted, x)[k] for x in everyone] for o in loops]) - measured
+        shared, apart = errors.mean(axis=0), scatter(errors)
+        less = float(np.sqrt(max(0.0, float(np.mean(np.square(shared))) - apart ** 2 / n)))
+        out[k] = {"shared": float(np.sqrt(np.mean(np.square(shared)))), "shared_less_noise": less,
+                  "file_to_file": apart, "measured_scatter": scatter(measured),
+                  "file_share": apart ** 2 / (apart ** 2 + less ** 2) if apart or less else float("nan")}
+        print(f"  {k}: shared by the files rms {out[k]['shared']:.2f} ({less:.2f} less a {n}-file mean's noise), "
+              f"file to file rms {apart:.2f} ({out[k]['file_share']:.0%} of the two's variance); the measured "
+              f"files' own scatter rms {out[k]['measured_scatter']:.2f}")
+    return out
+
+
 def _unit(axis: str) -> str:
     return " req/s" if axis == "rate_rps" else " of the closed loop's rate"
 
@@ -1198,6 +1225,8 @@ def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_
                float(np.median(predicted_onsets)) if predicted_onsets else None)]
     out["replay_vs_median"] = noise_figures("the replay against the median of the files, pooled over the grid "
                                             "(onset: the files' median onsets, req/s)", errors, onsets)
+    print("the replay's log errors at the grid points all files span (`error_split`):")
+    out.update({f"split_{k}": v for k, v in error_split(loops, grid).items()})
     return out
 
 

@@ -150,3 +150,22 @@ def test_noise_reads_a_stored_fit_and_predicts_each_open_loop_run_with_it(tmp_pa
     with pytest.raises(SystemExit, match="flags"):
         bench.predicted_loops({"a": data, "b": {**other, "flags": {**other["flags"], "max_num_seqs": 8}}},
                               one_fit=True, fits=fits)
+
+
+def test_error_split_puts_a_bias_in_the_shared_part_and_noise_in_the_file_to_file_part() -> None:
+    """A replay 1.2 times each file's own figures: all of its log error is shared by the files (log 1.2, less no
+    noise), none file to file. A replay at the truth for files at 0.9, 1.0, 1.1 times it: the file-to-file part is
+    the files' own scatter, and what the files share is about no more than a 3-file mean's noise."""
+    import math
+
+    bench = _bench()
+    biased = [_loops(bench, name, f, predicted=1.2 * f) for name, f in (("low", 0.9), ("mid", 1.0), ("high", 1.1))]
+    split = bench.error_split(biased, list(RATES))
+    for k in bench.FIT_METRICS:
+        assert split[k]["shared"] == pytest.approx(math.log(1.2)) and split[k]["file_to_file"] == pytest.approx(0.0)
+        assert split[k]["shared_less_noise"] == pytest.approx(math.log(1.2))
+        assert split[k]["file_share"] == pytest.approx(0.0, abs=1e-12)
+    noisy = [_loops(bench, name, f, predicted=1.0) for name, f in (("low", 0.9), ("mid", 1.0), ("high", 1.1))]
+    split = bench.error_split(noisy, list(RATES))["ttft_p50"]
+    assert split["file_to_file"] == pytest.approx(split["measured_scatter"]) and split["file_to_file"] > 0.09
+    assert split["shared_less_noise"] == 0.0 and split["file_share"] == 1.0
