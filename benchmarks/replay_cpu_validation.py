@@ -1074,17 +1074,24 @@ def _fit_key(data: list[dict]) -> str:
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
+_FITTED: dict[str, Calibration] = {}  # `_fitted`'s within a run, by `_fit_key`
+
+
 def _fitted(data: list[dict], work: Path, fits: Path | None) -> Calibration:
     """`fit_step_costs` on the closed loops of `data` (one file, or several measured on one trace), read from the
-    JSON file `fits` where a fit of the same closed loops and fit settings is stored, else fitted and stored there."""
+    JSON file `fits` where a fit of the same closed loops and fit settings is stored, else fitted and stored there
+    (and kept for the rest of the run either way)."""
     from tuner.perf import Calibration
 
     key = _fit_key(data)
     stored = json.loads(fits.read_text()) if fits is not None and fits.exists() else {}
     if key in stored:
         return Calibration.model_validate(stored[key])
+    if key in _FITTED:
+        return _FITTED[key]
     perf, dep, workload = _setup(data[0], work)
-    fitted = fit_step_costs(perf, dep, workload, [r for d in data for r in d["runs"] if r["kind"] == "closed"])
+    fitted = _FITTED[key] = fit_step_costs(perf, dep, workload,
+                                           [r for d in data for r in d["runs"] if r["kind"] == "closed"])
     if fits is not None:
         stored = json.loads(fits.read_text()) if fits.exists() else {}
         fits.write_text(json.dumps({**stored, key: fitted.model_dump(mode="json")}, indent=1))
@@ -1117,6 +1124,26 @@ def predicted_loops(sets: dict[str, dict], *, axis: str = "rate_rps", one_fit: b
         predicted = tuple((r[axis], _predicted(_predict(model, dep, workload, r))) for r in runs)
         out.append(dataclasses.replace(loops, predicted=predicted))
     return out
+
+
+def other_fits(sets: dict[str, dict], fits: Path | None = None) -> tuple[dict[str, list[float]], Onsets]:
+    """Each file's open loops replayed with every other file's calibration (each fitted on its own closed loops):
+    the per-run |errors| pooled, against `analyse`'s own-fit ones, and the onsets (measured, predicted). Where a
+    file's own fit predicts it closer than the others' do, its closed loops carry what sets that file apart (how
+    fast its server ran), not only noise."""
+    work = Path(tempfile.mkdtemp(prefix="replay-cpu-noise-"))
+    errors, onsets = _no_errors(), []
+    for (_, calibrated_on), (_, d) in itertools.permutations(sets.items(), 2):
+        perf, dep, workload = _setup(d, work)
+        model = perf.with_calibration(_fitted([calibrated_on], work, fits))
+        runs = sorted((r for r in d["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"])
+        pairs = [(_measured(r), _predicted(_predict(model, dep, workload, r))) for r in runs]
+        for m, p in pairs:
+            _add_errors(errors, p, m)
+        rates = [r["rate_rps"] for r in runs]
+        onsets.append((_onset_rps(rates, [m["preemptions"] for m, _ in pairs]),
+                       _onset_rps(rates, [p["preemptions"] for _, p in pairs])))
+    return errors, onsets
 
 
 def _replay_per_run(loops: list[OpenLoops], only: set[tuple[str, float]] | None = None) -> tuple[dict[str, list[float]],
@@ -1216,6 +1243,9 @@ def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_
     out["replay_per_run"] = noise_figures("the replay per run, every open-loop run", *_replay_per_run(loops))
     out["replay_floor_runs"] = noise_figures("the replay per run, the runs the median of others covers",
                                              *_replay_per_run(loops, median_of_others(loops)[2]))
+    if not one_fit:
+        out["replay_other_fits"] = noise_figures("the replay per run, each file with every other file's fit "
+                                                 "(`other_fits`)", *other_fits(sets, fits))
     rows, errors = against_median(loops, grid)
     print(f"the median of the files' measured / of their replays at each grid point ({how}):")
     _print_grid(rows, axis)

@@ -169,3 +169,20 @@ def test_error_split_puts_a_bias_in_the_shared_part_and_noise_in_the_file_to_fil
     split = bench.error_split(noisy, list(RATES))["ttft_p50"]
     assert split["file_to_file"] == pytest.approx(split["measured_scatter"]) and split["file_to_file"] > 0.09
     assert split["shared_less_noise"] == 0.0 and split["file_share"] == 1.0
+
+
+def test_other_fits_of_two_copies_of_a_file_are_its_own_fit(tmp_path) -> None:
+    """`other_fits` replays each file with the other's calibration: for two copies of one file (one key, one stored
+    fit) that is each copy's own fit, so its errors are the own-fit ones twice over."""
+    bench = _bench()
+    data = json.loads(bench.QUIET[0].read_text())
+    perf = bench._setup(data, tmp_path)[0]
+    stored = perf.calibration.model_copy(update={"step_overhead_ms": 3.0, "request_overhead_ms": 5.0})
+    fits = tmp_path / "fits.json"
+    fits.write_text(json.dumps({bench._fit_key([data]): stored.model_dump(mode="json")}))
+    sets = {"a": data, "b": data}
+    own, own_onsets = bench._replay_per_run(bench.predicted_loops(sets, fits=fits))
+    errors, onsets = bench.other_fits(sets, fits)
+    for k in bench.FIT_METRICS:
+        assert sorted(errors[k]) == pytest.approx(sorted(own[k])) and len(errors[k]) == 12, k
+    assert onsets == own_onsets
