@@ -939,9 +939,9 @@ def open_loops(name: str, data: dict, axis: str = "rate_rps") -> OpenLoops:
 
 
 def _linear(points: tuple[tuple[float, dict[str, float]], ...], at: float) -> dict[str, float] | None:
-    """NOISE_KEYS of `points` (rate, figures) at rate `at`, linear between the two points around it (the one point
-    itself where one stands at `at`), None outside their range: `_interpolated`'s rule, the one `repeat` uses, on
-    predicted figures as on measured ones."""
+    """NOISE_KEYS of `points` (point on the axis, figures) at `at`, linear between the two points around it (the one
+    point itself where one stands at `at`), None outside their range: `_interpolated`'s rule, the one `repeat` uses,
+    on predicted figures as on measured ones."""
     below = max((p for p in points if p[0] <= at), key=lambda p: p[0], default=None)
     above = min((p for p in points if p[0] >= at), key=lambda p: p[0], default=None)
     if below is None or above is None:
@@ -971,12 +971,13 @@ Onsets = list[tuple[float | None, float | None]]  # (the one held against, its g
 
 def median_of_others(loops: list[OpenLoops], min_others: int = 2) -> tuple[dict[str, list[float]], Onsets,
                                                                             set[tuple[str, float]]]:
-    """The floor of one run: each open-loop run of each file "predicted" by the median of the other files' measured
-    figures at its point (rate, or share of the closed loop's: NOISE_AXES; each linear between that file's points,
-    as `repeat`), where at least `min_others` of them span it; each file's preemption onset by the median of the
-    others'. No model of vLLM predicts a single run closer than the other runs' median does, to within that
-    median's own noise. Returns the |errors| (hit share in points), the onsets (own, the others' median; req/s) and
-    the (file, point) of the runs it covers."""
+    """The floor of one run for a predictor that knows nothing of its file: each open-loop run of each file
+    "predicted" by the median of the other files' measured figures at its point (rate, or share of the closed
+    loop's: NOISE_AXES; each linear between that file's points, as `repeat`), where at least `min_others` of them
+    span it; each file's preemption onset by the median of the others'. The replay, fitted on the file's own closed
+    loops, also knows how fast that file's server ran (`other_fits`), so it can come closer. Returns the |errors|
+    (hit share in points), the onsets (own, the others' median; req/s) and the (file, point) of the runs it
+    covers."""
     errors, onsets, covered = _no_errors(), [], set()
     for own in loops:
         others = [o for o in loops if o is not own]
