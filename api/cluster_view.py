@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterStore, GuardVerdict, load_knowledge
+from tuner.cluster import ClusterKey, ClusterKnowledge, ClusterStore, GuardVerdict, KernelFactor, load_knowledge
 from tuner.errors import TopotuneError
 from tuner.hardware import get_gpu
 
@@ -53,18 +53,6 @@ class RiskRow:
 
 
 @dataclass(frozen=True)
-class KernelFactorRow:
-    """A kernel factor fitted for one group of kernel kinds: it transfers only to models of that group."""
-
-    name: str
-    transfers_to: str
-    default: float
-    learnt: float
-    runs: int
-    models: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class GuardRow:
     """The transfer guard's verdict for one new model: the prior against the default on its first trials."""
 
@@ -92,7 +80,7 @@ class ClusterView:
     offsets_total: int
     risks: list[RiskRow]
     error: str | None = None  # the cluster could not be learnt (e.g. its GPU left the catalog)
-    kernel_factors: tuple[KernelFactorRow, ...] = ()
+    kernel_factors: tuple[KernelFactor, ...] = ()  # tuner.cluster's own: the page shows its fields as they are
     guards: tuple[GuardRow, ...] = ()
 
     @property
@@ -122,8 +110,7 @@ def view_of(k: ClusterKnowledge) -> ClusterView:
         error_before=j["error_in_sample"]["default"], error_after=j["error_in_sample"]["fitted"],
         held_out=j["held_out"], offsets=offsets, offsets_total=len(j["layout_offsets"]),
         risks=[RiskRow(r["topology"], r["status"], tuple(r["models"]), r["reason"]) for r in j["known_risks"]],
-        kernel_factors=tuple(KernelFactorRow(f["factor"], f["transfers_to"], f["default"], f["learnt"], f["runs"],
-                                             tuple(f["models"])) for f in j["kernel_factors"]),
+        kernel_factors=k.kernel_factors,
         guards=tuple(guard_row(g) for g in j["guards"]))
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import signal
 import subprocess
@@ -33,44 +32,17 @@ HOSTS, GPUS_PER_HOST = 3, 4
 
 
 def kill_loop(work: Path, kills: int, trials: int, grace_s: float) -> dict:
-    from tuner.executors import BackendSpec, RayExecutor
-    from tuner.testing import (
-        ProbeBackend,
-        alive_pids,
-        kill_runners,
-        small_campaign,
-        spawned_children,
-        study_counts,
-    )
+    from tuner.testing import alive_pids, campaign_under_kills, spawned_children
 
-    records = work / "kill-records"
-    spec = BackendSpec("probe", factory=functools.partial(
-        ProbeBackend, str(records), delay_s=2.0, spawn=True, inner=BackendSpec("simulated")))
-    executor = RayExecutor(spec, gpus_per_host=GPUS_PER_HOST, max_parallel=3, max_retries=2)
-    storage = f"sqlite:///{work / 'kill.db'}"
-    campaign = small_campaign(model_path=MODEL, space_path=SPACE, executor=executor, storage_url=storage,
-                              artifacts_dir=work / "kill-art", trials=trials, num_gpus=HOSTS * GPUS_PER_HOST,
-                              gpus_per_host=GPUS_PER_HOST)
-    stop, reports = threading.Event(), []
-    killer = threading.Thread(target=lambda: reports.append(
-        kill_runners(executor, kills=kills, interval_s=0.7, grace_s=grace_s, stop=stop)))
-    killer.start()
-    completed = False
-    try:
-        result = campaign.run()
-        completed = result.phases["decode"].launched == trials
-    finally:
-        stop.set()
-        killer.join(timeout=60)
-        executor.shutdown()
-    report = reports[0]
-    counts = study_counts(storage, campaign.phase_study_name("decode"))
-    retried = sum(1 for line in (work / "kill-art").rglob("executor.json") if '"attempts": 1,' not in line.read_text())
+    run = campaign_under_kills(model_path=MODEL, space_path=SPACE, work=work / "kill", trials=trials, kills=kills,
+                               grace_s=grace_s, num_gpus=HOSTS * GPUS_PER_HOST, gpus_per_host=GPUS_PER_HOST)
+    report, counts = run.report, run.counts
+    retried = sum(1 for line in run.artifacts.rglob("executor.json") if '"attempts": 1,' not in line.read_text())
     return {"kills": report.kills, "recovered within grace": report.recovered,
             "max recovery (s)": round(report.max_recovery_s, 2), "trials retried": retried,
             "trials stuck RUNNING after grace": report.stuck + counts.get("running", 0),
-            "surviving processes": len(alive_pids(spawned_children(records))),
-            "study completed": "yes" if completed else "no", "trial states": counts}
+            "surviving processes": len(alive_pids(spawned_children(run.records))),
+            "study completed": "yes" if run.launched == trials else "no", "trial states": counts}
 
 
 def driver_restart(work: Path, address: str, trials: int) -> dict:

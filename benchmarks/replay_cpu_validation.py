@@ -914,6 +914,399 @@ def waves(files: list[Path], calibrated_on: Path) -> None:
                     f"{k} vLLM x{m[k] / m_closed[k]:.2f} replay x{p[k] / p_closed[k]:.2f}" for k in FIT_METRICS))
 
 
+# -- noise: how much of a held-out error is one run's noise -------------------------------------------------------
+#: What the noise views interpolate in rate and compare: the latency percentiles, the prefix-hit share (in points),
+#: vLLM's token-gap mean, and the preemptions (for the onset)
+NOISE_KEYS = (*FIT_METRICS, "hit_share", "gap_mean", "preemptions")
+
+
+#: Where the noise views hold files against each other: at the same offered rate ("rate_rps", as `repeat`), or at
+#: the same share of each file's own closed-loop rate ("share_of_closed": RATE_SHARES, the same runs of every file),
+#: which takes out how fast each file's server ran (its closed loop at the top concurrency), as the replay's
+#: calibration, fitted on that file's closed loops, does
+NOISE_AXES = ("rate_rps", "share_of_closed")
+
+
+@dataclass(frozen=True)
+class OpenLoops:
+    """One file's open-loop runs as figures at their points on the axis (offered rate or share of the closed loop's
+    rate; ascending, `rates_rps` the offered rates): vLLM's (`_measured`) and, where a calibration was fitted, the
+    replay's for the same runs (`_predicted`)."""
+
+    name: str
+    rates_rps: tuple[float, ...]
+    measured: tuple[tuple[float, dict[str, float]], ...]
+    predicted: tuple[tuple[float, dict[str, float]], ...] = ()
+
+    def onset(self, *, predicted: bool = False) -> float | None:
+        """The offered rate where preemption starts (`_onset_rps`), req/s whatever the axis."""
+        points = self.predicted if predicted else self.measured
+        return _onset_rps(list(self.rates_rps), [f["preemptions"] for _, f in points])
+
+
+def open_loops(name: str, data: dict, axis: str = "rate_rps") -> OpenLoops:
+    runs = sorted((r for r in data["runs"] if r["kind"] == "open"), key=lambda r: r[axis])
+    return OpenLoops(name, tuple(r["rate_rps"] for r in runs), tuple((r[axis], _measured(r)) for r in runs))
+
+
+def _linear(points: tuple[tuple[float, dict[str, float]], ...], at: float) -> dict[str, float] | None:
+    """NOISE_KEYS of `points` (point on the axis, figures) at `at`, linear between the two points around it (the one
+    point itself where one stands at `at`), None outside their range: `_interpolated`'s rule, the one `repeat` uses,
+    on predicted figures as on measured ones."""
+    below = max((p for p in points if p[0] <= at), key=lambda p: p[0], default=None)
+    above = min((p for p in points if p[0] >= at), key=lambda p: p[0], default=None)
+    if below is None or above is None:
+        return None
+    w = (at - below[0]) / (above[0] - below[0]) if above[0] > below[0] else 0.0
+    return {k: below[1][k] + w * (above[1][k] - below[1][k]) for k in NOISE_KEYS}
+
+
+def _median_figures(figures: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.median([f[k] for f in figures])) for k in NOISE_KEYS}
+
+
+def _add_errors(errors: dict[str, list[float]], guess: dict[str, float], truth: dict[str, float]) -> None:
+    """|guess / truth - 1| per latency figure (where both are known), the hit share's difference in points."""
+    for k in (*FIT_METRICS, "gap_mean"):
+        if np.isfinite(guess[k]) and np.isfinite(truth[k]):
+            errors[k].append(abs(guess[k] / truth[k] - 1))
+    errors["hit_share"].append(abs(guess["hit_share"] - truth["hit_share"]))
+
+
+def _no_errors() -> dict[str, list[float]]:
+    return {k: [] for k in (*FIT_METRICS, "gap_mean", "hit_share")}
+
+
+Onsets = list[tuple[float | None, float | None]]  # (the one held against, its guess), req/s
+
+
+def median_of_others(loops: list[OpenLoops], min_others: int = 2) -> tuple[dict[str, list[float]], Onsets,
+                                                                            set[tuple[str, float]]]:
+    """The floor of one run for a predictor that knows nothing of its file: each open-loop run of each file
+    "predicted" by the median of the other files' measured figures at its point (rate, or share of the closed
+    loop's: NOISE_AXES; each linear between that file's points, as `repeat`), where at least `min_others` of them
+    span it; each file's preemption onset by the median of the others'. The replay, fitted on the file's own closed
+    loops, also knows how fast that file's server ran (`other_fits`), so it can come closer. Returns the |errors|
+    (hit share in points), the onsets (own, the others' median; req/s) and the (file, point) of the runs it
+    covers."""
+    errors, onsets, covered = _no_errors(), [], set()
+    for own in loops:
+        others = [o for o in loops if o is not own]
+        for x, truth in own.measured:
+            at = [f for o in others if (f := _linear(o.measured, x)) is not None]
+            if len(at) >= min_others:
+                _add_errors(errors, _median_figures(at), truth)
+                covered.add((own.name, x))
+        theirs = [x for o in others if (x := o.onset()) is not None]
+        onsets.append((own.onset(), float(np.median(theirs)) if theirs else None))
+    return errors, onsets, covered
+
+
+def common_grid(loops: list[OpenLoops], min_files: int, even: int | None = None) -> list[float]:
+    """The points any file's open loops stand at (in rate: RATE_SHARES of each file's own closed-loop rate, so they
+    differ per file; in share: RATE_SHARES) that at least `min_files` files' open loops span: nothing outside what
+    the measurements cover, and no point that no run stands at. With `even`, that many points evenly spaced from
+    the first of them to the last instead (the grid's figures pool over its points, so where they crowd weighs)."""
+    points = sorted({x for o in loops for x, _ in o.measured})
+    kept = [x for x in points if sum(o.measured[0][0] <= x <= o.measured[-1][0] for o in loops) >= min_files]
+    return [float(x) for x in np.linspace(kept[0], kept[-1], even)] if even and kept else kept
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """At one point of the grid: the files that span it, the median of their measured figures, and of the replay's."""
+
+    at: float
+    files: int
+    measured: dict[str, float]
+    predicted: dict[str, float] | None
+
+
+def against_median(loops: list[OpenLoops], grid: list[float]) -> tuple[list[GridRow], dict[str, list[float]]]:
+    """The noise-reduced view: at each point of `grid`, the median across the files spanning it of their measured
+    figures (each linear between the file's points) against the median of the replay's figures for the same files
+    (each file's predictions for its own runs, interpolated the same way, so that interpolation acts on both sides
+    alike)."""
+    rows, errors = [], _no_errors()
+    for x in grid:
+        spanning = [o for o in loops if _linear(o.measured, x) is not None]
+        measured = _median_figures([_linear(o.measured, x) for o in spanning])
+        predicted = (_median_figures([_linear(o.predicted, x) for o in spanning])
+                     if all(o.predicted for o in spanning) else None)
+        rows.append(GridRow(x, len(spanning), measured, predicted))
+        if predicted is not None:
+            _add_errors(errors, predicted, measured)
+    return rows, errors
+
+
+def split_half(loops: list[OpenLoops], grid: list[float]) -> tuple[dict[str, list[float]], Onsets]:
+    """How noisy a median of half the files still is: every split of the files into two halves, the median of one
+    half against the other's, both ways, at the points of `grid` every file spans; and the halves' median onsets."""
+    errors, onsets = _no_errors(), []
+    everyone = [x for x in grid if all(_linear(o.measured, x) is not None for o in loops)]
+    for half in itertools.combinations(range(len(loops)), len(loops) // 2):
+        if 0 not in half:  # each split once
+            continue
+        a = [o for i, o in enumerate(loops) if i in half]
+        b = [o for i, o in enumerate(loops) if i not in half]
+        for one, other in ((a, b), (b, a)):
+            for x in everyone:
+                _add_errors(errors, _median_figures([_linear(o.measured, x) for o in one]),
+                            _median_figures([_linear(o.measured, x) for o in other]))
+            mine = [x for o in other if (x := o.onset()) is not None]
+            theirs = [x for o in one if (x := o.onset()) is not None]
+            onsets.append((float(np.median(mine)) if mine else None, float(np.median(theirs)) if theirs else None))
+    return errors, onsets
+
+
+def noise_figures(label: str, errors: dict[str, list[float]], onsets: Onsets) -> dict[str, float]:
+    """One line of pooled figures, as `analyse` pools them (median |error| over the runs or rates, the hit share's
+    worst difference, the median onset |error|), without `analyse`'s target verdicts: these views are beside the
+    per-run protocol, not in its place. Returns the medians, the hit share's worst as "hit_share"."""
+    out = {k: float(np.median(v)) for k, v in errors.items() if v and k != "hit_share"}
+    out["hit_share"] = max(errors["hit_share"]) if errors["hit_share"] else float("nan")
+    reached = [(m, p) for m, p in onsets if m is not None and p is not None]
+    if reached:
+        out["onset"] = float(np.median([abs(p / m - 1) for m, p in reached]))
+    parts = [f"{k} {out[k]:.0%} (worst {max(errors[k]):.0%})" for k in (*FIT_METRICS, "gap_mean") if k in out]
+    print(f"{label} [{len(errors['ttft_p50'])}]: " + ", ".join(parts)
+          + f", hit share within {out['hit_share'] * 100:.1f} points"
+          + (f", onset median |error| {out['onset']:.0%} ({len(reached)})" if reached else ", onset not reached"))
+    return out
+
+
+def _fit_key(data: list[dict]) -> str:
+    """What a fitted calibration depends on, as far as the data and the fit's settings go (not the replay's code)."""
+    import hashlib
+
+    closed = [[r for r in d["runs"] if r["kind"] == "closed"] for d in data]
+    keyed = {"closed": closed, "trace": [d["trace"] for d in data], "kv": [d["kv_cache_memory_bytes"] for d in data],
+             "flags": [d["flags"] for d in data], "factors": FIT_FACTORS, "grid": FIT_GRID, "starts": FIT_STARTS,
+             "engine_weight": ENGINE_WEIGHT}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_FITTED: dict[str, Calibration] = {}  # `_fitted`'s within a run, by `_fit_key`
+
+
+def _fitted(data: list[dict], work: Path, fits: Path | None) -> Calibration:
+    """`fit_step_costs` on the closed loops of `data` (one file, or several measured on one trace), read from the
+    JSON file `fits` where a fit of the same closed loops and fit settings is stored, else fitted and stored there
+    (and kept for the rest of the run either way)."""
+    from tuner.perf import Calibration
+
+    key = _fit_key(data)
+    stored = json.loads(fits.read_text()) if fits is not None and fits.exists() else {}
+    if key in stored:
+        return Calibration.model_validate(stored[key])
+    if key in _FITTED:
+        return _FITTED[key]
+    perf, dep, workload = _setup(data[0], work)
+    fitted = _FITTED[key] = fit_step_costs(perf, dep, workload,
+                                           [r for d in data for r in d["runs"] if r["kind"] == "closed"])
+    if fits is not None:
+        stored = json.loads(fits.read_text()) if fits.exists() else {}
+        fits.write_text(json.dumps({**stored, key: fitted.model_dump(mode="json")}, indent=1))
+    return fitted
+
+
+def predicted_loops(sets: dict[str, dict], *, axis: str = "rate_rps", one_fit: bool = False,
+                    fits: Path | None = None) -> list[OpenLoops]:
+    """Each file's open loops with the replay's figures beside vLLM's: each file's calibration fitted on its own
+    closed loops (as `analyse`), or with `one_fit` one calibration fitted on every file's closed loops together
+    (the files must share one trace, KV cache and flags); the open loops are held out either way."""
+    import dataclasses
+
+    work = Path(tempfile.mkdtemp(prefix="replay-cpu-noise-"))
+    if one_fit:
+        first = next(iter(sets.values()))
+        for name, d in sets.items():
+            for field in ("trace", "kv_cache_memory_bytes", "flags", "block_tokens"):
+                if d[field] != first[field]:
+                    raise SystemExit(f"noise --one-fit: {name}'s {field} differs from the first file's; one "
+                                     "calibration is fitted on files measured on one trace with one server; drop "
+                                     "--one-fit")
+        shared = _fitted(list(sets.values()), work, fits)
+    out = []
+    for name, d in sets.items():
+        perf, dep, workload = _setup(d, work)
+        model = perf.with_calibration(shared if one_fit else _fitted([d], work, fits))
+        loops = open_loops(name, d, axis)
+        runs = sorted((r for r in d["runs"] if r["kind"] == "open"), key=lambda r: r[axis])
+        predicted = tuple((r[axis], _predicted(_predict(model, dep, workload, r))) for r in runs)
+        out.append(dataclasses.replace(loops, predicted=predicted))
+    return out
+
+
+def other_fits(sets: dict[str, dict], fits: Path | None = None) -> tuple[dict[str, list[float]], Onsets]:
+    """Each file's open loops replayed with every other file's calibration (each fitted on its own closed loops):
+    the per-run |errors| pooled, against `analyse`'s own-fit ones, and the onsets (measured, predicted). Where a
+    file's own fit predicts it closer than the others' do, its closed loops carry what sets that file apart (how
+    fast its server ran), not only noise."""
+    work = Path(tempfile.mkdtemp(prefix="replay-cpu-noise-"))
+    errors, onsets = _no_errors(), []
+    for (_, calibrated_on), (_, d) in itertools.permutations(sets.items(), 2):
+        perf, dep, workload = _setup(d, work)
+        model = perf.with_calibration(_fitted([calibrated_on], work, fits))
+        runs = sorted((r for r in d["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"])
+        pairs = [(_measured(r), _predicted(_predict(model, dep, workload, r))) for r in runs]
+        for m, p in pairs:
+            _add_errors(errors, p, m)
+        rates = [r["rate_rps"] for r in runs]
+        onsets.append((_onset_rps(rates, [m["preemptions"] for m, _ in pairs]),
+                       _onset_rps(rates, [p["preemptions"] for _, p in pairs])))
+    return errors, onsets
+
+
+def _replay_per_run(loops: list[OpenLoops], only: set[tuple[str, float]] | None = None) -> tuple[dict[str, list[float]],
+                                                                                                  Onsets]:
+    """The replay's per-run held-out |errors| (as `analyse` pools them), on the runs in `only` where given."""
+    errors, onsets = _no_errors(), []
+    for o in loops:
+        for (x, truth), (_, guess) in zip(o.measured, o.predicted, strict=True):
+            if only is None or (o.name, x) in only:
+                _add_errors(errors, guess, truth)
+        onsets.append((o.onset(), o.onset(predicted=True)))
+    return errors, onsets
+
+
+def error_split(loops: list[OpenLoops], grid: list[float]) -> dict[str, dict[str, float]]:
+    """The replay's log errors, log(predicted / measured), at the grid points every file spans, split in two: what
+    the files share at each point (their mean: the replay's bias at that load) and what differs file to file (each
+    run's noise, the noise its own closed loops put into its fit, and any model error particular to the file);
+    beside them, how far the files' measured figures scatter about their mean at the same point. Root mean squares
+    over the points, the file-to-file parts with n / (n - 1) (a sample's); the shared part also less the noise a
+    mean of n files keeps (the file-to-file variance / n), and the file-to-file part's share of the two's variance."""
+    everyone = [x for x in grid if all(_linear(o.measured, x) is not None for o in loops)]
+    n, out = len(loops), {}
+
+    def scatter(a: np.ndarray) -> float:
+        return float(np.sqrt(np.mean(np.square(a - a.mean(axis=0))) * n / (n - 1)))
+
+    for k in FIT_METRICS:
+        measured = np.log([[_linear(o.measured, x)[k] for x in everyone] for o in loops])
+        errors = np.log([[_linear(o.predicted, x)[k] for x in everyone] for o in loops]) - measured
+        shared, apart = errors.mean(axis=0), scatter(errors)
+        less = float(np.sqrt(max(0.0, float(np.mean(np.square(shared))) - apart ** 2 / n)))
+        out[k] = {"shared": float(np.sqrt(np.mean(np.square(shared)))), "shared_less_noise": less,
+                  "file_to_file": apart, "measured_scatter": scatter(measured),
+                  "file_share": apart ** 2 / (apart ** 2 + less ** 2) if apart or less else float("nan")}
+        print(f"  {k}: shared by the files rms {out[k]['shared']:.2f} ({less:.2f} less a {n}-file mean's noise), "
+              f"file to file rms {apart:.2f} ({out[k]['file_share']:.0%} of the two's variance); the measured "
+              f"files' own scatter rms {out[k]['measured_scatter']:.2f}")
+    return out
+
+
+def _unit(axis: str) -> str:
+    return " req/s" if axis == "rate_rps" else " of the closed loop's rate"
+
+
+def _print_grid(rows: list[GridRow], axis: str) -> None:
+    for row in rows:
+        m, p = row.measured, row.predicted
+        figures = "  ".join(f"{k} {m[k]:.1f}" + (f"/{p[k]:.1f} ms ({p[k] / m[k] - 1:+.0%})" if p else " ms")
+                            for k in FIT_METRICS)
+        hit = f"hit {m['hit_share']:.1%}" + (f"/{p['hit_share']:.1%}" if p else "")
+        at = f"{row.at:.4g} req/s" if axis == "rate_rps" else f"{row.at:.0%}"
+        print(f"  {at} (median of {row.files}): {figures}  {hit}")
+
+
+def _floor(loops: list[OpenLoops], grid: list[float], axis: str) -> dict[str, dict[str, float]]:
+    where = "rate" if axis == "rate_rps" else "share of its closed-loop rate"
+    out = {"median_of_others": noise_figures(f"real vLLM, each open-loop run against the median of the other files "
+                                             f"at its {where}", *median_of_others(loops)[:2])}
+    out["split_half"] = noise_figures("real vLLM, the median of half the files against the other half's, on the grid "
+                                      "points all span", *split_half(loops, grid))
+    return out
+
+
+def _grid_line(loops: list[OpenLoops], grid: list[float], min_files: int, axis: str) -> None:
+    shown = ", ".join(f"{x:.4g}" if axis == "rate_rps" else f"{x:.0%}" for x in grid)
+    print(f"grid: {len(grid)} points where {min_files} of the {len(loops)} files' open loops span: {shown}"
+          f"{_unit(axis)}")
+
+
+def floor(files: list[Path], min_files: int | None = None, axis: str = "rate_rps",
+          even: int | None = None) -> dict[str, dict[str, float]]:
+    """Real vLLM against the median of its other runs (`median_of_others`), and a half of the files' median against
+    the other half's (`split_half`) on the grid `min_files` span (default: all; `common_grid`): no fit, vLLM's runs
+    alone."""
+    loops = [open_loops(p.name, json.loads(p.read_text()), axis) for p in files]
+    grid = common_grid(loops, min_files or len(loops), even)
+    _grid_line(loops, grid, min_files or len(loops), axis)
+    return _floor(loops, grid, axis)
+
+
+def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_rps", even: int | None = None,
+          one_fit: bool = False, fits: Path | None = None) -> dict[str, dict[str, float]]:
+    """How much of the replay's held-out error is one run's noise: `floor`'s two views of vLLM against itself, the
+    replay per run (all runs, and the runs the median of others covers), and the replay against the median of the
+    files at each point of the common grid, and pooled."""
+    sets = {p.name: json.loads(p.read_text()) for p in files}
+    start, cpu = time.monotonic(), time.process_time()
+    loops = predicted_loops(sets, axis=axis, one_fit=one_fit, fits=fits)
+    how = ("one calibration fitted on every file's closed loops" if one_fit
+           else "each file fitted on its own closed loops")
+    print(f"replay: {how} (fitted or read from {fits or 'nowhere'}, and predicted in {time.monotonic() - start:.0f} s, "
+          f"{time.process_time() - cpu:.0f} s CPU)")
+    grid = common_grid(loops, min_files or len(loops), even)
+    _grid_line(loops, grid, min_files or len(loops), axis)
+    out = _floor(loops, grid, axis)
+    out["replay_per_run"] = noise_figures("the replay per run, every open-loop run", *_replay_per_run(loops))
+    out["replay_floor_runs"] = noise_figures("the replay per run, the runs the median of others covers",
+                                             *_replay_per_run(loops, median_of_others(loops)[2]))
+    if not one_fit:
+        out["replay_other_fits"] = noise_figures("the replay per run, each file with every other file's fit "
+                                                 "(`other_fits`)", *other_fits(sets, fits))
+    rows, errors = against_median(loops, grid)
+    print(f"the median of the files' measured / of their replays at each grid point ({how}):")
+    _print_grid(rows, axis)
+    measured_onsets = [x for o in loops if (x := o.onset()) is not None]
+    predicted_onsets = [x for o in loops if (x := o.onset(predicted=True)) is not None]
+    onsets = [(float(np.median(measured_onsets)) if measured_onsets else None,
+               float(np.median(predicted_onsets)) if predicted_onsets else None)]
+    out["replay_vs_median"] = noise_figures("the replay against the median of the files, pooled over the grid "
+                                            "(onset: the files' median onsets, req/s)", errors, onsets)
+    print("the replay's log errors at the grid points all files span (`error_split`):")
+    out.update({f"split_{k}": v for k, v in error_split(loops, grid).items()})
+    return out
+
+
+def noise_cli(command: str, argv: list[str]) -> None:
+    """`floor [--min-files K] [--axis A] [--even N] [FILE...]` and `noise [--min-files K] [--axis A] [--even N]
+    [--one-fit] [--fits JSON] [FILE...]` (no FILE: QUIET)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"replay_cpu_validation.py {command}")
+    parser.add_argument("files", nargs="*", type=Path, help="data sets measured the same way (default: QUIET)")
+    parser.add_argument("--min-files", type=int, default=None,
+                        help="the grid's points are those at least this many files span (default: all of them)")
+    parser.add_argument("--even", type=int, default=None, metavar="N",
+                        help="N grid points evenly spaced over that span, rather than the points the runs stand at")
+    parser.add_argument("--axis", choices=NOISE_AXES, default="rate_rps",
+                        help="hold runs against each other at the same offered rate (default, as `repeat`) or at "
+                             "the same share of each file's closed-loop rate")
+    if command == "noise":
+        parser.add_argument("--one-fit", action="store_true",
+                            help="one calibration fitted on every file's closed loops together")
+        parser.add_argument("--fits", type=Path, default=None,
+                            help="a JSON file to read fitted calibrations from and store them in (keyed by the closed "
+                                 "loops and the fit's settings, not the replay's code: delete it when that changes)")
+    args = parser.parse_args(argv)
+    files = args.files or list(QUIET)
+    if len(files) < 3:
+        raise SystemExit(f"{command}: give three or more data sets measured the same way (the median of the others "
+                         f"needs two), e.g. {command} benchmarks/data/replay_cpu_validation_run1{{3,4,5,6}}.json")
+    if args.min_files is not None and not 2 <= args.min_files <= len(files):
+        raise SystemExit(f"{command}: --min-files {args.min_files} must be between 2 and the {len(files)} files given")
+    if args.even is not None and args.even < 2:
+        raise SystemExit(f"{command}: --even {args.even}: give two or more grid points, e.g. --even 20")
+    if command == "floor":
+        floor(files, args.min_files, args.axis, args.even)
+    else:
+        noise(files, min_files=args.min_files, axis=args.axis, even=args.even, one_fit=args.one_fit, fits=args.fits)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "measure":  # measure [OUT [REQUESTS]]
         if len(sys.argv) > 3 and not (sys.argv[3].isdigit() and int(sys.argv[3]) >= 2):
@@ -933,6 +1326,8 @@ if __name__ == "__main__":
             raise SystemExit("repeat: give two or more data sets measured the same way, e.g. repeat "
                              "benchmarks/data/replay_cpu_validation_run{7,8}.json")
         repeat([Path(a) for a in sys.argv[2:]])
+    elif len(sys.argv) > 1 and sys.argv[1] in ("floor", "noise"):
+        noise_cli(sys.argv[1], sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "agreement":
         for name in sys.argv[2:] or [str(LATEST)]:
             print(f"== {Path(name).name}")

@@ -380,16 +380,25 @@ class Calibrations:
         return self._fits[(cls, held)], cls
 
 
-def score_row(row: dict, cals: Calibrations) -> Scored:
+def _held_out_model(row: dict, cals: Calibrations) -> Scored | tuple[Replay, RooflineModel, str]:
+    """The row's shape, its model with the calibration fitted without its source, and that fit's GPU class; or the
+    row scored as not predicted, saying why."""
     model_dir = _model_dir(str(row["model"]))
     if model_dir is None:
         return Scored(row, None, {}, f"no config.json for {row['model']}")
     try:
-        replay = _replay(row)
+        shape = _replay(row)
     except (KeyError, ValueError) as exc:
         return Scored(row, None, {}, f"cannot replay: {exc}")
     cal, cls = cals.held_out(str(row["gpu"]), str(row["source"]))
-    perf = row_perf(row, model_dir, cal, replay.topology)
+    return shape, row_perf(row, model_dir, cal, shape.topology), cls
+
+
+def score_row(row: dict, cals: Calibrations) -> Scored:
+    held_out = _held_out_model(row, cals)
+    if isinstance(held_out, Scored):
+        return held_out
+    replay, perf, cls = held_out
     try:
         curve = predict_traffic(perf, replay.topology, Role.BOTH, replay.workload, cache_aware=replay.cache_aware,
                                 replicas=replay.replicas)
@@ -414,15 +423,10 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
     from tuner.deployment import Deployment
     from tuner.replay import ArrivalProcess, ReplayPlan, replay
 
-    model_dir = _model_dir(str(row["model"]))
-    if model_dir is None:
-        return Scored(row, None, {}, f"no config.json for {row['model']}")
-    try:
-        shape = _replay(row)
-    except (KeyError, ValueError) as exc:
-        return Scored(row, None, {}, f"cannot replay: {exc}")
-    cal, cls = cals.held_out(str(row["gpu"]), str(row["source"]))
-    perf = row_perf(row, model_dir, cal, shape.topology)
+    held_out = _held_out_model(row, cals)
+    if isinstance(held_out, Scored):
+        return held_out
+    shape, perf, cls = held_out
     load = row["load"]
     arrival = (ArrivalProcess("poisson", rate_rps=float(load["request_rate"])) if load["kind"] == "rate"
                else ArrivalProcess("closed", concurrency=int(load["max_concurrency"])))

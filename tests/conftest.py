@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,12 @@ def models_dir() -> Path:
 @pytest.fixture(scope="session")
 def reference_model_path() -> Path:
     return REFERENCE_MODEL
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port another process listens on (what a server started on a port chosen beforehand can find taken)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]

@@ -55,21 +55,25 @@ class _Server:
         self.httpd.server_close()
 
 
-class _MetricsHandler(BaseHTTPRequestHandler):
+class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def reply(self, body: bytes, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _MetricsHandler(_Handler):
     def do_GET(self) -> None:
         owner: MetricsPage = self.server.owner  # type: ignore[attr-defined]
         if urlsplit(self.path).path != "/metrics":
             self.send_error(404)
             return
-        body = owner.next_body().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(owner.next_body().encode(), "text/plain; version=0.0.4")
 
 
 class MetricsPage(_Server):
@@ -132,10 +136,7 @@ def _matches(labels: dict[str, str], matchers: str) -> bool:
     return all(labels.get(name) == value for name, value in re.findall(r'([a-zA-Z_]+)="([^"]*)"', matchers))
 
 
-class _PromHandler(BaseHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
-
+class _PromHandler(_Handler):
     def do_GET(self) -> None:
         owner: PrometheusAnswers = self.server.owner  # type: ignore[attr-defined]
         parts = urlsplit(self.path)
@@ -145,12 +146,7 @@ class _PromHandler(BaseHTTPRequestHandler):
         params = parse_qs(parts.query)
         query = params.get("query", [""])[0]
         owner.queries.append(query)
-        body = json.dumps(owner.answer(query, float(params.get("time", ["inf"])[0]))).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.reply(json.dumps(owner.answer(query, float(params.get("time", ["inf"])[0]))).encode(), "application/json")
 
 
 class PrometheusAnswers(_Server):

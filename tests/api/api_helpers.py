@@ -60,6 +60,17 @@ def finished(detail: dict) -> bool:
     return detail["status"] in ("succeeded", "failed", "cancelled")
 
 
+def reverified(client: httpx.Client, study_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
+    """GET /v1/studies/{id}/reverify once the re-verification ended (its reports, or its error)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = client.get(f"/v1/studies/{study_id}/reverify").json()
+        if not body["running"] and (body["reports"] or body["error"]):
+            return body
+        assert time.monotonic() < deadline, body
+        time.sleep(0.3)
+
+
 @contextmanager
 def served(app: Any) -> Iterator[str]:
     """The app on a real port in a thread (what a browser reaches), its base URL; stopped on exit. The socket is

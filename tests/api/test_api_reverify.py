@@ -3,24 +3,12 @@ report at GET .../reverify, the page's front per version with regressions marked
 
 from __future__ import annotations
 
-import time
-
-from api_helpers import AUTH, FAST_STUDY, finished, wait_for
+from api_helpers import AUTH, FAST_STUDY, finished, reverified, wait_for
 
 from tuner.backends._version_shift import SIMULATED_VLLM_VERSION, VersionShift
 from tuner.space import SearchSpace
 
 VERSION = "0.33.0"
-
-
-def _reports(client, study_id: int, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = client.get(f"/v1/studies/{study_id}/reverify").json()
-        if not body["running"] and (body["reports"] or body["error"]):
-            return body
-        assert time.monotonic() < deadline, body
-        time.sleep(0.3)
 
 
 def test_reverify_endpoint_page_and_export(sqlite_url, make_settings, client_for):
@@ -45,7 +33,7 @@ def test_reverify_endpoint_page_and_export(sqlite_url, make_settings, client_for
                                                          "reopen": False}, headers=AUTH)
     assert r.status_code == 202, r.text
     assert r.headers["location"] == f"/v1/studies/{sid}/reverify"
-    body = _reports(client, sid)
+    body = reverified(client, sid)
     assert body["error"] is None
     (report,) = body["reports"]
     assert report["vllm_version"] == VERSION and report["rows"]
@@ -114,5 +102,5 @@ def test_watcher_reverifies_on_a_new_cluster_vllm_or_new_weights(sqlite_url, mak
 
     # the service's trigger runs the same re-verification as the endpoint, on the cluster's new version
     reverify_trigger(client.app.state.sessions, client.app.state.runner)(sid, "test: new vLLM", VERSION)
-    (report,) = _reports(client, sid)["reports"]
+    (report,) = reverified(client, sid)["reports"]
     assert report["vllm_version"] == VERSION

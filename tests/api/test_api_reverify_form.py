@@ -5,9 +5,8 @@ verdicts; the emulated version change is offered on simulated studies only. The 
 from __future__ import annotations
 
 import re
-import time
 
-from api_helpers import AUTH, FAST_STUDY, TOKEN, finished, wait_for
+from api_helpers import AUTH, FAST_STUDY, TOKEN, finished, reverified, wait_for
 
 from api.models import StudyRecord
 
@@ -23,16 +22,6 @@ def _input(page: str, element_id: str) -> dict[str, str]:
     tag = re.search(rf'<input id="{element_id}"[^>]*>', page)
     assert tag, element_id
     return dict(re.findall(r'(\w+)="([^"]*)"', tag.group(0)))
-
-
-def _wait_reports(client, sid: int, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = client.get(f"/v1/studies/{sid}/reverify").json()
-        if not body["running"] and (body["reports"] or body["error"]):
-            return body
-        assert time.monotonic() < deadline, body
-        time.sleep(0.3)
 
 
 def test_reverify_form_posts_with_the_session_csrf_token(sqlite_url, make_settings, client_for) -> None:  # type: ignore[no-untyped-def]
@@ -70,7 +59,7 @@ def test_reverify_form_posts_with_the_session_csrf_token(sqlite_url, make_settin
     assert 'data-field="budget"' in page  # where the form shows that error
     r = client.post(f"/v1/studies/{sid}/reverify", json=body, headers={**ORIGIN, "X-CSRF-Token": csrf})
     assert r.status_code == 202, r.text
-    (report,) = _wait_reports(client, sid)["reports"]
+    (report,) = reverified(client, sid)["reports"]
     assert report["vllm_version"] == VERSION and report["repeats"] == 3 and report["rows"]
     after = client.get(f"/ui/studies/{sid}").text
     assert f"Re-verified on vLLM {VERSION}" in after and "let reportsBefore = 1;" in after

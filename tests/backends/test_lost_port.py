@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ from _support.paths import REPO
 from tuner.launch import lost_port
 
 HANG_GUARD_S = 600  # not a timing assertion: only so a server that never exits fails instead of blocking the run
-
-
-@pytest.fixture
-def held_port() -> Iterator[int]:
-    """A port another process listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
 
 
 def _exit_and_log(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> tuple[int, str]:

@@ -35,11 +35,7 @@ def ray_cluster() -> Iterator[object]:
 @pytest.fixture
 def probe_spec(tmp_path: Path):
     """A ProbeBackend spec recording into tmp_path/records; call with delay_s/spawn/inner."""
-    from tuner.executors import BackendSpec
-    from tuner.testing import ProbeBackend
+    from tuner.testing import probe_spec
 
-    def make(**options: object) -> BackendSpec:
-        return BackendSpec("probe", factory=functools.partial(ProbeBackend, str(tmp_path / "records"), **options))
-
-    return make
+    return functools.partial(probe_spec, tmp_path / "records")
 

@@ -3,12 +3,10 @@ kill -9 of trial workers in a loop, and a driver killed mid-study and started ag
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,48 +14,20 @@ import pytest
 from _support.executors import GPUS_PER_HOST, TOTAL_GPUS, free_gpus_eventually
 from _support.paths import REFERENCE_MODEL, REFERENCE_SPACE
 
-from tuner.executors import BackendSpec
-from tuner.testing import (
-    ProbeBackend,
-    alive_pids,
-    kill_runners,
-    small_campaign,
-    spawned_children,
-    study_counts,
-)
+from tuner.testing import alive_pids, campaign_under_kills, spawned_children, study_counts
 
 GRACE_S = 15.0
 
 
 @pytest.mark.slow
 def test_kill_9_loop_no_trial_stuck_no_process_left_study_completes(ray_cluster, tmp_path: Path) -> None:
-    from tuner.executors import RayExecutor
-
-    records = tmp_path / "records"
-    spec = BackendSpec("probe", factory=functools.partial(
-        ProbeBackend, str(records), delay_s=2.0, spawn=True, inner=BackendSpec("simulated")))
-    executor = RayExecutor(spec, gpus_per_host=GPUS_PER_HOST, max_parallel=3, max_retries=2)
-    storage = f"sqlite:///{tmp_path / 'study.db'}"
-    campaign = small_campaign(model_path=REFERENCE_MODEL, space_path=REFERENCE_SPACE, executor=executor,
-                              storage_url=storage, artifacts_dir=tmp_path / "art",
-                              trials=8, num_gpus=TOTAL_GPUS, gpus_per_host=GPUS_PER_HOST)
-    stop = threading.Event()
-    reports = []
-    killer = threading.Thread(target=lambda: reports.append(
-        kill_runners(executor, kills=10, interval_s=0.7, grace_s=GRACE_S, stop=stop)))
-    killer.start()
-    try:
-        result = campaign.run()
-    finally:
-        stop.set()
-        killer.join(timeout=60)
-        executor.shutdown()
-    [report] = reports
+    run = campaign_under_kills(model_path=REFERENCE_MODEL, space_path=REFERENCE_SPACE, work=tmp_path, trials=8,
+                               kills=10, grace_s=GRACE_S, num_gpus=TOTAL_GPUS, gpus_per_host=GPUS_PER_HOST)
+    report = run.report
     assert report.kills >= 5 and report.stuck == 0 and report.max_recovery_s < GRACE_S
-    counts = study_counts(storage, campaign.phase_study_name("decode"))
-    assert counts.get("running", 0) == 0
-    assert result.phases["decode"].launched == 8  # every launched trial told (OK or crashed after its retries)
-    assert not alive_pids(spawned_children(records))
+    assert run.counts.get("running", 0) == 0
+    assert run.launched == 8  # every launched trial told (OK or crashed after its retries)
+    assert not alive_pids(spawned_children(run.records))
     assert free_gpus_eventually(TOTAL_GPUS) == TOTAL_GPUS
 
 

@@ -57,15 +57,6 @@ def _start(port: int | None, *, after_check: bool = False, optimize: bool = Fals
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture
-def listener() -> Iterator[int]:
-    """A port some other (non-Ray) process listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def other_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """Another Ray head on this machine (another topotune process's, say), its GCS on a port it bound itself."""
@@ -111,10 +102,10 @@ def test_the_default_head_binds_a_gcs_port_itself_while_the_old_default_is_taken
     assert port not in (6390, 6379) and info["nodes"] == 1
 
 
-def test_a_fixed_port_that_is_taken_is_refused_at_once_naming_the_setting(listener: int) -> None:
-    info = _start(listener)
+def test_a_fixed_port_that_is_taken_is_refused_at_once_naming_the_setting(held_port: int) -> None:
+    info = _start(held_port)
     assert info["field"] == "TOPOTUNE_RAY_PORT" and not info["ray_started"], info
-    assert str(listener) in info["error"] and "RAY_ADDRESS" in info["error"]
+    assert str(held_port) in info["error"] and "RAY_ADDRESS" in info["error"]
 
 
 def test_redis_port_is_refused_as_a_fixed_port() -> None:
@@ -122,11 +113,11 @@ def test_redis_port_is_refused_as_a_fixed_port() -> None:
     assert info["field"] == "TOPOTUNE_RAY_PORT" and "Redis" in info["error"] and not info["ray_started"], info
 
 
-def test_a_fixed_port_taken_after_the_check_fails_naming_the_setting(listener: int) -> None:
+def test_a_fixed_port_taken_after_the_check_fails_naming_the_setting(held_port: int) -> None:
     """The GCS cannot bind the port (another listener took it after the check): Ray fails after its own wait."""
-    info = _start(listener, after_check=True)
+    info = _start(held_port, after_check=True)
     assert info["field"] == "TOPOTUNE_RAY_PORT" and not info["ray_started"], info
-    assert str(listener) in info["error"]
+    assert str(held_port) in info["error"]
 
 
 @pytest.mark.parametrize("optimize", [False, True], ids=["asserts", "python-O"])

@@ -79,23 +79,21 @@ def why_it_wins(pick: Recommendation, c: Constraints) -> str:
     itl = f"ITL {w.itl_ms:.1f} ms ({c.percentile})"
     bound = c.max_itl_for_users_ms
     limit = f" under the {bound:g} ms limit" if bound else ""
+    other: Point | None
     if isinstance(w, ComposedPoint):
         per_rank = w.decode.running_requests / max(1, w.decode_topology.dp)
         mtp = f" with MTP{w.decode_topology.mtp}" if w.decode_topology.mtp else ""
         text = (f"decode-bound: {itl}{limit} holds at {per_rank:.0f} running requests per decode rank only on a "
                 f"dedicated decode {w.decode_topology.name}{mtp}; {w.num_prefill} prefill "
                 f"{w.prefill_topology.name} instance(s) take the prompts, so no prompt stalls a decode step")
-        other = pick.aggregated
-        if other is not None:
-            text += (f" (aggregated {other.name}, whose decode steps wait for chunked prompts, reaches "
-                     f"{other.total_tok_s_per_gpu:,.0f} tok/s/GPU)")
-        return text
-    text = (f"every GPU serves prompts and answers: {w.num_instances} x {w.topology.name} replicas keep {itl}{limit} "
-            f"with chunked prefill at {w.instance.concurrency} requests each, and no GPU waits for KV transfers")
-    other = pick.disaggregated
+        other, versus = pick.aggregated, "aggregated {}, whose decode steps wait for chunked prompts, reaches"
+    else:
+        text = (f"every GPU serves prompts and answers: {w.num_instances} x {w.topology.name} replicas keep "
+                f"{itl}{limit} with chunked prefill at {w.instance.concurrency} requests each, and no GPU waits for "
+                f"KV transfers")
+        other, versus = pick.disaggregated, "splitting prefill from decode, {}, leaves one side's GPUs short of work:"
     if other is not None:
-        text += (f" (splitting prefill from decode, {other.name}, leaves one side's GPUs short of work: "
-                 f"{other.total_tok_s_per_gpu:,.0f} tok/s/GPU)")
+        text += f" ({versus.format(other.name)} {other.total_tok_s_per_gpu:,.0f} tok/s/GPU)"
     return text
 
 

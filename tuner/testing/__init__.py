@@ -10,21 +10,32 @@ from tuner.launch import alive_pids
 from tuner.testing._campaign import small_campaign, study_counts
 from tuner.testing._cluster import ray_test_cluster
 from tuner.testing._conformance import ConformanceError, check_backend, check_executor, check_result
-from tuner.testing._faults import KillReport, kill_runners
-from tuner.testing._probe import CHILDREN, EVENTS, ProbeBackend, peak_gpus, read_events, spawned_children
+from tuner.testing._faults import KilledCampaign, KillReport, campaign_under_kills, kill_runners
+from tuner.testing._probe import (
+    CHILDREN,
+    EVENTS,
+    ProbeBackend,
+    peak_gpus,
+    probe_spec,
+    read_events,
+    spawned_children,
+)
 
 __all__ = [
     "CHILDREN",
     "EVENTS",
     "ConformanceError",
     "KillReport",
+    "KilledCampaign",
     "ProbeBackend",
     "alive_pids",
+    "campaign_under_kills",
     "check_backend",
     "check_executor",
     "check_result",
     "kill_runners",
     "peak_gpus",
+    "probe_spec",
     "ray_test_cluster",
     "read_events",
     "small_campaign",

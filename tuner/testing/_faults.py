@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.executors import RUNNER_PID
+from tuner.executors import RUNNER_PID, BackendSpec
+from tuner.testing._campaign import small_campaign, study_counts
+from tuner.testing._probe import probe_spec
 
 if TYPE_CHECKING:
     from tuner.executors import RayExecutor
+
 
 @dataclass
 class KillReport:
@@ -60,3 +63,43 @@ def kill_runners(executor: RayExecutor, *, kills: int, interval_s: float, grace_
         else:
             report.stuck += 1
     return report
+
+
+@dataclass
+class KilledCampaign:
+    """What a campaign run under kill_runners left: the kills, its decode phase's launched trials by state."""
+
+    report: KillReport
+    launched: int  # the decode phase's launched trials, told (OK, or crashed after their retries)
+    counts: dict[str, int]  # study_counts of the decode phase
+    records: Path  # the ProbeBackend's records (spawned_children reads the processes its trials started)
+    artifacts: Path
+
+
+def campaign_under_kills(*, model_path: str | Path, space_path: str | Path, work: Path, trials: int, kills: int,
+                         grace_s: float, num_gpus: int, gpus_per_host: int) -> KilledCampaign:
+    """A small campaign (decode phase; ProbeBackend over the simulated backend, 2 s a trial, each starting a child
+    process in its own session) on a RayExecutor of the current Ray session (3 in flight, 2 retries), while
+    kill_runners kills a trial's runner every 0.7 s, `kills` times. Its files go under `work`."""
+    from tuner.executors import RayExecutor
+
+    work.mkdir(parents=True, exist_ok=True)
+    records, artifacts = work / "records", work / "art"
+    spec = probe_spec(records, delay_s=2.0, spawn=True, inner=BackendSpec("simulated"))
+    executor = RayExecutor(spec, gpus_per_host=gpus_per_host, max_parallel=3, max_retries=2)
+    storage = f"sqlite:///{work / 'study.db'}"
+    campaign = small_campaign(model_path=model_path, space_path=space_path, executor=executor, storage_url=storage,
+                              artifacts_dir=artifacts, trials=trials, num_gpus=num_gpus, gpus_per_host=gpus_per_host)
+    stop, reports = threading.Event(), []
+    killer = threading.Thread(target=lambda: reports.append(
+        kill_runners(executor, kills=kills, interval_s=0.7, grace_s=grace_s, stop=stop)))
+    killer.start()
+    try:
+        result = campaign.run()
+    finally:
+        stop.set()
+        killer.join(timeout=60)
+        executor.shutdown()
+    [report] = reports
+    return KilledCampaign(report, result.phases["decode"].launched,
+                          study_counts(storage, campaign.phase_study_name("decode")), records, artifacts)

@@ -8,6 +8,7 @@ test can check that nothing a trial started survives a kill, and then delegates 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -62,6 +63,12 @@ class ProbeBackend(Backend):
                     os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
         return result
+
+
+def probe_spec(record_dir: str | Path, **options: object) -> BackendSpec:
+    """A ProbeBackend recording into `record_dir` (options: delay_s, spawn, inner), as the spec executors take: a
+    partial of the class, which pickles to Ray's workers and tells the executor the class's needs."""
+    return BackendSpec("probe", factory=functools.partial(ProbeBackend, str(record_dir), **options))
 
 
 def read_events(record_dir: str | Path) -> list[dict]:

@@ -5,14 +5,13 @@ it again)."""
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 from pathlib import Path
 
 from tuner.executors import BackendSpec, RayExecutor, ensure_ray
 from tuner.testing._campaign import small_campaign
-from tuner.testing._probe import ProbeBackend
+from tuner.testing._probe import probe_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=2)
     a = p.parse_args(argv)
     ensure_ray(address=os.environ["RAY_ADDRESS"], num_gpus=a.gpus)
-    spec = BackendSpec("probe", factory=functools.partial(
-        ProbeBackend, a.records, delay_s=a.delay_s, spawn=True, inner=BackendSpec("simulated")))
+    spec = probe_spec(a.records, delay_s=a.delay_s, spawn=True, inner=BackendSpec("simulated"))
     executor = RayExecutor(spec, gpus_per_host=a.gpus_per_host, max_parallel=a.parallel)
     try:
         result = small_campaign(model_path=a.model, space_path=a.space, executor=executor, storage_url=a.storage,
