@@ -35,7 +35,7 @@ so runs before hold only their means), the load average and the flags are writte
 
 `analyse` fits the CPU class's step costs (FIT_FACTORS: step overhead, per-request host time, prefill FLOP
 efficiency, the front end's time, and its time per request output of a step, behind which first and last tokens
-reach the client late once it falls behind the engine) to
+reach the client late once it falls behind the engine, with the engine core sharing its core: CORE_SHARE) to
 the closed-loop runs only (their AIPerf TTFT and ITL percentiles, and vLLM's own mean queue and prefill times,
 `engine_times`, which leave the front end out), then predicts the open-loop runs with the replay: p50/p90 TTFT and
 ITL errors, the prefix-hit share and the rate where preemption starts, each against its target (25% latency, 10% hit
@@ -420,8 +420,8 @@ def _setup(data: dict, work: Path):
     trace = work / "trace.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in data["trace"]))
     gpu = get_gpu("cpu")
-    perf = RooflineModel(load_model(TINY_CONFIG), gpu, default_calibration("cpu"),
-                         kv_cache_memory_bytes=data["kv_cache_memory_bytes"])
+    calibration = default_calibration("cpu").model_copy(update={"front_end_core_share": CORE_SHARE})
+    perf = RooflineModel(load_model(TINY_CONFIG), gpu, calibration, kv_cache_memory_bytes=data["kv_cache_memory_bytes"])
     dep = parse_deployment("TP1", max_num_seqs=data["flags"]["max_num_seqs"],
                            max_num_batched_tokens=data["flags"]["max_num_batched_tokens"])
     workload = Workload.from_trace(trace, block_tokens=data["block_tokens"])
@@ -520,10 +520,11 @@ def front_times(run: dict) -> dict[str, float]:
     the same for e2e as for TTFT within 0-3 ms (nothing of finishing an answer before the client sees its end).
 
     Printed per run (`_row`), not fitted (docs/workloads.md, "The front end's two costs against vLLM's TTFT
-    window"): the replay's front end (`RooflineModel.front_end_ms`) straddles the stamp, and the wait behind an
-    answer being finished (`answer_finish_ms`, RequestRecord.finish_wait_ms) falls in client - vLLM with the part of
-    it before the stamp, so the windows split the two costs only with an assumed share of the front end on each
-    side; held against vLLM's TTFT mean at shares 0 and 0.5, the held-out TTFT did not improve."""
+    window"): the replay's front end (`RooflineModel.front_end_ms`) straddles the stamp, so the windows split its
+    time only with an assumed share on each side; held against vLLM's TTFT mean at shares 0 and 0.5 (with a since
+    removed wait behind finishing answers beside it), the held-out TTFT did not improve. The replay's whole window
+    outside the engine (TTFT - queue - prefill: its front end, the wait for the step in flight, the output lag) is
+    printed beside the client's."""
     c, requests = run["counters"], run["requests"]
     count = c.get("time_to_first_token_seconds_count", 0.0)
     return {"vllm_ttft_mean": 1000 * c["time_to_first_token_seconds_sum"] / count if count else float("nan"),
@@ -548,16 +549,25 @@ def _predicted(report) -> dict[str, float]:
             "gap_p90": report.token_gap_ms.p90,
             "queue_mean": float(np.mean([r.queued_ms for r in report.requests])),
             "prefill_mean": float(np.mean([r.prefill_ms for r in report.requests])),
-            "finish_wait_mean": float(np.mean([r.finish_wait_ms for r in report.requests]))}
+            "outside_mean": float(np.mean([r.ttft_ms - r.queued_ms - r.prefill_ms for r in report.requests]))}
 
 
 #: The CPU class's step costs the closed-loop runs pin down: the fixed cost per step, per running request, per
 #: prefill token (as a FLOP efficiency), the front end's time to first token, and its time per request output of a
 #: step (`front_end_output_us`: one FIFO server behind the engine, so the client's window grows with the requests in
 #: flight, in closed and open loops alike). It replaced `answer_finish_ms` (a wait behind finishing answers, which
-#: closed loops alone meet) on 2026-12-07: docs/workloads.md, "The front end as a queue behind the engine".
+#: closed loops alone meet; removed since: vLLM shows no such wait) on 2026-12-07: docs/workloads.md, "The front end
+#: as a queue behind the engine".
 FIT_FACTORS = ("step_overhead_ms", "request_step_us", "prefill_flop_efficiency", "request_overhead_ms",
                "front_end_output_us")
+#: The share of each step's host time that runs on the front end's core (Calibration.front_end_core_share), fixed
+#: rather than fitted: `measure` pins vLLM's API server and engine core to the one core its worker leaves
+#: (`_pin_front_end`), so the engine core's part of every step shares that core with the front end's outputs. 1 (all
+#: of step_overhead_ms and request_step_us there) is an upper bound: the worker prepares its inputs and samples on its
+#: own core. Fitted as a sixth factor the closed loops do not pin it (0.04-1 per file) and held out it did worse than
+#: 1; 1 does better held out than 0 at a higher closed-loop cost: docs/workloads.md, "The engine core on the front
+#: end's core". 0: the fit of before.
+CORE_SHARE = 1.0
 FIT_METRICS = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90")
 PREEMPTION_ONSET = 3  # preemptions in a run of the trace: where preemption has started
 #: The weight of each run's two engine-time residuals (`_residuals`) beside its p50s' 1 and p90s' 0.5; 0: the fit
@@ -655,9 +665,10 @@ def _row(kind: str, load: str, m: dict, p: dict) -> str:
         line.append(f"engine: queue mean {queue:.2f}/{p['queue_mean']:.2f} ms, prefill mean {prefill:.1f}/"
                     f"{p['prefill_mean']:.1f} ms ({p['prefill_mean'] / prefill - 1:+.0%})")
     if np.isfinite(m["vllm_ttft_mean"]):
+        engine = m["queue_mean"] + m["prefill_mean"]
         line.append(f"front (`front_times`): client - vLLM TTFT mean {m['client_ttft_mean'] - m['vllm_ttft_mean']:.1f}"
-                    f" ms, vLLM TTFT - queue - prefill {m['vllm_ttft_mean'] - m['queue_mean'] - m['prefill_mean']:.1f}"
-                    f" ms; replay's wait behind answers finishing {p['finish_wait_mean']:.1f} ms")
+                    f" ms, vLLM TTFT - queue - prefill {m['vllm_ttft_mean'] - engine:.1f} ms; client TTFT - queue -"
+                    f" prefill {m['client_ttft_mean'] - engine:.1f}/{p['outside_mean']:.1f} ms (vLLM/replay)")
     if np.isfinite(m["gap_mean"]):
         line.append(f"(client's gap mean {m['gap_mean_client']:.1f} ms"
                     + ("" if m["covered"] else "; vLLM's counters do not cover the run's tokens one for one") + ")")

@@ -186,32 +186,6 @@ def test_a_trace_with_its_own_block_size_replays(dense: ModelSpec, h200: GpuSpec
     assert len(report.requests) == 6 and report.prefix_hit_share > 0
 
 
-def test_a_closed_loops_next_request_waits_for_the_answer_being_finished(dense: ModelSpec, h200: GpuSpec) -> None:
-    """`answer_finish_ms`: the front end finishing an answer delays a request sent meanwhile. One client sends
-    each request as the previous answer ends, so every request but the first waits the whole finish; open-loop
-    requests far apart never meet one."""
-    base = RooflineModel(dense, h200)
-    finishing = base.with_calibration(base.calibration.model_copy(update={"answer_finish_ms": 7.0}))
-
-    def run(perf: RooflineModel, arrival: ArrivalProcess) -> list:
-        report = replay(perf, ReplayPlan(deployment=parse_deployment("TP8"), workload=_fixed(isl=1000, osl=20),
-                                         arrival=arrival, num_requests=6))
-        return sorted(report.requests, key=lambda r: r.sent_ms)
-
-    one = ArrivalProcess("closed", concurrency=1)
-    plain, waited = run(base, one), run(finishing, one)
-    assert waited[0].ttft_ms == pytest.approx(plain[0].ttft_ms)
-    assert waited[0].finish_wait_ms == 0.0
-    for p, w in zip(plain[1:], waited[1:], strict=True):
-        assert w.ttft_ms == pytest.approx(p.ttft_ms + 7.0, rel=1e-6)
-        assert w.finish_wait_ms == pytest.approx(7.0, rel=1e-9)  # RequestRecord.finish_wait_ms: that wait alone
-    sparse = ArrivalProcess("poisson", rate_rps=0.01)
-    assert [r.ttft_ms for r in run(finishing, sparse)] == pytest.approx([r.ttft_ms for r in run(base, sparse)])
-    assert all(r.finish_wait_ms == 0.0 for r in run(finishing, sparse))
-    # each waited request answers 7 ms later, so the next leaves 7 ms later: the 6th, 4 x 7 ms
-    assert waited[-1].sent_ms == pytest.approx(plain[-1].sent_ms + 4 * 7.0, rel=1e-6)
-
-
 def test_queue_and_prefill_times_are_vllms_engine_intervals(dense: ModelSpec, h200: GpuSpec) -> None:
     """RequestRecord.queued_ms / prefill_ms as vLLM's request_queue_time / request_prefill_time define them: a
     request alone is never queued and its prefill time is its prefill step; past capacity requests queue, and the

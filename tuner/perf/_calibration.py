@@ -95,12 +95,6 @@ class Calibration(BaseModel):
         20.0, ge=0, le=200,
         description="Time to first token outside the GPU: HTTP/API server, detokenizer round trip and scheduler "
                     "admission, milliseconds (vLLM's API server at concurrency 1: 5-30 ms).")
-    answer_finish_ms: float = Field(
-        0.0, ge=0, le=50,
-        description="Time the front end is busy finishing an answer after its last token (vLLM's API server: the "
-                    "output processor's finished-request stats, the stream's final and usage chunks, the access log; "
-                    "the client reading the end of the stream), milliseconds. A request arriving meanwhile waits for "
-                    "it, as a closed loop's next request always does; an open loop's only when it lands there (0-50).")
     front_end_output_us: float = Field(
         0.0, ge=0, le=2000,
         description="Time vLLM's front end (one asyncio process per instance: async_llm.py `output_handler`, "
@@ -108,6 +102,15 @@ class Calibration(BaseModel):
                     "stats, the request's stream) before the client sees it, microseconds. The replay queues each "
                     "step's outputs behind the front end's earlier ones (one FIFO server per engine), so first and "
                     "last tokens arrive late by its lag when it falls behind (0: no lag; 0-2000).")
+    front_end_core_share: float = Field(
+        0.0, ge=0, le=1,
+        description="Share of each engine step's host time (step_overhead_ms and the per-request request_step_us) "
+                    "that the engine core spends on the core its front end runs on: vLLM's CPU backend binds its "
+                    "worker to the other cores and `measure` pins the API server and the engine core to the one left "
+                    "(tuner/backends/vllm/_cpu_placement.py). While the front end has outputs queued "
+                    "(front_end_output_us) the two share that core, so that part of the step and the front end's "
+                    "work each take up to twice as long (processor sharing); the worker's part of the step runs "
+                    "beside them (0: separate cores, the front end never slows a step; 0-1).")
     tokenize_us_per_token: float = Field(
         0.5, ge=0, le=20,
         description="Tokenizer and input processing time per prompt token before scheduling, microseconds.")

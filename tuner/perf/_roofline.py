@@ -22,6 +22,7 @@ from tuner.perf._steps import (
     decode_step,
     mixed_step,
     prefill_step,
+    request_step_us,
 )
 from tuner.topology import Role, Topology
 
@@ -292,14 +293,16 @@ class RooflineModel(PerformanceModel):
         cal = self.calibration
         return cal.request_overhead_ms + cal.tokenize_us_per_token * 1e-3 * isl
 
-    def answer_finish_ms(self) -> float:
-        """Time the front end spends finishing an answer after its last token; a request arriving meanwhile waits
-        (the replay's front end: `answer_finish_ms`)."""
-        return self.calibration.answer_finish_ms
-
     def front_end_output_ms(self) -> float:
         """Time the front end spends on one request's output of an engine step (the replay's output lag)."""
         return self.calibration.front_end_output_us * 1e-3
+
+    def front_end_core_ms(self, stream_interval: int) -> tuple[float, float]:
+        """The part of an engine step that runs on its front end's core (`front_end_core_share` of the step's host
+        time): (per step, per decoding request), milliseconds; the replay shares that core with the front end."""
+        cal = self.calibration
+        share = cal.front_end_core_share
+        return share * cal.step_overhead_ms, share * request_step_us(cal, stream_interval) * 1e-3
 
     def _mixed(self, topo: Topology, isl: int, osl: int, busy: int,
                new: int | None = None) -> Callable[[float, float], MixedStep]:

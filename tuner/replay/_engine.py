@@ -105,7 +105,8 @@ class Engine:
     """The scheduler and KV cache of one DP rank; `advance` runs the next step (or stretch)."""
 
     def __init__(self, name: str, pricer: Pricer, limits: SchedulerLimits, *,
-                 transfer_ms: Callable[[ReplayRequest], float] | None = None, front_output_ms: float = 0.0) -> None:
+                 transfer_ms: Callable[[ReplayRequest], float] | None = None, front_output_ms: float = 0.0,
+                 shared_host_ms: tuple[float, float] = (0.0, 0.0)) -> None:
         self.name = name
         self.pricer = pricer
         self.limits = limits
@@ -140,6 +141,11 @@ class Engine:
         self.front_free_ms = -math.inf  # when the front end has handed on every output so far
         self._outputs = 0  # this step's request outputs (requests given a token), with a front-end cost
         self._firsts: list[ReplayRequest] = []  # this step's first tokens, with a front-end cost
+        # the step's host time on the front end's core (per step, per decoding request; ms): shared with the front
+        # end while it is busy (`_share_core`); only with a front-end cost (else it is never busy)
+        self._host_step_ms, self._host_request_ms = shared_host_ms
+        self.shares_core = front_output_ms > 0 and (shared_host_ms[0] > 0 or shared_host_ms[1] > 0)
+        self._core_extra = 0.0  # each step's time on the shared core beyond its price, over this stretch
 
     # -- state -------------------------------------------------------------------------------------
     @property
@@ -533,6 +539,69 @@ class Engine:
         best = max(j * (first - c) + slope * j * (j - 1) / 2 for j in js)
         self.front_free_ms = max(self.front_free_ms + k * c, before + best + (k + 1) * c)
 
+    # -- the front end's core, shared with the steps' host time --------------------------------------
+    def _share_core(self, host_ms: float, step_ms: float) -> float:
+        """A step starting now whose host part (`host_ms`, at most the step) runs on the core the front end is busy
+        on: processor sharing, both at half speed until the shorter is done, so each ends min(backlog, host) later
+        than alone (work-conserving); that delay (ms) is added to the front end here and to the step by the
+        caller. The worker's part of the step runs on its own cores."""
+        backlog = self.front_free_ms - self.clock
+        if backlog <= 0.0:
+            return 0.0
+        if host_ms > step_ms:
+            host_ms = step_ms
+        delay = backlog if backlog < host_ms else host_ms
+        self.front_free_ms += delay
+        return delay
+
+    def _shared_core_steps(self, limit_ms: float, k: int) -> int:
+        """`_steps_until` for an engine sharing its front end's core: at most the steps that `_share_core` would
+        delay alike (`_core_extra`, which `_stretch_prices` adds to each), so a stretch is linear as before."""
+        k = self._uniform_core_steps(k)
+        if k < 2:
+            return k
+        k = self._steps_until(limit_ms, k)
+        while k >= 2:
+            uniform = self._uniform_core_steps(k)  # its own price line
+            if uniform == k:
+                return k
+            k = uniform
+        return k
+
+    def _uniform_core_steps(self, k: int) -> int:
+        """How many of the next k decode steps (at most k) `_share_core` delays alike; that delay in `_core_extra`.
+
+        The front end's lag behind the step ends, L_j = F_j - E_j, does not depend on the delays (each moves a
+        step's end and the front end alike): L_j = max(L_{j-1} - m_j, 0) + c with m_j the steps' prices and c the
+        outputs' cost, and step j's delay is min(L_{j-1}, h), h the host part (at most every m_j). With c >= h every
+        lag after the first is at least h: all steps are delayed h if the first is. With c < h the lag falls (every
+        m_j > c) as U_j = L_0 + j c - (m_1 + ... + m_j) until it stays at c: delays of h while U_j >= h, then at most
+        one step between, then c from a lag of c on. Anything else: one step alone (then one of these holds)."""
+        self._core_extra = 0.0
+        n = self.decode.n
+        host = self._host_step_ms + self._host_request_ms * n
+        first, slope = self._stretch_prices(k)
+        if host > first or host > first + slope * (k - 1):
+            return 1  # the host part is capped by each step's price (`_share_core`): not alike
+        lag = self.front_free_ms - self.clock
+        c = n * self.front_output_ms
+        if lag >= host:  # (host > 0: a running request, or a cost per step)
+            self._core_extra = host
+            if c >= host:
+                return k
+            lo, hi = 0, k - 1  # the last j in 0..k-1 with U_j >= h (U_0 = L_0 >= h; U falls)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if lag - host + mid * (c - first) - slope * mid * (mid - 1) / 2 >= 0.0:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return lo + 1
+        if c < host and abs(lag - c) <= 1e-9 * max(1.0, abs(self.clock)):
+            self._core_extra = c  # the lag stays at c: every step delayed c
+            return k
+        return 1
+
     # -- closed form between events ---------------------------------------------------------------
     def _stretch_length(self, limit_ms: float) -> int:
         """Steps every running request can decode, alike, before anything changes (0/1: take a single step)."""
@@ -554,20 +623,22 @@ class Engine:
                 limit_ms = first
         if k < 2:
             return k
+        if self.shares_core:
+            return self._shared_core_steps(limit_ms, k)
         return self._steps_until(limit_ms, k)  # at most k
 
     def _stretch_prices(self, k: int) -> tuple[float, float]:
         """(first step's time, its growth per step) of the stretch `_stretch_length` just measured."""
         known = self._prices
         if known is not None and known[0] == k:
-            return known[1], known[2]
+            return known[1] + self._core_extra, known[2]
         n = len(self.running)
         ctx = self._stretch_context
         first = known[1] if known is not None else self.pricer.step_ms(n, ctx, 0.0, 0.0)
         last = self.pricer.step_ms(n, ctx + (k - 1) * self.accepted, 0.0, 0.0)
         slope = (last - first) / (k - 1) if k > 1 else 0.0
         self._prices = (k, first, slope)
-        return first, slope
+        return first + self._core_extra, slope
 
     def _steps_until(self, limit_ms: float, k: int) -> int:
         """The first step count whose end reaches `limit_ms` (at most k), step time linear in the context."""
@@ -594,7 +665,8 @@ class Engine:
         blocks = decode.blocks_at(g)
         before, first, slope = self._stretch_clock(k)
         if self.front_output_ms:
-            self._front_stretch(before, first, slope, k, decode.n)
+            self._front_stretch(before, first - self._core_extra, slope, k, decode.n)
+            self.front_free_ms += k * self._core_extra
         full = decode.n - decode.warm
         if self._pending:
             self._record_stretch(first, slope, k, self._members_gap(before + first), full)
@@ -653,7 +725,8 @@ class Engine:
         """A stretch, request by request (the reference the batched stretch must equal)."""
         before, first, slope = self._stretch_clock(k)
         if self.front_output_ms:
-            self._front_stretch(before, first, slope, k, len(self.running))
+            self._front_stretch(before, first - self._core_extra, slope, k, len(self.running))
+            self.front_free_ms += k * self._core_extra
         gained = k * self.accepted
         finished = []
         lookahead = self._q + self._lookahead - self.accepted  # slots of the last step past its computed tokens
@@ -787,6 +860,8 @@ class Engine:
                 chunk_context += new * (r.computed + new / 2)
         ms = self.pricer.step_ms(decode_n, context / decode_n if decode_n else 0.0, chunk,
                                  chunk_context / chunk if chunk else 0.0)
+        if self.shares_core:
+            ms += self._share_core(self._host_step_ms + self._host_request_ms * decode_n, ms)
         self.clock += ms
         self.busy_ms += ms
         self.steps += 1

@@ -1,8 +1,7 @@
 """Replay a request stream through a deployment: instances of engines, a router, and one event loop.
 
 The loop always moves the earliest thing next: a request reaching a router (sent + the front end's time, as
-`RooflineModel.front_end_ms` prices it, after the rest of any answer the front end is finishing when it is sent,
-`RooflineModel.answer_finish_ms`: one front end for the deployment) or the engine whose clock is earliest running
+`RooflineModel.front_end_ms` prices it) or the engine whose clock is earliest running
 its next step. An engine running decode steps in closed form stops at the first step end past the next arrival
 (and, when answers feed new requests: a closed loop, sessions, PD transfers, past the earliest other busy engine),
 so a request is never admitted later than the step boundary after it arrives.
@@ -123,7 +122,8 @@ def _instances(perf: RooflineModel, plan: ReplayPlan, isl: int, osl: int) -> lis
                 return perf.kv_transfer_ms(_s, r.prompt_tokens)
         for i in range(group.count):
             engines = [Engine(f"{group.role.value} instance {i} rank {rank}", pricer, limits, transfer_ms=transfer,
-                              front_output_ms=perf.front_end_output_ms())
+                              front_output_ms=perf.front_end_output_ms(),
+                              shared_host_ms=perf.front_end_core_ms(topo.stream_interval))
                        for rank in range(topo.dp)]
             out.append(_Instance(group, engines, DpBalancer(topo.dp)))
     return out
@@ -201,9 +201,6 @@ class _Run:
             self.feeds[id(e)] = [s for s in sources if s is not e]
         self.horizon_ms = math.inf
         self.last_send_ms = 0.0
-        # the front end finishing answers (`RooflineModel.answer_finish_ms`): busy over [start, end)
-        self.finish_ms = perf.answer_finish_ms()
-        self.answer_start = self.answer_end = -math.inf
 
     # -- events ------------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -218,18 +215,7 @@ class _Run:
         self.requests.append(r)
         self.in_flight += 1
         self.sent_order.append((t, self.in_flight))
-        start = self.answer_end if self.answer_start <= t < self.answer_end else t
-        r.finish_wait_ms = start - t
-        self._push(start + self.perf.front_end_ms(spec.prompt_tokens), 0, r)
-
-    def _answered(self, t: float) -> None:
-        """An answer's last token at `t`: the front end finishes it next (after any answer still being finished);
-        a request sent meanwhile waits for that."""
-        if t > self.answer_end:
-            self.answer_start, self.answer_end = t, t + self.finish_ms
-        else:
-            self.answer_start = min(self.answer_start, t)
-            self.answer_end += self.finish_ms
+        self._push(t + self.perf.front_end_ms(spec.prompt_tokens), 0, r)
 
     def _start_group(self, t: float) -> None:
         if self.next_group >= len(self.groups):
@@ -268,8 +254,6 @@ class _Run:
             self._push(t, 0, d)
             return
         self.in_flight -= 1
-        if self.finish_ms:
-            self._answered(t)
         rest = r.rest
         if rest:
             self._send(rest[0], t + rest[0].think_ms, rest[1:])
@@ -358,8 +342,7 @@ class _Run:
                 sent_ms=r.sent_ms, ttft_ms=ttft, itl_ms=itl, e2e_ms=e2e, prompt_tokens=r.prompt_tokens,
                 output_tokens=r.output_tokens, hit_share=r.hit_tokens / r.prompt_tokens, preemptions=preemptions,
                 instance=front.instance if front is not None else r.instance, queued_ms=scheduled - r.queued_ms,
-                prefill_ms=first - scheduled,
-                finish_wait_ms=front.finish_wait_ms if front is not None else r.finish_wait_ms))
+                prefill_ms=first - scheduled))
         if not records:
             raise ConfigError("no request was measured", field="--warmup", fix="lower the warm-up share")
         start = min(r.sent_ms for r in records)

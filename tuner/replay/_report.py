@@ -45,7 +45,6 @@ class RequestRecord:
     instance: int
     queued_ms: float  # vLLM's request queue time: in its engine's waiting queue until first scheduled
     prefill_ms: float  # vLLM's request prefill time: first scheduled to its first token
-    finish_wait_ms: float = 0.0  # its wait, once sent, for the front end finishing answers (`answer_finish_ms`)
 
 
 @dataclass(frozen=True, slots=True)

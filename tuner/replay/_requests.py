@@ -48,7 +48,6 @@ class ReplayRequest:
     published_end: int = 0  # tokens those units cover
     remote: bool = False  # PD decode side: the prompt's KV comes from a prefill instance
     hit_tokens: int = 0  # prefix-cache hit at its first admission
-    finish_wait_ms: float = 0.0  # sent while the front end finished answers: its wait for that, before its front end
     queued_ms: float = 0.0  # vLLM's queued_ts: when its engine took it in (the step boundary at or after arrival)
     scheduled_ms: float | None = None  # vLLM's scheduled_ts: the start of the step that first ran it
     first_token_ms: float | None = None
