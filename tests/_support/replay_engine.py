@@ -7,6 +7,25 @@ from tuner.replay import Engine
 from tuner.replay._requests import ReplayRequest, RequestSpec
 
 
+class StepByStep(Engine):
+    """No closed-form stretch: every decode step is taken alone (the reference a stretch must match)."""
+
+    def _stretch_length(self, limit_ms: float) -> int:
+        return 0
+
+
+class LinearStep:
+    """A step of 1 ms plus `slope` ms per token of mean decode context: linear, so a stretch prices it exactly."""
+
+    accepted = 1.0
+
+    def __init__(self, slope: float) -> None:
+        self.slope = slope
+
+    def step_ms(self, decode_requests: float, decode_context: float, *_: float) -> float:
+        return 1.0 + self.slope * decode_context
+
+
 def drive(engine: Engine, timed: list[tuple[RequestSpec, int]]) -> list[ReplayRequest]:
     """Each spec reaches the engine at its time (ms, ascending); advance until every request has finished."""
     pending = list(timed)

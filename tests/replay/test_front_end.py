@@ -4,7 +4,7 @@ in closed form over a stretch of decode steps exactly as step by step."""
 from __future__ import annotations
 
 import pytest
-from _support.replay_engine import drive
+from _support.replay_engine import LinearStep, StepByStep, drive
 
 from tuner.deployment import parse_deployment
 from tuner.hardware import GpuSpec
@@ -15,29 +15,10 @@ from tuner.replay._requests import RequestSpec
 from tuner.workload import Workload
 
 
-class _StepByStep(Engine):
-    """No closed-form stretch: every decode step is taken alone (the front end queued step by step)."""
-
-    def _stretch_length(self, limit_ms: float) -> int:
-        return 0
-
-
-class _LinearStep:
-    """A step of 1 ms plus `slope` ms per token of mean decode context: linear, so a stretch prices it exactly."""
-
-    accepted = 1.0
-
-    def __init__(self, slope: float) -> None:
-        self.slope = slope
-
-    def step_ms(self, decode_requests: float, decode_context: float, *_: float) -> float:
-        return 1.0 + self.slope * decode_context
-
-
 def _seen(engine_type: type[Engine], cost_ms: float, slope: float = 0.0) -> list[tuple]:
     """Six requests on a linear-time engine: (first token, first seen, finish, finish seen) per request."""
     limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, block_size=16, num_blocks=200)
-    engine = engine_type("rank 0", _LinearStep(slope), limits, front_output_ms=cost_ms)  # type: ignore[arg-type]
+    engine = engine_type("rank 0", LinearStep(slope), limits, front_output_ms=cost_ms)  # type: ignore[arg-type]
     timed = [(RequestSpec(prompt_tokens=p, output_tokens=o, units=()), t)
              for p, o, t in [(20, 40, 0), (30, 25, 0), (10, 60, 3), (40, 30, 5), (15, 20, 30), (25, 45, 31)]]
     requests = drive(engine, timed)
@@ -50,7 +31,7 @@ def test_a_stretch_queues_the_front_end_as_its_steps_one_by_one(cost_ms: float, 
     """Steps of up to four outputs: at 0.1 ms the front end keeps up (lag n x cost after each step), at 0.3
     and 0.7 ms it falls behind while four decode and catches up after; steps growing or shrinking with the context
     (a shrinking one: the closed form's largest term inside the stretch)."""
-    stretched, stepped = _seen(Engine, cost_ms, slope), _seen(_StepByStep, cost_ms, slope)
+    stretched, stepped = _seen(Engine, cost_ms, slope), _seen(StepByStep, cost_ms, slope)
     assert [t for row in stretched for t in row] == pytest.approx([t for row in stepped for t in row], rel=1e-12)
     if slope:
         return
@@ -103,7 +84,7 @@ def test_the_closed_form_is_the_queue_step_by_step(first: float, slope: float, c
     """`_front_stretch` against max(free, end of step) + c over 25 steps, the step times linear (shrinking ones
     put the largest term inside the stretch)."""
     limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64)
-    engine = Engine("rank 0", _LinearStep(0.0), limits, front_output_ms=c / 4)  # type: ignore[arg-type]
+    engine = Engine("rank 0", LinearStep(0.0), limits, front_output_ms=c / 4)  # type: ignore[arg-type]
     engine.front_free_ms = free
     k, before = 25, 2.0
     engine._front_stretch(before, first, slope, k, 4)

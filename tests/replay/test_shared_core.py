@@ -4,7 +4,7 @@ end's queued outputs run at half speed while both are busy, in closed form over 
 from __future__ import annotations
 
 import pytest
-from _support.replay_engine import drive
+from _support.replay_engine import LinearStep, StepByStep, drive
 
 from tuner.deployment import parse_deployment
 from tuner.hardware import GpuSpec
@@ -13,13 +13,6 @@ from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, ReplayPlan, SchedulerLimits, replay
 from tuner.replay._requests import RequestSpec
 from tuner.workload import Workload
-
-
-class _StepByStep(Engine):
-    """No closed-form stretch: every decode step is taken alone (the core shared step by step)."""
-
-    def _stretch_length(self, limit_ms: float) -> int:
-        return 0
 
 
 class _Counted(Engine):
@@ -32,25 +25,13 @@ class _Counted(Engine):
         return super()._stretch(k)
 
 
-class _LinearStep:
-    """A step of 1 ms plus `slope` ms per token of mean decode context: linear, so a stretch prices it exactly."""
-
-    accepted = 1.0
-
-    def __init__(self, slope: float) -> None:
-        self.slope = slope
-
-    def step_ms(self, decode_requests: float, decode_context: float, *_: float) -> float:
-        return 1.0 + self.slope * decode_context
-
-
 _TIMED = [(20, 40, 0), (30, 25, 0), (10, 60, 3), (40, 30, 5), (15, 20, 30), (25, 45, 31), (12, 70, 90)]
 
 
 def _run(engine_type: type[Engine], cost_ms: float, host: tuple[float, float], slope: float = 0.0):
     """Seven requests on a linear-time engine: the engine and (first token, first seen, finish, finish seen) each."""
     limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64, block_size=16, num_blocks=200)
-    engine = engine_type("rank 0", _LinearStep(slope), limits,  # type: ignore[arg-type]
+    engine = engine_type("rank 0", LinearStep(slope), limits,  # type: ignore[arg-type]
                          front_output_ms=cost_ms, shared_host_ms=host)
     requests = drive(engine, [(RequestSpec(prompt_tokens=p, output_tokens=o, units=()), t) for p, o, t in _TIMED])
     return engine, [(r.first_token_ms, r.first_seen_ms, r.finish_ms, r.finish_seen_ms) for r in requests]
@@ -65,7 +46,7 @@ def test_a_stretch_shares_the_core_as_its_steps_one_by_one(cost_ms: float, host:
     there), at 0.3 and 0.7 above it (every step delayed by the whole host part while the front end lags); a host part
     longer than some steps (0.9 + 0.4 ms against steps shrinking to ~0.6 ms) is capped by each step's price."""
     engine, stretched = _run(_Counted, cost_ms, host, slope)
-    stepped = _run(_StepByStep, cost_ms, host, slope)[1]
+    stepped = _run(StepByStep, cost_ms, host, slope)[1]
     assert [t for row in stretched for t in row] == pytest.approx([t for row in stepped for t in row], rel=1e-12)
     if slope >= 0 and host[0] + 4 * host[1] <= 1.0:
         assert engine.stretches > 5  # the closed form ran, not only single steps
@@ -85,7 +66,7 @@ def test_processor_sharing_delays_both_by_the_overlap(backlog: float, host: floa
     """Two jobs on one core at half speed each until the shorter is done: the host part (capped by its step) and the
     front end's backlog both end min(backlog, host) later than alone."""
     limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64)
-    engine = Engine("rank 0", _LinearStep(0.0), limits, front_output_ms=0.1,  # type: ignore[arg-type]
+    engine = Engine("rank 0", LinearStep(0.0), limits, front_output_ms=0.1,  # type: ignore[arg-type]
                     shared_host_ms=(host, 0.0))
     engine.clock = 10.0
     engine.front_free_ms = 10.0 + backlog
