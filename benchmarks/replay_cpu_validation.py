@@ -5,6 +5,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py analyse FILE FILE...  # each, then pooled
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py agreement [FILE...]  # vLLM vs #45's bar
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py repeat FILE FILE...  # vLLM against itself
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py steps [FILE...]  # closed vs open engine steps
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py placement [OUT]  # ~8 min; show-placement: stored
 
 Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
@@ -805,6 +806,45 @@ def _interpolated(runs: list[dict], at: float, axis: str = "rate_rps") -> Interp
                         above)
 
 
+def decode_batch_gap(run: dict) -> tuple[float, float]:
+    """vLLM's own mean decode batch and token gap over a run: (decode tokens per engine step, ms per gap).
+
+    Both from its counters: every gap vLLM observes is one decode token of one request in one step
+    (vllm/v1/metrics/stats.py `IterationStats.update_from_output`, see `token_gaps`), so gaps per step
+    (inter_token_latency count / iteration_tokens count) is the mean decode batch, and the gap mean (sum / count) the
+    time between the steps that gave them: engine-side, the client and the front end's lag left out."""
+    c = run["counters"]
+    gaps = c["inter_token_latency_seconds_count"]
+    return gaps / c["iteration_tokens_total_count"], 1000 * c["inter_token_latency_seconds_sum"] / gaps
+
+
+def closed_open_steps(files: list[Path]) -> list[float]:
+    """How much slower vLLM's engine steps are in a closed loop than in an open loop at the same decode batch.
+
+    The replay is fitted on closed loops and predicts open loops, so a step that costs more closed loop than open
+    loop at the same batch (the client's and the front end's work landing between a closed loop's steps: each
+    answer's end sends the next request) carries into every open-loop prediction. Per closed-loop run, its
+    engine-side gap mean against the open loops' of the same file at its decode batch (linear between them, no
+    extrapolation); returns the ratios."""
+    ratios = []
+    for path in files:
+        runs = json.loads(path.read_text())["runs"]
+        opened = sorted(decode_batch_gap(r) for r in runs if r["kind"] == "open")
+        batches, gaps = [b for b, _ in opened], [g for _, g in opened]
+        for run in (r for r in runs if r["kind"] == "closed"):
+            batch, gap = decode_batch_gap(run)
+            if not batches[0] <= batch <= batches[-1]:
+                continue
+            open_gap = float(np.interp(batch, batches, gaps))
+            ratios.append(gap / open_gap)
+            print(f"{path.name}: closed c={run['concurrency']}: {batch:.2f} decodes a step, gap {gap:.2f} ms; "
+                  f"open loops at that batch {open_gap:.2f} ms: x{gap / open_gap:.2f}")
+    if ratios:
+        print(f"closed / open engine-side gap at the same decode batch: median x{np.median(ratios):.2f} "
+              f"(x{min(ratios):.2f}-x{max(ratios):.2f}, {len(ratios)} closed-loop runs)")
+    return ratios
+
+
 def repeat(files: list[Path]) -> dict[str, float]:
     """Real vLLM against itself: two or more files measured the same way, each open-loop run of one "predicted" by
     another file's measured runs at its rate (linear between that file's rates), every ordered pair. The |errors|
@@ -1326,6 +1366,8 @@ if __name__ == "__main__":
             raise SystemExit("repeat: give two or more data sets measured the same way, e.g. repeat "
                              "benchmarks/data/replay_cpu_validation_run{7,8}.json")
         repeat([Path(a) for a in sys.argv[2:]])
+    elif len(sys.argv) > 1 and sys.argv[1] == "steps":  # steps [FILE...]: closed against open engine steps
+        closed_open_steps([Path(a) for a in sys.argv[2:]] or list(QUIET))
     elif len(sys.argv) > 1 and sys.argv[1] in ("floor", "noise"):
         noise_cli(sys.argv[1], sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "agreement":

@@ -186,3 +186,23 @@ def test_other_fits_of_two_copies_of_a_file_are_its_own_fit(tmp_path) -> None:
     for k in bench.FIT_METRICS:
         assert sorted(errors[k]) == pytest.approx(sorted(own[k])) and len(errors[k]) == 12, k
     assert onsets == own_onsets
+
+
+def _counted_run(kind: str, decodes_a_step: float, gap_ms: float, concurrency: int | None = None) -> dict:
+    """A run whose vLLM counters give `decodes_a_step` decode tokens per engine step and a mean gap of `gap_ms`."""
+    steps, gaps = 1000.0, 1000.0 * decodes_a_step
+    run = {"kind": kind, "counters": {"iteration_tokens_total_count": steps, "inter_token_latency_seconds_count": gaps,
+                                      "inter_token_latency_seconds_sum": gaps * gap_ms / 1000}}
+    return run | ({"concurrency": concurrency} if concurrency else {})
+
+
+def test_closed_loop_steps_are_held_against_open_loops_at_the_same_decode_batch(tmp_path) -> None:
+    """`steps`: open loops at 1 and 3 decodes a step (2 and 4 ms gaps); a closed loop at 2 decodes with a 3.6 ms gap is
+    x1.2 the open loops' 3 ms there; one at 5 decodes (past every open loop) is left out, not extrapolated."""
+    bench = _bench()
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"runs": [
+        _counted_run("open", 1.0, 2.0), _counted_run("open", 3.0, 4.0),
+        _counted_run("closed", 2.0, 3.6, concurrency=2), _counted_run("closed", 5.0, 9.0, concurrency=8)]}))
+    assert bench.decode_batch_gap(_counted_run("open", 2.5, 3.5)) == pytest.approx((2.5, 3.5))
+    assert bench.closed_open_steps([path]) == pytest.approx([1.2])
