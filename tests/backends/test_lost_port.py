@@ -93,3 +93,56 @@ def test_vllm_on_a_taken_port(held_port: int, tmp_path: Path, tiny_model: Path) 
                                str(held_port), "--max-model-len", "1024", *CPU_SETTINGS.extra_vllm_flags],
                               tmp_path, dict(CPU_SETTINGS.vllm_env))
     assert code != 0 and lost_port(log), log[-2000:]
+
+
+def _router_up(port: int, router: subprocess.Popen) -> bool:
+    """Poll the router's /health until it answers 200 or the router exits (HANG_GUARD_S: not a timing assertion)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + HANG_GUARD_S
+    while router.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                return answer.status == 200
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+@needs_envs
+def test_two_trials_routers_run_side_by_side_on_one_host(tmp_path: Path) -> None:
+    """Two trials' plans on one host, each on its own free port block: both routers come up at once. vllm-router binds
+    a Prometheus exporter besides its port, at 29000 unless told (its `--prometheus-port` default), so before the plan
+    gave it a port of the trial's block the second router exited with "Address already in use"."""
+    from tuner.backends import HostAssignment
+    from tuner.backends.vllm import PlanSettings, build_plan, keep_names
+    from tuner.deployment import parse_deployment
+    from tuner.launch import free_port_block
+
+    workers: list[http.server.ThreadingHTTPServer] = []
+    routers: list[tuple[int, subprocess.Popen]] = []
+    try:
+        for trial in range(2):
+            base = free_port_block(300)
+            settings = PlanSettings(model_path="/models/tiny", router_argv=CPU_SETTINGS.router_argv,
+                                    bind_host="127.0.0.1", api_port_base=base, router_port=base + 60)
+            plan = build_plan(parse_deployment("2x:TP1"), (HostAssignment(address="127.0.0.1", gpu_ids=(0, 1)),),
+                              settings, resolve=keep_names)
+            for server in plan.servers:  # stand-ins where the plan's API servers listen: the router waits for them
+                workers.append(http.server.ThreadingHTTPServer(("127.0.0.1", server.port), _Healthy))
+                threading.Thread(target=workers[-1].serve_forever, daemon=True).start()
+            (front,) = plan.fronts
+            log = (tmp_path / f"router{trial}.log").open("wb")
+            routers.append((front.port, subprocess.Popen(front.argv, stdout=log, stderr=subprocess.STDOUT,
+                                                         stdin=subprocess.DEVNULL, start_new_session=True)))
+        for trial, (port, router) in enumerate(routers):
+            assert _router_up(port, router), (tmp_path / f"router{trial}.log").read_text(errors="replace")[-2000:]
+        assert all(router.poll() is None for _, router in routers)  # neither lost a port to the other
+    finally:
+        for _, router in routers:
+            router.terminate()
+            router.wait(timeout=HANG_GUARD_S)
+        for worker in workers:
+            worker.shutdown()
+            worker.server_close()

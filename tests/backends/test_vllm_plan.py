@@ -91,7 +91,7 @@ def test_3p_tp4dp2_ep_1d_tep8_mtp3_with_router() -> None:
     router = plan.processes[8]
     assert router.role == "router" and router.host == "10.0.0.1"
     assert list(router.argv) == [
-        "vllm-router", "--host", "0.0.0.0", "--port", "8000", "--vllm-pd-disaggregation",
+        "vllm-router", "--host", "0.0.0.0", "--port", "8000", "--prometheus-port", "8001", "--vllm-pd-disaggregation",
         "--prefill", "http://10.0.0.1:8100", "--prefill", "http://10.0.0.3:8101", "--prefill", "http://10.0.0.5:8102",
         "--decode", "http://10.0.0.7:8103", "--policy", "round_robin"]
     assert plan.endpoint == "http://10.0.0.1:8000"
@@ -117,7 +117,7 @@ def test_cpu_pd_1p1d_binds_one_core_each_and_buffers_kv_on_cpu() -> None:
     assert "--block-size" not in prefill.argv and "--max-cudagraph-capture-size" not in decode.argv  # CPU
     assert decode.env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5608"
-    assert list(router.argv) == ["/r/vllm-router", "--host", "127.0.0.1", "--port", "8300",
+    assert list(router.argv) == ["/r/vllm-router", "--host", "127.0.0.1", "--port", "8300", "--prometheus-port", "8301",
                                  "--vllm-pd-disaggregation", "--prefill", "http://127.0.0.1:8100",
                                  "--decode", "http://127.0.0.1:8101", "--policy", "round_robin"]
     assert prefill.argv[-4:] == ("--host", "127.0.0.1", "--port", "8100")
@@ -140,8 +140,9 @@ def test_cpu_tp2_binds_each_worker() -> None:
 def test_two_aggregated_instances_get_a_round_robin_front() -> None:
     plan = plan_of(parse_deployment("2x:TP4"), hosts("a", "b"))
     assert [p.name for p in plan.processes] == ["both0", "both1", "router"]
-    assert list(plan.processes[2].argv) == ["vllm-router", "--host", "0.0.0.0", "--port", "8000", "--worker-urls",
-                                            "http://a:8100", "http://b:8101", "--policy", "round_robin"]
+    assert list(plan.processes[2].argv) == ["vllm-router", "--host", "0.0.0.0", "--port", "8000", "--prometheus-port",
+                                            "8001", "--worker-urls", "http://a:8100", "http://b:8101", "--policy",
+                                            "round_robin"]
 
 
 def test_placement_consumes_devices_in_instance_order() -> None:

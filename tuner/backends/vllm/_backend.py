@@ -72,7 +72,7 @@ from tuner.workload import FixedLengths, Lengths, Workload, served_context_token
 
 LAUNCHER = Path(__file__).with_name("_launcher.py")
 TINY_MODEL_SCRIPT = Path(__file__).with_name("_tiny_model.py")
-PORT_BLOCK = 300  # api +0.., router +60, dp rpc +80.., master +100.., nixl +120.. (8 per instance),
+PORT_BLOCK = 300  # api +0.., router +60 (its metrics +61), dp rpc +80.., master +100.., nixl +120.. (8 per instance),
 # VLLM_PORT ranges +200.. (10 per server process)
 
 

@@ -433,7 +433,11 @@ def _reach(settings: PlanSettings, address: str) -> str:
 
 
 def _router(settings: PlanSettings, servers: list[ProcessSpec], disaggregated: bool, host: str) -> ProcessSpec:
-    argv = [*settings.router_argv, "--host", settings.bind_host, "--port", str(settings.router_port)]
+    # vllm-router binds a Prometheus exporter beside its port, at 127.0.0.1:29000 unless told (vllm-router 0.1.17
+    # router_args.py `--prometheus-port`, default=29000): a second router on the host, or a server the port block put
+    # at 29000, then makes it exit with "Address already in use". The port after the router's is in the trial's block.
+    argv = [*settings.router_argv, "--host", settings.bind_host, "--port", str(settings.router_port),
+            "--prometheus-port", str(settings.router_port + 1)]
     urls = {role: [f"http://{_reach(settings, p.host)}:{p.port}" for p in servers if p.role == role and p.port]
             for role in ("prefill", "decode", "both")}
     if disaggregated:
