@@ -17,7 +17,10 @@ import pytest
 from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 from _support.paths import REPO
 
-from tuner.launch import lost_port
+from tuner.backends import HostAssignment
+from tuner.backends.vllm import PlanSettings, build_plan, keep_names
+from tuner.deployment import parse_deployment
+from tuner.launch import RunningProcess, free_port_block, lost_port, start_process, terminate, wait_healthy
 
 HANG_GUARD_S = 600  # not a timing assertion: only so a server that never exits fails instead of blocking the run
 
@@ -95,33 +98,14 @@ def test_vllm_on_a_taken_port(held_port: int, tmp_path: Path, tiny_model: Path) 
     assert code != 0 and lost_port(log), log[-2000:]
 
 
-def _router_up(port: int, router: subprocess.Popen) -> bool:
-    """Poll the router's /health until it answers 200 or the router exits (HANG_GUARD_S: not a timing assertion)."""
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + HANG_GUARD_S
-    while router.poll() is None and time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-                return answer.status == 200
-        except OSError:
-            time.sleep(0.2)
-    return False
-
 
 @needs_envs
 def test_two_trials_routers_run_side_by_side_on_one_host(tmp_path: Path) -> None:
     """Two trials' plans on one host, each on its own free port block: both routers come up at once. vllm-router binds
     a Prometheus exporter besides its port, at 29000 unless told (its `--prometheus-port` default), so before the plan
     gave it a port of the trial's block the second router exited with "Address already in use"."""
-    from tuner.backends import HostAssignment
-    from tuner.backends.vllm import PlanSettings, build_plan, keep_names
-    from tuner.deployment import parse_deployment
-    from tuner.launch import free_port_block
-
     workers: list[http.server.ThreadingHTTPServer] = []
-    routers: list[tuple[int, subprocess.Popen]] = []
+    routers: list[RunningProcess] = []
     try:
         for trial in range(2):
             base = free_port_block(300)
@@ -133,16 +117,12 @@ def test_two_trials_routers_run_side_by_side_on_one_host(tmp_path: Path) -> None
                 workers.append(http.server.ThreadingHTTPServer(("127.0.0.1", server.port), _Healthy))
                 threading.Thread(target=workers[-1].serve_forever, daemon=True).start()
             (front,) = plan.fronts
-            log = (tmp_path / f"router{trial}.log").open("wb")
-            routers.append((front.port, subprocess.Popen(front.argv, stdout=log, stderr=subprocess.STDOUT,
-                                                         stdin=subprocess.DEVNULL, start_new_session=True)))
-        for trial, (port, router) in enumerate(routers):
-            assert _router_up(port, router), (tmp_path / f"router{trial}.log").read_text(errors="replace")[-2000:]
-        assert all(router.poll() is None for _, router in routers)  # neither lost a port to the other
+            routers.append(start_process(front, tmp_path / f"trial{trial}"))  # as the backend starts its fronts
+        failure = wait_healthy(routers, HANG_GUARD_S, poll_s=0.2)  # the guard is not a timing assertion
+        assert failure is None, (failure, [r.log_text()[-2000:] for r in routers])
+        assert all(r.popen.poll() is None for r in routers)  # neither lost a port to the other
     finally:
-        for _, router in routers:
-            router.terminate()
-            router.wait(timeout=HANG_GUARD_S)
+        terminate(routers, grace_s=10)
         for worker in workers:
             worker.shutdown()
             worker.server_close()
