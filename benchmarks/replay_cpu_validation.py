@@ -792,18 +792,30 @@ class Interpolated:
     above: dict
 
 
+def _around(items: list, at: float, position: Callable[[object], float]) -> tuple[object, object, float] | None:
+    """The items just below and just above `at` (the same one where one stands at `at`) and `at`'s weight between
+    them (0 at the one below); None outside their range. The one linear rule every view here interpolates by."""
+    below = max((i for i in items if position(i) <= at), key=position, default=None)
+    above = min((i for i in items if position(i) >= at), key=position, default=None)
+    if below is None or above is None:
+        return None
+    x0, x1 = position(below), position(above)
+    return below, above, (at - x0) / (x1 - x0) if x1 > x0 else 0.0
+
+
+def _blend(low: dict[str, float], high: dict[str, float], w: float, keys: tuple[str, ...]) -> dict[str, float]:
+    return {k: low[k] + w * (high[k] - low[k]) for k in keys}
+
+
 def _interpolated(runs: list[dict], at: float, axis: str = "rate_rps") -> Interpolated | None:
     """`runs`' measurements at `at` on `axis` (a run's "rate_rps", or its "share_of_closed" of the closed loop's
     rate), linear between the two runs around it; None outside their range."""
-    below = max((r for r in runs if r[axis] <= at), key=lambda r: r[axis], default=None)
-    above = min((r for r in runs if r[axis] >= at), key=lambda r: r[axis], default=None)
-    if below is None or above is None:
+    found = _around(runs, at, lambda r: r[axis])
+    if found is None:
         return None
-    x0, x1 = below[axis], above[axis]
-    w = (at - x0) / (x1 - x0) if x1 > x0 else 0.0
-    m0, m1 = _measured(below), _measured(above)
-    return Interpolated({k: m0[k] + w * (m1[k] - m0[k]) for k in (*FIT_METRICS, "hit_share", "gap_mean")}, below,
-                        above)
+    below, above, w = found
+    return Interpolated(_blend(_measured(below), _measured(above), w, (*FIT_METRICS, "hit_share", "gap_mean")),
+                        below, above)
 
 
 def decode_batch_gap(run: dict) -> tuple[float, float]:
@@ -850,7 +862,7 @@ def repeat(files: list[Path]) -> dict[str, float]:
     another file's measured runs at its rate (linear between that file's rates), every ordered pair. The |errors|
     are what the measurement itself reproduces to: no model of vLLM can be held to closer than this on one run."""
     sets = {path.name: json.loads(path.read_text()) for path in files}
-    errors: dict[str, list[float]] = {k: [] for k in (*FIT_METRICS, "hit_share", "gap_mean")}
+    errors = _no_errors()
     for (name_a, a), (name_b, b) in itertools.permutations(sets.items(), 2):
         opened_a = [r for r in a["runs"] if r["kind"] == "open"]
         for run in sorted((r for r in b["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"]):
@@ -861,9 +873,7 @@ def repeat(files: list[Path]) -> dict[str, float]:
             shown = [k for k in (*FIT_METRICS, "gap_mean") if np.isfinite(m[k]) and np.isfinite(guess[k])]
             print(f"{name_b} at {run['rate_rps']:g} req/s from {name_a}: " + "  ".join(
                 f"{k} {m[k]:.1f}/{guess[k]:.1f} ms ({guess[k] / m[k] - 1:+.0%})" for k in shown))
-            for k in shown:
-                errors[k].append(abs(guess[k] / m[k] - 1))
-            errors["hit_share"].append(abs(guess["hit_share"] - m["hit_share"]))
+            _add_errors(errors, guess, m)
     medians = {k: float(np.median(v)) for k, v in errors.items() if v}
     print(f"real vLLM against itself over {len(errors['ttft_p50'])} open-loop runs: " + ", ".join(
         f"{k} median |difference| {medians[k]:.0%} (worst {max(errors[k]):.0%})" for k in FIT_METRICS if k in medians)
@@ -993,12 +1003,11 @@ def _linear(points: tuple[tuple[float, dict[str, float]], ...], at: float) -> di
     """NOISE_KEYS of `points` (point on the axis, figures) at `at`, linear between the two points around it (the one
     point itself where one stands at `at`), None outside their range: `_interpolated`'s rule, the one `repeat` uses,
     on predicted figures as on measured ones."""
-    below = max((p for p in points if p[0] <= at), key=lambda p: p[0], default=None)
-    above = min((p for p in points if p[0] >= at), key=lambda p: p[0], default=None)
-    if below is None or above is None:
+    found = _around(list(points), at, lambda p: p[0])
+    if found is None:
         return None
-    w = (at - below[0]) / (above[0] - below[0]) if above[0] > below[0] else 0.0
-    return {k: below[1][k] + w * (above[1][k] - below[1][k]) for k in NOISE_KEYS}
+    below, above, w = found
+    return _blend(below[1], above[1], w, NOISE_KEYS)
 
 
 def _median_figures(figures: list[dict[str, float]]) -> dict[str, float]:
