@@ -1124,14 +1124,80 @@ def noise_figures(label: str, errors: dict[str, list[float]], onsets: Onsets) ->
     return out
 
 
+#: Where the tuner's sources are read from for `_fit_code` (the package the replay imports when run from REPO)
+TUNER = REPO / "tuner"
+
+
+def _tuner_files(modules: set[str]) -> list[Path]:
+    """The files of the tuner packages `modules` import, transitively (by their `import tuner.X` / `from tuner.X
+    import` lines, inside functions too): a package counts whole (its lazily loaded names and its data with it:
+    tuner/hardware's catalog), a top-level module alone, and tuner/__init__.py always."""
+    import re
+
+    def unit(name: str) -> Path | None:  # perf -> tuner/perf; deployment -> tuner/deployment.py
+        path = TUNER / name if (TUNER / name).is_dir() else TUNER / f"{name}.py"
+        return path if path.exists() else None
+
+    imports = re.compile(r"^[ \t]*(?:from|import)[ \t]+tuner\.(\w+)", re.MULTILINE)
+    files, seen = {TUNER / "__init__.py"}, set()
+    todo = {u for m in modules if m.startswith("tuner.") and (u := unit(m.split(".")[1]))}
+    while todo:
+        if (path := todo.pop()) in seen:
+            continue
+        seen.add(path)
+        found = ([p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts] if path.is_dir()
+                 else [path])
+        files.update(found)
+        todo.update(u for p in found if p.suffix == ".py" for name in imports.findall(p.read_text())
+                    if (u := unit(name)))
+    return sorted(files)
+
+
+def _fit_code() -> str:
+    """A digest of the code a fit runs: this file's functions from `_setup` and `fit_step_costs` on and the settings
+    they read (by the names they use, transitively; a path setting by its files' contents), and the files of the
+    tuner packages they import (`_tuner_files`: the replay, the perf model and what those import). Locations are
+    left out, so two checkouts of one commit share their fits."""
+    import ast
+    import hashlib
+    import inspect
+    import textwrap
+
+    space = globals()
+    code: dict[str, str] = {}
+    modules: set[str] = set()
+    todo = ["_setup", "fit_step_costs"]
+    while todo:
+        name = todo.pop()
+        if name in code or name not in space or inspect.ismodule(value := space[name]):
+            continue
+        if (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == __name__:
+            code[name] = textwrap.dedent(inspect.getsource(value))
+            for node in ast.walk(ast.parse(code[name])):
+                if isinstance(node, ast.Name):
+                    todo.append(node.id)
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    modules.add(node.module)
+        elif isinstance(value, Path):
+            files = sorted(p for p in value.rglob("*") if p.is_file()) if value.is_dir() else [value]
+            code[name] = json.dumps({str(p.relative_to(value)): p.read_text() for p in files}, sort_keys=True)
+        elif not callable(value):
+            code[name] = repr(value)
+    digest = hashlib.sha256(json.dumps(code, sort_keys=True).encode())
+    for path in _tuner_files(modules):
+        digest.update(str(path.relative_to(TUNER)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _fit_key(data: list[dict]) -> str:
-    """What a fitted calibration depends on, as far as the data and the fit's settings go (not the replay's code)."""
+    """What a fitted calibration depends on: the closed loops it is fitted on, what they were measured with, and the
+    code that fits it (`_fit_code`: its settings with it), so a stored fit is used only by the code that made it."""
     import hashlib
 
     closed = [[r for r in d["runs"] if r["kind"] == "closed"] for d in data]
     keyed = {"closed": closed, "trace": [d["trace"] for d in data], "kv": [d["kv_cache_memory_bytes"] for d in data],
-             "flags": [d["flags"] for d in data], "factors": FIT_FACTORS, "grid": FIT_GRID, "starts": FIT_STARTS,
-             "engine_weight": ENGINE_WEIGHT}
+             "flags": [d["flags"] for d in data], "block_tokens": [d["block_tokens"] for d in data],
+             "code": _fit_code()}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -1140,8 +1206,8 @@ _FITTED: dict[str, Calibration] = {}  # `_fitted`'s within a run, by `_fit_key`
 
 def _fitted(data: list[dict], work: Path, fits: Path | None) -> Calibration:
     """`fit_step_costs` on the closed loops of `data` (one file, or several measured on one trace), read from the
-    JSON file `fits` where a fit of the same closed loops and fit settings is stored, else fitted and stored there
-    (and kept for the rest of the run either way)."""
+    JSON file `fits` where a fit of the same closed loops by the same code is stored (`_fit_key`), else fitted and
+    stored there (and kept for the rest of the run either way)."""
     from tuner.perf import Calibration
 
     key = _fit_key(data)
@@ -1340,7 +1406,8 @@ def noise_cli(command: str, argv: list[str]) -> None:
                             help="one calibration fitted on every file's closed loops together")
         parser.add_argument("--fits", type=Path, default=None,
                             help="a JSON file to read fitted calibrations from and store them in (keyed by the closed "
-                                 "loops and the fit's settings, not the replay's code: delete it when that changes)")
+                                 "loops and the code that fits them: a change of the replay, the perf model or the "
+                                 "fit refits)")
     args = parser.parse_args(argv)
     files = args.files or list(QUIET)
     if len(files) < 3:

@@ -152,6 +152,40 @@ def test_noise_reads_a_stored_fit_and_predicts_each_open_loop_run_with_it(tmp_pa
                               one_fit=True, fits=fits)
 
 
+def test_a_stored_fit_is_keyed_by_the_code_that_fits_it(tmp_path, monkeypatch) -> None:
+    """`noise --fits` keeps calibrations across runs, so its key holds the code a fit runs: a change of this file's
+    fitting functions or settings, or of a tuner package the fit imports (the replay, the perf model, the GPU
+    catalog), gives another key, and a change of a view beside the fit, or of a package the fit does not import, or
+    of where the checkout stands, does not."""
+    import shutil
+
+    bench = _bench()
+    data = json.loads(bench.QUIET[0].read_text())
+    key = bench._fit_key([data])
+
+    def unchanged() -> bool:
+        return bench._fit_key([data]) == key
+
+    def edited(text: str) -> str:  # the same code, one line longer
+        return text + "\n# edited\n"
+
+    for name, value in (("_residuals", lambda perf, dep, workload, runs: []), ("CORE_SHARE", 0.5),
+                        ("ENGINE_WEIGHT", 0.0), ("noise_figures", lambda label, errors, onsets: {})):
+        with monkeypatch.context() as m:
+            m.setattr(bench, name, value)
+            assert unchanged() == (name == "noise_figures"), name
+    copy = tmp_path / "tuner"
+    shutil.copytree(bench.REPO / "tuner", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(bench, "TUNER", copy, raising=False)
+    assert unchanged()
+    for part, fitted in (("replay/_engine.py", True), ("perf/_roofline.py", True), ("hardware/gpus.yaml", True),
+                         ("workload/_trace.py", True), ("topology.py", True), ("cli/__init__.py", False)):
+        original = (copy / part).read_text()
+        (copy / part).write_text(edited(original))
+        assert unchanged() != fitted, part
+        (copy / part).write_text(original)
+
+
 def test_error_split_puts_a_bias_in_the_shared_part_and_noise_in_the_file_to_file_part() -> None:
     """A replay 1.2 times each file's own figures: all of its log error is shared by the files (log 1.2, less no
     noise), none file to file. A replay at the truth for files at 0.9, 1.0, 1.1 times it: the file-to-file part is
