@@ -380,25 +380,37 @@ class Calibrations:
         return self._fits[(cls, held)], cls
 
 
-def _held_out_model(row: dict, cals: Calibrations) -> Scored | tuple[Replay, RooflineModel, str]:
-    """The row's shape, its model with the calibration fitted without its source, and that fit's GPU class; or the
-    row scored as not predicted, saying why."""
+class NotPredicted(Exception):
+    """A row the model cannot take at all (no config.json for its model, a shape it cannot replay): scored as not
+    predicted with `reason`, not an error of the run."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def scored(self, row: dict) -> Scored:
+        return Scored(row, None, {}, self.reason)
+
+
+def _held_out_model(row: dict, cals: Calibrations) -> tuple[Replay, RooflineModel, str]:
+    """The row's shape, its model with the calibration fitted without its source, and that fit's GPU class; raises
+    NotPredicted saying why there is none."""
     model_dir = _model_dir(str(row["model"]))
     if model_dir is None:
-        return Scored(row, None, {}, f"no config.json for {row['model']}")
+        raise NotPredicted(f"no config.json for {row['model']}")
     try:
         shape = _replay(row)
     except (KeyError, ValueError) as exc:
-        return Scored(row, None, {}, f"cannot replay: {exc}")
+        raise NotPredicted(f"cannot replay: {exc}") from exc
     cal, cls = cals.held_out(str(row["gpu"]), str(row["source"]))
     return shape, row_perf(row, model_dir, cal, shape.topology), cls
 
 
 def score_row(row: dict, cals: Calibrations) -> Scored:
-    held_out = _held_out_model(row, cals)
-    if isinstance(held_out, Scored):
-        return held_out
-    replay, perf, cls = held_out
+    try:
+        replay, perf, cls = _held_out_model(row, cals)
+    except NotPredicted as exc:
+        return exc.scored(row)
     try:
         curve = predict_traffic(perf, replay.topology, Role.BOTH, replay.workload, cache_aware=replay.cache_aware,
                                 replicas=replay.replicas)
@@ -423,10 +435,10 @@ def replay_row(row: dict, cals: Calibrations, requests: int = 1000) -> Scored:
     from tuner.deployment import Deployment
     from tuner.replay import ArrivalProcess, ReplayPlan, replay
 
-    held_out = _held_out_model(row, cals)
-    if isinstance(held_out, Scored):
-        return held_out
-    shape, perf, cls = held_out
+    try:
+        shape, perf, cls = _held_out_model(row, cals)
+    except NotPredicted as exc:
+        return exc.scored(row)
     load = row["load"]
     arrival = (ArrivalProcess("poisson", rate_rps=float(load["request_rate"])) if load["kind"] == "rate"
                else ArrivalProcess("closed", concurrency=int(load["max_concurrency"])))
