@@ -67,10 +67,7 @@ def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
     for i in range(num_layers):
         decoder_layer(f"model.layers.{i}", moe_layers[i])
     num_mtp = cfg.int("num_nextn_predict_layers", 0)
-    for j in range(num_mtp):
-        prefix = f"model.layers.{num_layers + j}"
-        b.nextn_head(prefix, hidden)
-        decoder_layer(prefix, bool(moe), mtp=True)
+    b.nextn_layers(num_layers, num_mtp, hidden, lambda prefix: decoder_layer(prefix, bool(moe), mtp=True))
 
     return make_spec(cfg, policy, name, family="deepseek_v3", tensors=b.build(),
                      layer_kinds=[LayerKind.MLA] * num_layers, moe_layers=moe_layers, attention=None, mla=mla,

@@ -47,10 +47,7 @@ def build(cfg: RawConfig, policy: QuantPolicy, name: str) -> ModelSpec:
     for i in range(num_layers):
         decoder_layer(f"model.layers.{i}", moe_layers[i])
     num_mtp = cfg.int("num_nextn_predict_layers", 0)
-    for j in range(num_mtp):  # model.layers.{N + j}: enorm, hnorm, eh_proj, shared_head.norm + one MoE layer
-        prefix = f"model.layers.{num_layers + j}"
-        b.nextn_head(prefix, hidden)
-        decoder_layer(prefix, True, mtp=True)
+    b.nextn_layers(num_layers, num_mtp, hidden, lambda prefix: decoder_layer(prefix, True, mtp=True))  # one MoE layer
     return make_spec(cfg, policy, name, family="glm4_moe", tensors=b.build(),
                      layer_kinds=[LayerKind.FULL_ATTENTION] * num_layers, moe_layers=moe_layers, attention=attn,
                      mla=None, linear_attention=None, mamba=None, moe=moe, dense_intermediate_size=dense_inter,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuner.models._quant import QuantPolicy
@@ -154,14 +155,18 @@ class InventoryBuilder:
             if shared_gate:
                 self.linear(f"{prefix}.shared_expert_gate", 1, hidden, mtp=mtp)
 
-    def nextn_head(self, prefix: str, hidden: int) -> None:
-        """A DeepSeek-style MTP layer's own tensors, before its decoder layer (vLLM deepseek_mtp.py
-        DeepSeekMultiTokenPredictorLayer, which glm4_moe_mtp.py copies): enorm, hnorm, eh_proj (2 x hidden ->
-        hidden) and shared_head.norm; its embed_tokens / shared_head.head are the target model's, shared by vLLM."""
-        self.norm(f"{prefix}.enorm", hidden, mtp=True)
-        self.norm(f"{prefix}.hnorm", hidden, mtp=True)
-        self.linear(f"{prefix}.eh_proj", hidden, 2 * hidden, mtp=True)
-        self.norm(f"{prefix}.shared_head.norm", hidden, mtp=True)
+    def nextn_layers(self, first: int, count: int, hidden: int, decoder_layer: Callable[[str], None]) -> None:
+        """DeepSeek-style MTP layers (vLLM deepseek_mtp.py DeepSeekMultiTokenPredictorLayer, which glm4_moe_mtp.py
+        copies): `count` of them after the target's `first` layers, model.layers.{first + j}, each its own enorm,
+        hnorm, eh_proj (2 x hidden -> hidden) and shared_head.norm, then one decoder layer (`decoder_layer(prefix)`,
+        the family's, in MTP mode); their embed_tokens / shared_head.head are the target model's, shared by vLLM."""
+        for j in range(count):
+            prefix = f"model.layers.{first + j}"
+            self.norm(f"{prefix}.enorm", hidden, mtp=True)
+            self.norm(f"{prefix}.hnorm", hidden, mtp=True)
+            self.linear(f"{prefix}.eh_proj", hidden, 2 * hidden, mtp=True)
+            self.norm(f"{prefix}.shared_head.norm", hidden, mtp=True)
+            decoder_layer(prefix)
 
     def embeddings(self, vocab: int, hidden: int, tied: bool) -> None:
         self.add("model.embed_tokens.weight", (vocab, hidden))
