@@ -29,7 +29,7 @@ import time
 import warnings
 from pathlib import Path
 
-import httpx
+import httpx2
 import uvicorn
 
 warnings.filterwarnings("ignore")
@@ -136,7 +136,7 @@ def _replicate(db: Path, campaign: str, target: int, rng: random.Random) -> int:
     return total
 
 
-def _timed_get(http: httpx.Client, path: str) -> float:
+def _timed_get(http: httpx2.Client, path: str) -> float:
     t0 = time.perf_counter()
     r = http.get(path)
     assert r.status_code == 200, r.text
@@ -145,7 +145,7 @@ def _timed_get(http: httpx.Client, path: str) -> float:
 
 def _measure(base: str, sid: int, label: str) -> dict[str, float]:
     """Cold /pareto and /v1/studies/{id} (first requests), then warm p50/p99 of each."""
-    with httpx.Client(base_url=base, timeout=300) as http:
+    with httpx2.Client(base_url=base, timeout=300) as http:
         cold_status = _timed_get(http, f"/v1/studies/{sid}")
         cold_front = _timed_get(http, f"/v1/studies/{sid}/pareto")
         rebuilt = _timed_get(http, f"/v1/studies/{sid}/trials?limit=1")  # waits for the background rebuild
@@ -166,7 +166,7 @@ def _concurrent_cold(base: str, sid: int) -> float:
     barrier = threading.Barrier(CONCURRENT)
 
     def one(_i: int) -> float:
-        with httpx.Client(base_url=base, timeout=300) as http:
+        with httpx2.Client(base_url=base, timeout=300) as http:
             barrier.wait()
             return _timed_get(http, f"/v1/studies/{sid}/pareto")
 
@@ -189,7 +189,7 @@ def _while_adding(base: str, sid: int, db: Path, campaign: str, target: int) -> 
     thread.start()
     fronts, statuses = [], []
     try:
-        with httpx.Client(base_url=base, timeout=300) as http:
+        with httpx2.Client(base_url=base, timeout=300) as http:
             deadline = time.monotonic() + 8.0
             while time.monotonic() < deadline:
                 fronts.append(_timed_get(http, f"/v1/studies/{sid}/pareto"))
@@ -209,7 +209,7 @@ def _while_adding(base: str, sid: int, db: Path, campaign: str, target: int) -> 
 def _posts(base: str) -> None:
     def client(_i: int) -> list[float]:
         out = []
-        with httpx.Client(base_url=base, timeout=60) as c:
+        with httpx2.Client(base_url=base, timeout=60) as c:
             for _ in range(POSTS_PER_CLIENT):
                 t0 = time.perf_counter()
                 r = c.post("/v1/studies", json={"model_path": "ref", "trials": 1, "sampler": "random",
@@ -224,7 +224,7 @@ def _posts(base: str) -> None:
     wall = time.perf_counter() - t0
     print(f"POST /v1/studies, {POST_CLIENTS} concurrent clients x {POSTS_PER_CLIENT}: p50 {_pct(posts, 50):.1f} ms,"
           f" p99 {_pct(posts, 99):.1f} ms, {len(posts) / wall:.0f} requests/s")
-    with httpx.Client(base_url=base, timeout=60) as http:  # stop the queued studies before shutting down
+    with httpx2.Client(base_url=base, timeout=60) as http:  # stop the queued studies before shutting down
         for item in http.get("/v1/studies", params={"limit": 500}).json()["items"]:
             if item["status"] in ("queued", "running"):
                 http.post(f"/v1/studies/{item['id']}/cancel", headers=AUTH)
@@ -240,7 +240,7 @@ def main() -> None:
     db = Path(settings.database_url.split("///", 1)[1])
     server = Server(settings)
     base = server.start()
-    with httpx.Client(base_url=base, timeout=120) as http:
+    with httpx2.Client(base_url=base, timeout=120) as http:
         sid = http.post("/v1/studies", json={"model_path": "ref", "trials": 3, "sampler": "random"},
                         headers=AUTH).json()["id"]
         while http.get(f"/v1/studies/{sid}").json()["status"] not in ("succeeded", "failed"):
@@ -255,7 +255,7 @@ def main() -> None:
         print(f"{stored} stored trials:", flush=True)
         snapshot.unlink(missing_ok=True)  # no snapshot file: every trial is read (the rebuild)
         base = server.start()
-        with httpx.Client(base_url=base, timeout=300) as http:
+        with httpx2.Client(base_url=base, timeout=300) as http:
             rebuild_ms = _timed_get(http, f"/v1/studies/{sid}/pareto")
         server.stop()
         snapshot.unlink(missing_ok=True)

@@ -178,21 +178,21 @@ class _Service:
 
     def _healthy(self) -> bool:
         """Until /healthz answers (True) or the process exits or 120 s pass (False)."""
-        import httpx
+        import httpx2
 
         assert self.proc is not None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and self.proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base + "/healthz", timeout=2).status_code in (200, 503):
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(self.base + "/healthz", timeout=2).status_code in (200, 503):
                     return True
             time.sleep(0.3)
         return False
 
     def detail(self, sid: int) -> dict:
-        import httpx
+        import httpx2
 
-        return httpx.get(f"{self.base}/v1/studies/{sid}", timeout=30).json()
+        return httpx2.get(f"{self.base}/v1/studies/{sid}", timeout=30).json()
 
 
 def _kill_workers(artifacts: Path, kills: int, stop: threading.Event, done: list[int]) -> None:
@@ -228,13 +228,13 @@ def _study_trials(storage_url: str, campaign: str) -> dict[str, dict[str, int]]:
 
 
 def service_faults(work: Path, worker_kills: int, service_kills: int, trials: int) -> dict:
-    import httpx
+    import httpx2
 
     from tuner.executors._reaper import descendants
 
     svc = _Service(work)
     svc.start()
-    sid = httpx.post(svc.base + "/v1/studies", json={"model_path": "ref", "trials": trials, "sampler": "random",
+    sid = httpx2.post(svc.base + "/v1/studies", json={"model_path": "ref", "trials": trials, "sampler": "random",
                                                       "trial_delay_s": 2.0, "warm_start": False},
                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()["id"]
     stop, killed_workers = threading.Event(), []

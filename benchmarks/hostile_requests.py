@@ -26,7 +26,7 @@ import time
 import warnings
 from pathlib import Path
 
-import httpx
+import httpx2
 import uvicorn
 import yaml
 
@@ -52,7 +52,7 @@ def _space(**decode: object) -> dict:
 
 
 def requests(models: Path, sid: int) -> list[tuple[str, str, str, dict]]:
-    """(label, method, path, httpx kwargs)."""
+    """(label, method, path, httpx2 kwargs)."""
     raw = json.dumps(STUDY)[:-1]
     inf_space = json.dumps({**STUDY, "space": {**_space(), "constraints": {"max_ttft_ms": "X"}}})
     inf_space = inf_space.replace('"X"', "1e400")
@@ -217,7 +217,7 @@ class _Tracebacks(logging.Handler):
                 self.first.append(self.format(record).splitlines()[-1])
 
 
-def _stored(http: httpx.Client, sid: int, url: str) -> dict[str, object]:
+def _stored(http: httpx2.Client, sid: int, url: str) -> dict[str, object]:
     """What must never be lost or changed: the finished study's trials, the study list, the Optuna study names
     (the phase studies' too) and the cluster store's rows."""
     import optuna
@@ -284,7 +284,7 @@ def main() -> None:
         logging.getLogger(name).addHandler(tracebacks)
     base = f"http://127.0.0.1:{server.config.port}"
     try:
-        with httpx.Client(base_url=base, timeout=60) as http:
+        with httpx2.Client(base_url=base, timeout=60) as http:
             sid = http.post("/v1/studies", json=STUDY, headers=AUTH).json()["id"]
             while http.get(f"/v1/studies/{sid}").json()["status"] not in ("succeeded", "failed"):
                 time.sleep(0.3)
@@ -309,7 +309,7 @@ def main() -> None:
                     for name in OUTSIDE:  # one answer per request kind, whichever outside file it names
                         if name in label:
                             outside_answers.setdefault(label.replace(name, "*"), set()).add(response.text)
-                except httpx.HTTPError as exc:  # the server closed the connection: a refusal, not a 5xx
+                except httpx2.HTTPError as exc:  # the server closed the connection: a refusal, not a 5xx
                     status = f"closed ({type(exc).__name__})"
                 took = time.perf_counter() - t0
                 results.append((label, status, took))

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 from _support.paths import MODELS as MODELS  # re-exported for the service tests
 from _support.paths import REPO
 
@@ -43,7 +43,7 @@ def api_settings(folder: Path, database_url: str, models_dir: Path, **overrides:
     return ApiSettings(**values)
 
 
-def wait_for(client: httpx.Client, study_id: int, until: Callable[[dict], bool], timeout_s: float = 300.0,
+def wait_for(client: httpx2.Client, study_id: int, until: Callable[[dict], bool], timeout_s: float = 300.0,
               ) -> dict[str, Any]:
     """The study's detail once `until` holds (the test client, or a client of a live server)."""
     deadline = time.monotonic() + timeout_s
@@ -60,7 +60,7 @@ def finished(detail: dict) -> bool:
     return detail["status"] in ("succeeded", "failed", "cancelled")
 
 
-def reverified(client: httpx.Client, study_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
+def reverified(client: httpx2.Client, study_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
     """GET /v1/studies/{id}/reverify once the re-verification ended (its reports, or its error)."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from api_helpers import PG_DSN, api_settings, reference_model_store
+from fastapi.testclient import TestClient
 
-warnings.filterwarnings("ignore", message=".*httpx.*", category=DeprecationWarning)
-
-from api_helpers import PG_DSN, api_settings, reference_model_store  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
-
-from api.config import ApiSettings  # noqa: E402
-from api.main import create_app  # noqa: E402
+from api.config import ApiSettings
+from api.main import create_app
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 
-import httpx
+import httpx2
 import pytest
 from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, finished, served, wait_for
 from test_api_browser import _wait, chromium, driver  # noqa: F401 - the browser fixtures
@@ -72,7 +72,7 @@ def test_a_browser_asks_what_to_deploy(driver, advice_server) -> None:  # type: 
                                           "max_tokens": 16000},
                          "output_tokens": {"distribution": "normal", "mean": 300, "stddev": 100}},
             "sla": {"max_ttft_ms": 2000, "max_itl_ms": 50, "percentile": "p90"}}
-    with httpx.Client(base_url=base, timeout=60) as http:
+    with httpx2.Client(base_url=base, timeout=60) as http:
         api = http.post("/v1/advice", json=body, headers=AUTH).json()
     winner = api["recommendation"][api["recommendation"]["winner"]]
     assert recommendation.startswith(f"{api['recommendation']['winner']}: {winner['deployment']} on "), recommendation
@@ -135,7 +135,7 @@ def test_the_study_page_shows_its_advice_and_numbered_points(driver, advice_serv
     from selenium.webdriver.common.by import By
 
     base, _ = advice_server
-    with httpx.Client(base_url=base, timeout=60) as http:
+    with httpx2.Client(base_url=base, timeout=60) as http:
         sid = http.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
         assert wait_for(http, sid, finished, timeout_s=120)["status"] == "succeeded"
         n_front = len(http.get(f"/v1/studies/{sid}/pareto").json()["composed_front"])

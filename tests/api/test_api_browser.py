@@ -9,7 +9,7 @@ import re
 import subprocess
 import time
 
-import httpx
+import httpx2
 import pytest
 from api_helpers import ARTIFACTS, AUTH, FAST_STUDY, REFERENCE_MODEL, REPO, TOKEN, finished, served, wait_for
 
@@ -53,7 +53,7 @@ def test_study_page_renders_the_front(driver, live_server):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    with httpx.Client(base_url=live_server, timeout=30) as http:
+    with httpx2.Client(base_url=live_server, timeout=30) as http:
         sid = http.post("/v1/studies", json=FAST_STUDY, headers=AUTH).json()["id"]
         assert wait_for(http, sid, finished, timeout_s=90)["status"] == "succeeded"
         pareto = http.get(f"/v1/studies/{sid}/pareto").json()
@@ -191,7 +191,7 @@ def test_a_browser_drives_the_service(driver, live_server):
     driver.switch_to.alert.accept()
     _wait(driver, lambda d: "status:" in d.find_element(By.ID, "cancel-result").text)
     _wait(driver, lambda d: d.find_element(By.ID, "status").text == "cancelled", 120)
-    with httpx.Client(base_url=live_server, timeout=30) as http:
+    with httpx2.Client(base_url=live_server, timeout=30) as http:
         assert http.get(f"/v1/studies/{sid}").json()["status"] == "cancelled"
         # two finished studies for the compare chart (started through the REST API, as a client would)
         pair = [http.post("/v1/studies", json={**FAST_STUDY, "seed": seed}, headers=AUTH).json()["id"]
