@@ -121,3 +121,19 @@ def test_sweep_all_sizes_includes_ep48_and_ep72(models_dir: Path, capsys: pytest
     assert "DEP72" not in powers and {"DEP72", "TP8DP6+EP", "DEP48"} <= set(rows)
     # 256 experts over EP72: the fullest rank holds 4 (256 = 3 x 72 + 40), over EP64 exactly 4 as well
     assert rows["DEP72"]["expert_weights_gib_per_gpu"] == pytest.approx(rows["DEP64"]["expert_weights_gib_per_gpu"])
+
+
+@pytest.mark.parametrize("field", ["num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                                   "num_hidden_layers", "vocab_size"])
+@pytest.mark.parametrize("command", [["memory", "--hardware", "h200", "--topology", "TP8"],
+                                     ["frontier", "--hardware", "h200", "--gpus", "16", "--no-replay-verify"]])
+def test_a_zero_size_in_config_is_one_line_naming_it(models_dir: Path, tmp_path: Path, field: str,
+                                                     command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json with a size of 0 (heads, layers, vocabulary) was a ZeroDivisionError deep in the memory
+    model; it is the config's field and the fix, exit 2."""
+    config = json.loads((models_dir / "llama-3.1-70b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, field: 0}))
+    assert main([command[0], str(tmp_path), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: {field} must be a positive integer, got 0" in err and f"fix: correct {field}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
