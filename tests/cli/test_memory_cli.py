@@ -63,19 +63,19 @@ def test_sweep_sorted_by_concurrency(reference_model_path: Path, capsys: pytest.
     assert all(r["num_gpus"] <= 16 for r in rows)
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["--topology", "TP3"], "topology"),
-    (["--topology", "TP4DP4+EP", "--gpus", "8"], "topology"),
-    (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
-    (["--gpu-memory-utilization", "-0.2"], "gpu-memory-utilization"),
-    (["--hardware", "tpu9"], "hardware"),
+@pytest.mark.parametrize(("args", "field"), [  # each error names the flag to change, as `frontier`'s do
+    (["--topology", "TP3"], "--topology"),
+    (["--topology", "TP4DP4+EP", "--gpus", "8"], "--topology"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--gpu-memory-utilization", "-0.2"], "--gpu-memory-utilization"),
+    (["--hardware", "tpu9"], "--hardware"),
     (["--isl", "0"], "--isl"),
     (["--kv-cache-memory-bytes", "lots"], "--kv-cache-memory-bytes"),
     (["--max-model-len", "100"], "--max-model-len"),
     (["--mtp", "2", "--topology", "TP8"], None),
-    (["--kv-cache-dtype", "fp9"], "kv-cache-dtype"),
-    (["--topology", "DEP8", "--num-redundant-experts", "3"], "num-redundant-experts"),
-    (["--topology", "TP8", "--num-redundant-experts", "8"], "num-redundant-experts"),
+    (["--kv-cache-dtype", "fp9"], "--kv-cache-dtype"),
+    (["--topology", "DEP8", "--num-redundant-experts", "3"], "--eplb-config.num_redundant_experts"),
+    (["--topology", "TP8", "--num-redundant-experts", "8"], "--eplb-config.num_redundant_experts"),
 ])
 def test_bad_input_is_one_line_exit_2(reference_model_path: Path, args: list[str], field: str | None,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_exit_2(reference_model_path: Path, args: list[str
         assert code == 0
         return
     assert code == 2
-    assert err.startswith("error: ") and field in err and "fix:" in err
+    assert err.startswith(f"error: {field}: ") and "fix:" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 

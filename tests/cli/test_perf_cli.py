@@ -68,9 +68,11 @@ def test_an_unknown_kv_cache_dtype_names_the_flag_and_the_choices(ref: str, comm
     (["--role", "mixed"], "--role"),
     (["--concurrency", "1,x"], "--concurrency"),
     (["--concurrency", "0"], "--concurrency"),
-    (["--topology", "TP3"], "topology"),
+    (["--topology", "TP3"], "error: --topology: "),
     (["--topology", "DEP8"], "does not fit"),
     (["--isl", "0"], "--isl"),
+    (["--hardware", "h2000"], "error: --hardware: "),  # the library's fields named as this command's flags
+    (["--max-num-seqs", "0"], "error: --max-num-seqs: "),
 ])
 def test_simulate_bad_input_is_one_line(ref: str, capsys: pytest.CaptureFixture[str], args: list[str],
                                         field: str) -> None:

@@ -19,13 +19,14 @@ from tuner.cli._app import (
     JsonOpt,
     ModelArg,
     app,
+    as_flags,
     calibration_for,
     console,
     err_console,
     print_json,
     write_script,
 )
-from tuner.cli._knobs import knob_options, option_names
+from tuner.cli._knobs import INSTANCE_FLAGS, KNOB_FLAGS, knob_options
 from tuner.cli._traffic import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
 from tuner.errors import ConfigError, TopotuneError
 from tuner.frontier import AggregatedPoint
@@ -34,7 +35,7 @@ from tuner.metrics import ServingMetrics
 from tuner.models import load_model
 from tuner.perf import RooflineModel, predict_traffic
 from tuner.report import composed_front_figure, write_figures
-from tuner.topology import KNOBS, Role, Topology
+from tuner.topology import Role, Topology
 
 
 def _positive(**values: int | float | None) -> None:
@@ -117,6 +118,7 @@ def _metrics_row(m: ServingMetrics) -> dict[str, float | int]:
 
 @app.command()
 @knob_options()
+@as_flags(INSTANCE_FLAGS)
 def simulate(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -195,7 +197,7 @@ ADVISE_FLAGS: dict[str, str] = {
     "calibration": "--calibration", "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms",
     "sla.min_tok_s_user": "--min-tok-s-user", "sla.percentile": "--percentile", "serve.mode": "--mode",
     "serve.max_mtp": "--max-mtp", "serve.vllm_version": "--vllm-version",
-    **{name.replace("_", "-"): option_names(name)[0].split("/")[0] for name in KNOBS},
+    **KNOB_FLAGS,
 }
 
 
