@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from api.config import ApiSettings
 from api.errors import FieldError
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
-from api.paths import confine
+from api.paths import confine, no_such_trace
 from api.schemas import StudyCreate
 from tuner.backends import backend_config
 from tuner.errors import ConfigError, TopotuneError, UnsupportedModelError
@@ -135,7 +135,7 @@ def _with_trace(space: SearchSpace, base: Path, settings: ApiSettings, loc: tupl
         return space
     path = confine(trace, settings.allowed_roots, base=base, loc=loc)  # before anything opens or stats it
     if not path.exists():
-        raise FieldError(loc, f"no such trace file: {trace}")
+        raise no_such_trace(trace, base, loc)
     confined = space.model_copy(update={"workload": space.workload.model_copy(update={"trace": str(path)})})
     confined.with_base_dir(base)
     confined.traffic  # noqa: B018 - reads and summarises the trace (errors name its line and field)
