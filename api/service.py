@@ -62,7 +62,9 @@ def check_config_ready(model_path: Path) -> None:
     try:
         st = path.stat()
     except OSError as exc:
-        raise ConfigNotReady(f"no readable config.json at {path} ({exc.strerror})") from exc
+        raise ConfigNotReady(f"no readable config.json at {path} ({exc.strerror}) (fix: give a model folder that "
+                             "holds config.json, or the file itself: relative to the models dir, or an absolute path "
+                             "under TOPOTUNE_ALLOWED_ROOTS)") from exc
     if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
         raise ConfigRejected(f"{path} is not a regular file")
     if st.st_size > MAX_CONFIG_BYTES:
