@@ -321,3 +321,15 @@ def test_frontier_open_loop_sla_miss_names_the_bound(ref: str, capsys: pytest.Ca
     assert main([*args, "--max-itl-ms", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--max-itl-ms" in err and "the best ITL is" in err
+
+
+def test_frontier_says_when_the_steady_state_model_decided(models_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An SLA the replay decides by default, but a closed loop past the clients it replays: the text answer says
+    the steady-state model decided and names the flag that replays it (docs/workloads.md "Deciding with it")."""
+    args = ["frontier", str(models_dir / "llama-3.1-70b"), "-g", "h200", "--gpus", "16", "--isl", "2000", "--osl",
+            "200", "--max-itl-ms", "300", "--max-mtp", "0", "--mode", "agg"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("decided by the steady-state model (closed loop at 768 clients, past the 256 the replay checks by "
+            "default (--replay-verify replays it))") in out
