@@ -34,7 +34,9 @@ def option_names(name: str) -> tuple[str, ...]:
 # the layout) as the flags of the commands that take them: the table their errors go through (`as_flags`).
 KNOB_FLAGS: dict[str, str] = {name.replace("_", "-"): option_names(name)[0].split("/")[0] for name in KNOBS}
 INSTANCE_FLAGS: dict[str, str] = {**KNOB_FLAGS, "hardware": "--hardware", "hardware_file": "--hardware-file",
-                                  "topology": "--topology", "mtp": "--mtp"}
+                                  "topology": "--topology", "mtp": "--mtp", "calibration": "--calibration"}
+# The same for the commands whose layout is a deployment (`--deployment 2x:TP8`): live-check, replay.
+DEPLOYMENT_FLAGS: dict[str, str] = {**INSTANCE_FLAGS, "topology": "--deployment", "deployment": "--deployment"}
 
 
 def knob_parameter(name: str) -> inspect.Parameter:
