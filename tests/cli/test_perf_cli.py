@@ -333,3 +333,19 @@ def test_frontier_says_when_the_steady_state_model_decided(models_dir: Path,
     out = capsys.readouterr().out
     assert ("decided by the steady-state model (closed loop at 768 clients, past the 256 the replay checks by "
             "default (--replay-verify replays it))") in out
+
+
+@pytest.mark.parametrize(("block", "says"), [
+    ("isl: 1000\nosl: 0\n", "error: --workload: osl: Input should be greater than or equal to 1"),
+    ("input_tokens: {distribution: lognormal, mean: 2000}\nosl: 100\n",
+     "error: --workload: input_tokens.lognormal.stddev: Field required"),
+])
+def test_a_bad_workload_block_names_its_field_under_the_option(tmp_path: Path, block: str, says: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The block's field after the option, as every nested field is named (`--calibration: factor`); it read
+    `--workload.osl`, a flag that does not exist."""
+    path = tmp_path / "w.yaml"
+    path.write_text(block)
+    assert main(["workload", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(says) and "Traceback" not in err
