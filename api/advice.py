@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from api.config import ApiSettings
 from api.errors import FieldError
 from api.models import StudyRecord
-from api.paths import confine
+from api.paths import confine, no_such_trace
 from api.schemas import AdviceCreate, AdvicePublic
 from api.service import resolve_model
 from tuner.advise import MAX_MTP_DEPTH, Advice, AdviseRequest, ServeOptions, Sla, advise
@@ -66,7 +66,7 @@ def advice_workload(block: dict[str, object] | None, settings: ApiSettings, trac
     if spec.trace is not None:
         path = confine(spec.trace, settings.allowed_roots, base=base, loc=("body", "workload", "trace"))
         if not path.is_file():
-            raise FieldError(("body", "workload", "trace"), f"no such trace file: {spec.trace}")
+            raise no_such_trace(spec.trace, base, ("body", "workload", "trace"))
         spec = spec.model_copy(update={"trace": str(path)})
     try:
         resolved = spec.resolve(base)

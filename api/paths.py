@@ -40,5 +40,12 @@ def confine(raw: str, roots: list[Path], *, base: Path, loc: tuple[str, ...]) ->
     return resolved
 
 
+def no_such_trace(raw: str, base: Path, loc: tuple[str, ...]) -> FieldError:
+    """A trace that is not there, with where a relative one is looked for (the space's folder, not the models
+    dir a `model_path` starts from)."""
+    return FieldError(loc, f"no such trace file: {raw} (fix: a relative trace path starts at {base}; give a path "
+                           "there, or an absolute one under TOPOTUNE_ALLOWED_ROOTS)")
+
+
 def _under(path: Path, roots: list[Path]) -> bool:
     return any(path == r or path.is_relative_to(r) for r in roots)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from api.config import ApiSettings
 from api.errors import FieldError
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
-from api.paths import confine
+from api.paths import confine, no_such_trace
 from api.schemas import StudyCreate
 from tuner.backends import backend_config
 from tuner.errors import ConfigError, TopotuneError, UnsupportedModelError
@@ -62,7 +62,9 @@ def check_config_ready(model_path: Path) -> None:
     try:
         st = path.stat()
     except OSError as exc:
-        raise ConfigNotReady(f"no readable config.json at {path} ({exc.strerror})") from exc
+        raise ConfigNotReady(f"no readable config.json at {path} ({exc.strerror}) (fix: give a model folder that "
+                             "holds config.json, or the file itself: relative to the models dir, or an absolute path "
+                             "under TOPOTUNE_ALLOWED_ROOTS)") from exc
     if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
         raise ConfigRejected(f"{path} is not a regular file")
     if st.st_size > MAX_CONFIG_BYTES:
@@ -135,7 +137,7 @@ def _with_trace(space: SearchSpace, base: Path, settings: ApiSettings, loc: tupl
         return space
     path = confine(trace, settings.allowed_roots, base=base, loc=loc)  # before anything opens or stats it
     if not path.exists():
-        raise FieldError(loc, f"no such trace file: {trace}")
+        raise no_such_trace(trace, base, loc)
     confined = space.model_copy(update={"workload": space.workload.model_copy(update={"trace": str(path)})})
     confined.with_base_dir(base)
     confined.traffic  # noqa: B018 - reads and summarises the trace (errors name its line and field)

@@ -101,6 +101,8 @@ def test_frontier_writes_the_operating_point_plan_and_export_carry_it(frontier_j
     assert srt["benchmark"]["isl"] == workload.isl and srt["benchmark"]["osl"] == workload.osl
     assert srt["benchmark"]["concurrencies"] == [clients]
     assert srt["backend"]["vllm_config"]["decode"]["max-num-seqs"] == str(serving.topology.max_num_seqs)
+    assert srt["frontend"] == {"type": "vllm-router", "args": {"policy": "cache_aware"}}  # the router's flag
+    assert "# Router policy cache_aware: " in exported["srt-slurm"]
 
 
 def test_a_front_row_is_chosen_with_point(frontier_json: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,6 @@ Every error names the field that is wrong and the fix, so the CLI and the API ca
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -41,16 +40,23 @@ class TopotuneError(Exception):
         """The same error with request fields under a face's names (the CLI's flags, the API's body fields):
         the field itself (a nested field keeps its tail: `calibration.x` -> `--calibration: x`) and every
         `field` the message and the fix name. A name missing from `names` stays as it is."""
-        out = copy.copy(self)
+        out = type(self).__new__(type(self))  # not copy.copy: it re-calls __init__ with args alone (DoesNotFitError)
+        out.__dict__.update(self.__dict__)
         out.field = rename_field(self.field, names) if self.field else self.field
-        out.message = _FIELD_REF.sub(lambda m: rename_field(m.group(1), names), self.message)
-        out.fix = _FIELD_REF.sub(lambda m: rename_field(m.group(1), names), self.fix) if self.fix else self.fix
+        out.message = rename_refs(self.message, names)
+        out.fix = rename_refs(self.fix, names) if self.fix else self.fix
         out.args = (out.user_message(),)
         return out
 
 
 def _plain(text: str) -> str:
     return _FIELD_REF.sub(lambda m: m.group(1), text)
+
+
+def rename_refs(text: str, names: Mapping[str, str]) -> str:
+    """`text` with every `field` it names under a face's name (an error's message, or an answer's note such as
+    `Advice.decided_by`)."""
+    return _FIELD_REF.sub(lambda m: rename_field(m.group(1), names), text)
 
 
 def rename_field(field: str, names: Mapping[str, str]) -> str:

@@ -62,7 +62,10 @@ def test_advice_and_frontier_give_the_same_recommendation(client, model_store: P
     ({"hardware": "h900"}, ["body", "hardware"], "unknown hardware"),
     ({"workload": {"input_tokens": {"distribution": "zipf", "mean": 3}, "osl": 10}}, ["body", "workload"], ""),
     ({"workload": {"trace": "/etc/passwd"}}, ["body", "workload", "trace"], "outside the allowed roots"),
+    ({"workload": {"trace": "chat.jsonl"}}, ["body", "workload", "trace"],  # where a relative trace is looked for
+     "no such trace file: chat.jsonl (fix: a relative trace path starts at "),
     ({"model_path": "../etc"}, ["body", "model_path"], ".."),
+    ({"model_path": "no-such-model"}, ["body", "model_path"], "(No such file or directory) (fix: give a model folder"),
     ({"arrival": "trace"}, ["body", "arrival"], "needs a trace with timestamps"),
     ({"mode": "disagg", "gpus": 8}, ["body", "gpus"], "the smallest 1P1D pair needs"),
 ])

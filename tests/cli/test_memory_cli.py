@@ -63,19 +63,19 @@ def test_sweep_sorted_by_concurrency(reference_model_path: Path, capsys: pytest.
     assert all(r["num_gpus"] <= 16 for r in rows)
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["--topology", "TP3"], "topology"),
-    (["--topology", "TP4DP4+EP", "--gpus", "8"], "topology"),
-    (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
-    (["--gpu-memory-utilization", "-0.2"], "gpu-memory-utilization"),
-    (["--hardware", "tpu9"], "hardware"),
+@pytest.mark.parametrize(("args", "field"), [  # each error names the flag to change, as `frontier`'s do
+    (["--topology", "TP3"], "--topology"),
+    (["--topology", "TP4DP4+EP", "--gpus", "8"], "--topology"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--gpu-memory-utilization", "-0.2"], "--gpu-memory-utilization"),
+    (["--hardware", "tpu9"], "--hardware"),
     (["--isl", "0"], "--isl"),
     (["--kv-cache-memory-bytes", "lots"], "--kv-cache-memory-bytes"),
     (["--max-model-len", "100"], "--max-model-len"),
     (["--mtp", "2", "--topology", "TP8"], None),
-    (["--kv-cache-dtype", "fp9"], "kv-cache-dtype"),
-    (["--topology", "DEP8", "--num-redundant-experts", "3"], "num-redundant-experts"),
-    (["--topology", "TP8", "--num-redundant-experts", "8"], "num-redundant-experts"),
+    (["--kv-cache-dtype", "fp9"], "--kv-cache-dtype"),
+    (["--topology", "DEP8", "--num-redundant-experts", "3"], "--eplb-config.num_redundant_experts"),
+    (["--topology", "TP8", "--num-redundant-experts", "8"], "--eplb-config.num_redundant_experts"),
 ])
 def test_bad_input_is_one_line_exit_2(reference_model_path: Path, args: list[str], field: str | None,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,7 +85,7 @@ def test_bad_input_is_one_line_exit_2(reference_model_path: Path, args: list[str
         assert code == 0
         return
     assert code == 2
-    assert err.startswith("error: ") and field in err and "fix:" in err
+    assert err.startswith(f"error: {field}: ") and "fix:" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
@@ -121,3 +121,19 @@ def test_sweep_all_sizes_includes_ep48_and_ep72(models_dir: Path, capsys: pytest
     assert "DEP72" not in powers and {"DEP72", "TP8DP6+EP", "DEP48"} <= set(rows)
     # 256 experts over EP72: the fullest rank holds 4 (256 = 3 x 72 + 40), over EP64 exactly 4 as well
     assert rows["DEP72"]["expert_weights_gib_per_gpu"] == pytest.approx(rows["DEP64"]["expert_weights_gib_per_gpu"])
+
+
+@pytest.mark.parametrize("field", ["num_attention_heads", "num_key_value_heads", "hidden_size", "head_dim",
+                                   "num_hidden_layers", "vocab_size"])
+@pytest.mark.parametrize("command", [["memory", "--hardware", "h200", "--topology", "TP8"],
+                                     ["frontier", "--hardware", "h200", "--gpus", "16", "--no-replay-verify"]])
+def test_a_zero_size_in_config_is_one_line_naming_it(models_dir: Path, tmp_path: Path, field: str,
+                                                     command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A config.json with a size of 0 (heads, layers, vocabulary) was a ZeroDivisionError deep in the memory
+    model; it is the config's field and the fix, exit 2."""
+    config = json.loads((models_dir / "llama-3.1-70b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, field: 0}))
+    assert main([command[0], str(tmp_path), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: {field} must be a positive integer, got 0" in err and f"fix: correct {field}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

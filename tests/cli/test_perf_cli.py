@@ -68,9 +68,11 @@ def test_an_unknown_kv_cache_dtype_names_the_flag_and_the_choices(ref: str, comm
     (["--role", "mixed"], "--role"),
     (["--concurrency", "1,x"], "--concurrency"),
     (["--concurrency", "0"], "--concurrency"),
-    (["--topology", "TP3"], "topology"),
+    (["--topology", "TP3"], "error: --topology: "),
     (["--topology", "DEP8"], "does not fit"),
     (["--isl", "0"], "--isl"),
+    (["--hardware", "h2000"], "error: --hardware: "),  # the library's fields named as this command's flags
+    (["--max-num-seqs", "0"], "error: --max-num-seqs: "),
 ])
 def test_simulate_bad_input_is_one_line(ref: str, capsys: pytest.CaptureFixture[str], args: list[str],
                                         field: str) -> None:
@@ -319,3 +321,31 @@ def test_frontier_open_loop_sla_miss_names_the_bound(ref: str, capsys: pytest.Ca
     assert main([*args, "--max-itl-ms", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--max-itl-ms" in err and "the best ITL is" in err
+
+
+def test_frontier_says_when_the_steady_state_model_decided(models_dir: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """An SLA the replay decides by default, but a closed loop past the clients it replays: the text answer says
+    the steady-state model decided and names the flag that replays it (docs/workloads.md "Deciding with it")."""
+    args = ["frontier", str(models_dir / "llama-3.1-70b"), "-g", "h200", "--gpus", "16", "--isl", "2000", "--osl",
+            "200", "--max-itl-ms", "300", "--max-mtp", "0", "--mode", "agg"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("decided by the steady-state model (closed loop at 768 clients, past the 256 the replay checks by "
+            "default (--replay-verify replays it))") in out
+
+
+@pytest.mark.parametrize(("block", "says"), [
+    ("isl: 1000\nosl: 0\n", "error: --workload: osl: Input should be greater than or equal to 1"),
+    ("input_tokens: {distribution: lognormal, mean: 2000}\nosl: 100\n",
+     "error: --workload: input_tokens.lognormal.stddev: Field required"),
+])
+def test_a_bad_workload_block_names_its_field_under_the_option(tmp_path: Path, block: str, says: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The block's field after the option, as every nested field is named (`--calibration: factor`); it read
+    `--workload.osl`, a flag that does not exist."""
+    path = tmp_path / "w.yaml"
+    path.write_text(block)
+    assert main(["workload", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(says) and "Traceback" not in err

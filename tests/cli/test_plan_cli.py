@@ -17,7 +17,9 @@ def test_the_issues_command_plans_what_the_campaign_needs(reference_model_path: 
     # TP4 -> TP8: the hybrid block sizes differ per TP (1,088 vs 576 tokens) and vLLM 0.32's prefix caching
     # refuses that at the first request (issue 38); without prefix caching the pair runs
     assert main(args) == 2
-    assert "prefix caching with physical blocks per logical block 17" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "prefix caching with physical blocks per logical block 17" in err
+    assert "(--no-prefix-caching: vLLM's --no-enable-prefix-caching)" in err  # the fix as this command's flag
     code = main([*args, "--no-prefix-caching"])
     assert code == 0
     plan = json.loads(capsys.readouterr().out)
@@ -66,3 +68,18 @@ def test_plan_takes_a_deployment_as_frontier_prints_it(printed: str, capsys: pyt
         assert (seqs == "96") == (proc["role"] != "prefill")
     assert main(["plan", "1P(TP4 MTP1) 1D(TP4 MTP2)", "--vllm", "/nonexistent/vllm"]) == 2
     assert "two MTP depths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["TEP", "--hardware", "gb300"], "deployment"),
+    (["TP8", "--hardware", "h2000"], "--hardware"),
+    (["TP8", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["TP8", "--kv-cache-dtype", "fp9"], "--kv-cache-dtype"),
+])
+def test_plan_names_the_flag_to_change(reference_model_path: Path, args: list[str], field: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The library's fields (hardware, a knob, the layout) as `plan`'s own argument and flags, as `frontier` names
+    them, not the library's bare names."""
+    assert main(["plan", *args, "--model", str(reference_model_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {field}: ") and "fix:" in err and "Traceback" not in err

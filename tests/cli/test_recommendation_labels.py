@@ -54,6 +54,10 @@ def test_why_names_what_binds() -> None:
     why = why_it_wins(_tie(), Constraints(max_gpus=16, max_itl_ms=40))
     assert why.startswith("decode-bound: ITL 30.0 ms (p90) under the 40 ms limit holds at 64 running requests per "
                           "decode rank only on a dedicated decode TP8")
+    # a per-user floor tighter than the ITL bound is the limit that binds: the answer says where it comes from
+    floor = why_it_wins(_tie(), Constraints(max_gpus=16, max_itl_ms=40, min_tok_s_per_user=32))
+    assert floor.startswith("decode-bound: ITL 30.0 ms (p90) under the 31.25 ms limit (1000 / the 32 tok/s/user floor) "
+                            "holds at 64")
 
 
 def test_a_mode_not_swept_says_so(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,7 +37,16 @@ def test_replay_runs_a_trace_a_distribution_and_sessions(capsys: pytest.CaptureF
     (["--deployment", "2P:TP8", "--concurrency", "1"], "--deployment"),
     (["--request-rate", "1", "--concurrency", "2"], "--concurrency"),
     ([], "--request-rate"),
+    (["--deployment", "2x:TPX8", "--concurrency", "1"], "--deployment"),  # the library's fields as this command's
+    (["--deployment", "2x:TP3", "--concurrency", "1"], "--deployment"),  # flags (they read "topology:")
+    (["--hardware", "h2000", "--concurrency", "1"], "--hardware"),
 ])
 def test_bad_replay_input_names_the_option(capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
     assert main(["replay", MODEL, "--hardware", "h200", "--isl", "100", "--osl", "10", *args]) == 2
-    assert field in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"error: {field}: ")
+
+
+def test_live_check_names_its_deployment_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["live-check", MODEL, "--deployment", "2x:TPP4", "--from-metrics", "http://127.0.0.1:1/metrics"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --deployment: cannot parse topology 'TPP4'") and "Traceback" not in err

@@ -105,6 +105,11 @@ def test_show_table(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
     (["tune", MODEL, "--space", "/nonexistent.yaml"], "--space"),
     (["tune", MODEL, "--space", SPACE, "--sampler", "bayes"], "--sampler"),
     (["tune", MODEL, "--space", SPACE, "--trials", "0"], "--trials"),
+    # a resume under other bounds (an ITL in seconds) would judge old and new trials differently: refused, not run
+    (["tune", MODEL, "--space", SPACE, "--trials", "6", "--executor", "local", "--max-itl-ms", "0.05"],
+     "error: --max-itl-ms: "),
+    (["tune", MODEL, "--space", SPACE, "--trials", "6", "--executor", "local", "--percentile", "p99"],
+     "error: --percentile: "),
 ])
 def test_bad_input_exit_2_and_nothing_lost(tuned: str, args: list[str], field: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:

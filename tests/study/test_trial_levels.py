@@ -4,6 +4,7 @@ level an Optuna trial of kind "extra") read the same."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,8 +15,9 @@ from optuna.trial import TrialState
 
 from tuner.backends import SimulatedBackend
 from tuner.cli._logs import trial_artifacts_dir
+from tuner.errors import ConfigError
 from tuner.executors import LocalExecutor
-from tuner.export import study_operating_point
+from tuner.export import campaign_operating_point, study_operating_point
 from tuner.operating_point import at_running_requests, read_operating_point
 from tuner.space import load_space
 from tuner.study import Campaign, LiveCampaign, TrialRecord, TuneOptions, load_campaign, open_storage, trial_census
@@ -213,3 +215,18 @@ def test_an_old_studys_half_written_reverification_counts_nowhere_and_a_new_one_
     s.add_trial(optuna.trial.create_trial(params={"tp": 2}, distributions=dist, values=[1.0, 1.0], user_attrs={
         **reverify, "load_levels": [level, level, level], "told_level": 0}))
     assert [r.number for r in read_trials(s)] == [2]
+
+
+def test_a_pd_study_without_a_composed_front_exports_no_lone_instance(study: tuple[str, str]) -> None:
+    """A prefill + decode study whose fronts compose nothing (vLLM refuses every pair) has no deployment to export:
+    `export STUDY --point 0` used to write the prefill front's first instance alone, as if it served requests."""
+    url, name = study
+    result, space, meta = load_campaign(url, name)
+    uncomposed = dataclasses.replace(result, composed=[], composed_front=[],
+                                     composition_error="no prefill topology pairs with a decode topology")
+    assert uncomposed.exportable_deployments() == []
+    with pytest.raises(ConfigError) as err:
+        campaign_operating_point(uncomposed, space, model_path=meta.model_path, model_name=meta.model, point=0,
+                                 study=name, backend=meta.backend)
+    assert err.value.field == "--point" and "no composed PD front to export" in str(err.value)
+    assert f"topotune export {name}/decode --point N" in str(err.value)

@@ -78,7 +78,9 @@ def why_it_wins(pick: Recommendation, c: Constraints) -> str:
         return ""
     itl = f"ITL {w.itl_ms:.1f} ms ({c.percentile})"
     bound = c.max_itl_for_users_ms
-    limit = f" under the {bound:g} ms limit" if bound else ""
+    floor = bound is not None and bound != c.max_itl_ms  # the per-user speed floor binds, not the ITL bound
+    limit = (f" under the {bound:g} ms limit" + (f" (1000 / the {c.min_tok_s_per_user:g} tok/s/user floor)" if floor
+                                                 else "")) if bound else ""
     other: Point | None
     if isinstance(w, ComposedPoint):
         per_rank = w.decode.running_requests / max(1, w.decode_topology.dp)

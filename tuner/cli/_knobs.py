@@ -30,6 +30,15 @@ def option_names(name: str) -> tuple[str, ...]:
     return (flag, *knob.aliases)
 
 
+# The library's names for one instance's fields (a knob as its errors name it, `gpu-memory-utilization`; the GPU;
+# the layout) as the flags of the commands that take them: the table their errors go through (`as_flags`).
+KNOB_FLAGS: dict[str, str] = {name.replace("_", "-"): option_names(name)[0].split("/")[0] for name in KNOBS}
+INSTANCE_FLAGS: dict[str, str] = {**KNOB_FLAGS, "hardware": "--hardware", "hardware_file": "--hardware-file",
+                                  "topology": "--topology", "mtp": "--mtp", "calibration": "--calibration"}
+# The same for the commands whose layout is a deployment (`--deployment 2x:TP8`): live-check, replay.
+DEPLOYMENT_FLAGS: dict[str, str] = {**INSTANCE_FLAGS, "topology": "--deployment", "deployment": "--deployment"}
+
+
 def knob_parameter(name: str) -> inspect.Parameter:
     """One knob as a typer option: the field's type (a choice of strings as str: Topology.create names the field
     and the choices when the value is not one), default and description."""

@@ -14,10 +14,12 @@ from tuner.cli._app import (
     HardwareOpt,
     ModelArg,
     app,
+    as_flags,
     calibration_for,
     console,
     print_json,
 )
+from tuner.cli._knobs import DEPLOYMENT_FLAGS
 from tuner.cli._traffic import live_window
 from tuner.cluster import ClusterKey, ClusterStore
 from tuner.hardware import get_gpu
@@ -29,6 +31,7 @@ from tuner.perf import RooflineModel
 @app.command("live-check", help="Compare a running deployment's measured TTFT/ITL over a window of its /metrics "
                                 "with what topotune predicts for that deployment at that traffic; print the "
                                 "factor; --record stores the window in the cluster store as a measured run.")
+@as_flags(DEPLOYMENT_FLAGS)
 def live_check(
     model: ModelArg,
     deployment: Annotated[str, typer.Option(help="What runs: TP8, 2x:TP4, 1P:TP4,1D:TEP8 or as frontier prints "

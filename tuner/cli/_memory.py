@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, console, print_json
-from tuner.cli._knobs import knob_options
+from tuner.cli._app import HardwareFileOpt, HardwareOpt, ModelArg, app, as_flags, console, print_json
+from tuner.cli._knobs import INSTANCE_FLAGS, knob_options
 from tuner.errors import ConfigError
 from tuner.hardware import get_gpu
 from tuner.memory import GIB, MemoryBreakdown, MemoryInputs, Mxfp4Backend, compute_memory, sweep_topologies
@@ -33,6 +33,7 @@ def _render(b: MemoryBreakdown) -> None:
 
 @app.command(help="How much memory each GPU uses and how many requests fit, computed as vLLM does.")
 @knob_options()
+@as_flags(INSTANCE_FLAGS)
 def memory(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",

@@ -19,22 +19,23 @@ from tuner.cli._app import (
     JsonOpt,
     ModelArg,
     app,
+    as_flags,
     calibration_for,
     console,
     err_console,
     print_json,
     write_script,
 )
-from tuner.cli._knobs import knob_options, option_names
+from tuner.cli._knobs import INSTANCE_FLAGS, KNOB_FLAGS, knob_options
 from tuner.cli._traffic import ArrivalOpt, RequestRateOpt, WorkloadOpt, load_workload
-from tuner.errors import ConfigError, TopotuneError
+from tuner.errors import ConfigError, TopotuneError, rename_refs
 from tuner.frontier import AggregatedPoint
 from tuner.hardware import get_gpu
 from tuner.metrics import ServingMetrics
 from tuner.models import load_model
 from tuner.perf import RooflineModel, predict_traffic
 from tuner.report import composed_front_figure, write_figures
-from tuner.topology import KNOBS, Role, Topology
+from tuner.topology import Role, Topology
 
 
 def _positive(**values: int | float | None) -> None:
@@ -117,6 +118,7 @@ def _metrics_row(m: ServingMetrics) -> dict[str, float | int]:
 
 @app.command()
 @knob_options()
+@as_flags(INSTANCE_FLAGS)
 def simulate(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -194,8 +196,8 @@ ADVISE_FLAGS: dict[str, str] = {
     "gpus": "--gpus", "request_rate": "--request-rate", "arrival": "--arrival", "weights": "--weights",
     "calibration": "--calibration", "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms",
     "sla.min_tok_s_user": "--min-tok-s-user", "sla.percentile": "--percentile", "serve.mode": "--mode",
-    "serve.max_mtp": "--max-mtp", "serve.vllm_version": "--vllm-version",
-    **{name.replace("_", "-"): option_names(name)[0].split("/")[0] for name in KNOBS},
+    "serve.max_mtp": "--max-mtp", "serve.vllm_version": "--vllm-version", "replay_verify": "--replay-verify",
+    **KNOB_FLAGS,
 }
 
 
@@ -398,6 +400,9 @@ def _print_recommendation(advice: Advice, out: Path | None = None) -> None:
     console.print(f"  why: {advice.why}", highlight=False, soft_wrap=True)
     if advice.verification is not None:
         _print_verification(advice)
+    elif advice.replay_skipped:  # an SLA the replay would decide by default, left to the steady-state model
+        console.print(f"  decided by the {rename_refs(advice.decided_by, ADVISE_FLAGS)}", highlight=False,
+                      soft_wrap=True)
     if out is None:
         print("\n" + (advice.commands or ""), end="")  # a script: never wrapped
     else:

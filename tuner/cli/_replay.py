@@ -15,11 +15,12 @@ from tuner.cli._app import (
     JsonOpt,
     ModelArg,
     app,
+    as_flags,
     calibration_for,
     console,
     print_json,
 )
-from tuner.cli._knobs import knob_options
+from tuner.cli._knobs import DEPLOYMENT_FLAGS, knob_options
 from tuner.cli._traffic import WorkloadOpt, load_workload
 from tuner.deployment import parse_deployment
 from tuner.errors import ConfigError, TopotuneError
@@ -57,6 +58,7 @@ def _arrival(traffic: Workload, *, request_rate: float | None, concurrency: int 
 
 @app.command(name="replay")
 @knob_options()
+@as_flags(DEPLOYMENT_FLAGS)
 def replay_command(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",

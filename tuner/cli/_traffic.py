@@ -83,7 +83,7 @@ def load_workload(path: Path | None, *, isl: int, osl: int, concurrency: tuple[i
             return Workload.from_trace(path, **load)
         return _from_yaml(path, load)
     except ValidationError as exc:
-        raise workload_error(exc, "--workload") from None
+        raise workload_error(exc).renamed({"workload": "--workload"}) from None
 
 
 def _from_yaml(path: Path, load: dict[str, object]) -> Workload:
@@ -102,7 +102,7 @@ def _from_yaml(path: Path, load: dict[str, object]) -> Workload:
     try:
         spec = WorkloadSpec.model_validate(data)
     except ValidationError as exc:
-        raise workload_error(exc, "--workload") from None
+        raise workload_error(exc).renamed({"workload": "--workload"}) from None
     base = spec.resolve(path.resolve().parent)
     return Workload.model_validate({**base.model_dump(), **load})
 

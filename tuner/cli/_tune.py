@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tuner.cli._app import TUNE_FLAGS, StorageOpt, app, as_flags, console, print_json, write_script
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.settings import TunerSettings
 
 
@@ -184,6 +184,8 @@ def tune(
     except KeyboardInterrupt:
         stop.interrupt()  # the driver already re-enqueued its in-flight trials: `tune` again resumes them
         raise
+    except TopotuneError as exc:  # the campaign's errors name the request's fields (a resume's SLA) as flags
+        raise exc.renamed(TUNE_FLAGS) from None
     report = write_campaign_report(result, settings.reports_dir / f"{result.name.replace('/', '_')}.html")
     if json_out:
         print_json(_result_json(result, report))

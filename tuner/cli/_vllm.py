@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tuner.cli._app import app, console, err_console, write_script
-from tuner.cli._knobs import knob_options
+from tuner.cli._app import app, as_flags, console, err_console, write_script
+from tuner.cli._knobs import INSTANCE_FLAGS, knob_options
 from tuner.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from tuner.export import RecipeContext
     from tuner.models import ModelSpec
     from tuner.operating_point import OperatingPoint
+
+# The library's fields as `plan`'s arguments and flags (its layouts are the DEPLOYMENT argument's).
+PLAN_FLAGS: dict[str, str] = {**INSTANCE_FLAGS, "topology": "deployment", "no_prefix_caching": "--no-prefix-caching"}
 
 SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup-cpu-vllm.sh"
 
@@ -91,6 +94,7 @@ def _refuse_with_from(given: dict[str, bool]) -> None:
 
 @app.command("plan", help="The exact commands of a deployment, per host (a dry run you can copy).")
 @knob_options(exclude=("mtp", "max_num_seqs"))  # --mtp and --max-num-seqs: the decode side's, below
+@as_flags(PLAN_FLAGS)
 def plan(
     deployment: Annotated[str | None, typer.Argument(
         help="TEP8, TP4DP4+EP, 2x:TP4, or PD: 3P:TP4DP2+EP,1D:TEP8 (or --from a frontier JSON).")] = None,

@@ -12,6 +12,16 @@ from tuner.files import read_text
 
 MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is a few KiB; the service refuses larger ones too
 
+# Sizes every layer, head or token is divided by or counted in: 0 is no model (the memory model would divide by it),
+# while counts such as n_shared_experts, first_k_dense_replace or num_nextn_predict_layers may be 0.
+POSITIVE_FIELDS = frozenset({
+    "hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "max_position_embeddings", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "num_local_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "moe_layer_freq", "decoder_sparse_step", "sliding_window",
+    "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "index_n_heads", "index_topk",
+})
+
 
 class RawConfig:
     """A config.json mapping that reports every missing field at once, with the field names."""
@@ -42,9 +52,12 @@ class RawConfig:
         if value is None:
             raise UnsupportedModelError(f"missing {key}", field=f"{self.source}: {key}",
                                         fix="use the model's original config.json")
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 0:
-            raise ConfigError(f"{key} must be a non-negative integer, got {value!r}",
-                              field=f"{self.source}: {key}", fix="correct the value in config.json")
+        least = 1 if key in POSITIVE_FIELDS else 0
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < least:
+            kind = "a positive" if least else "a non-negative"
+            raise ConfigError(f"{key} must be {kind} integer, got {value!r}",
+                              field=f"{self.source}: {key}", fix=f"correct {key} in config.json (the model's "
+                                                                 "original value)")
         return int(value)
 
 

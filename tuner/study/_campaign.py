@@ -77,8 +77,9 @@ class CampaignResult:
     def exportable_deployments(self) -> list[Deployment]:
         """What `export` indexes: the composed front, else the phase fronts (single-phase campaigns), each at its
         operating point: the decode (or aggregated) side's --max-num-seqs at the running requests the point
-        measured, not the trial's ladder maximum (tuner.operating_point.at_running_requests)."""
-        if self.composed_front:
+        measured, not the trial's ladder maximum (tuner.operating_point.at_running_requests). A PD campaign
+        without a composed front has none: a lone prefill or decode instance is not a deployment."""
+        if self.composed_front or {"prefill", "decode"} <= set(self.phases):
             return [at_running_requests(p.deployment, p.decode.running_requests) for p in self.composed_front]
         return [at_running_requests(p.deployment, p.metrics.running_requests)
                 for pr in self.phases.values() for p in pr.front]

@@ -25,11 +25,11 @@ from optuna.trial import TrialState
 
 from tuner.backends import TrialRequest, TrialResult
 from tuner.deployment import Deployment
-from tuner.errors import TopotuneError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.executors import Executor
 from tuner.hardware import GpuSpec
 from tuner.models import ModelSpec
-from tuner.space import Phase, SearchSpace
+from tuner.space import Phase, SearchSpace, StudyConstraints
 from tuner.study._budget import LoopState, Pending
 from tuner.study._events import ProgressCallback, TrialEvent, trial_label
 from tuner.study._guided import GuidedSampler
@@ -47,6 +47,20 @@ from tuner.study._warm_start import enqueue_warm_start
 from tuner.topology import Topology
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def check_same_sla(meta: CampaignMeta, space: SearchSpace, study_name: str) -> None:
+    """A resumed study keeps the constraints it started with: its stored trials were judged feasible by them, so
+    other bounds (an SLA in seconds where milliseconds are meant) would mix two verdicts on one front."""
+    stored = StudyConstraints.model_validate(meta.space.get("constraints", {}))
+    for name in StudyConstraints.model_fields:
+        was, now = getattr(stored, name), getattr(space.constraints, name)
+        if was != now:
+            field = f"sla.{name}" if name in ("max_ttft_ms", "max_itl_ms", "percentile") else f"constraints.{name}"
+            raise ConfigError(f"{study_name} was run with `{field}` = {was}; resuming it with {now} would judge its "
+                              "stored trials and the new ones by different bounds", field=field,
+                              fix=f"resume with the study's `{field}` ({was}), or run the new bounds as a new "
+                                  "study (another --storage)")
 
 
 @dataclass
@@ -101,6 +115,8 @@ class PhaseRun:
                 space=json.loads(self.space.model_dump_json()), backend=self.backend_name,
                 sampler=self.sampler_name, seed=self.options.seed, trials=self.options.trials,
             ).write(study)
+        else:
+            check_same_sla(CampaignMeta.read(study.user_attrs), self.space, self.study_name)
         return study
 
     def reclaim_stale(self, study: optuna.Study) -> int:

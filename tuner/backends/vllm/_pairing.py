@@ -198,7 +198,8 @@ def _hybrid_refusal(prefill: Topology, decode: Topology, rules: LaunchRules, ctx
             f"{pb.logical}-token blocks in {pb.kernel}-token kernel blocks) vs {db.physical_per_logical} (decode "
             f"TP{d}: {db.logical} in {db.kernel})",
             f"{_WORKER} _validate_remote_agent_handshake (RuntimeError at the first request)",
-            "pair prefill and decode with equal TP, or add --no-enable-prefix-caching on both sides")
+            "pair prefill and decode with equal TP, or turn prefix caching off on both sides (`no_prefix_caching`: "
+            "vLLM's --no-enable-prefix-caching)")
     return None
 
 
