@@ -218,7 +218,8 @@ def _serve_phases(url: str, port: int, model: Path, tmp: Path) -> list[tuple[flo
                     [aiperf, "profile", "--model", "tiny", "--tokenizer", str(model), "--url",
                      f"http://127.0.0.1:{port}", "--endpoint-type", "completions", "--streaming", "--extra-inputs",
                      "ignore_eos:true", "--use-server-token-count", "--arrival-pattern", "constant", *args,
-                     "--random-seed", "7", "--ui", "none", "--no-gpu-telemetry", "--artifact-dir", str(tmp / name)],
+                     "--random-seed", "7", "--ui", "none", "--no-gpu-telemetry", "--no-server-metrics",
+                     "--artifact-dir", str(tmp / name)],
                     capture_output=True, text=True, timeout=1800)
                 if out.returncode != 0:
                     failures.append(f"aiperf {name}: {out.stdout[-2000:]}{out.stderr[-2000:]}")

