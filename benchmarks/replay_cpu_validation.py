@@ -830,30 +830,52 @@ def decode_batch_gap(run: dict) -> tuple[float, float]:
     return gaps / c["iteration_tokens_total_count"], 1000 * c["inter_token_latency_seconds_sum"] / gaps
 
 
-def closed_open_steps(files: list[Path]) -> list[float]:
-    """How much slower vLLM's engine steps are in a closed loop than in an open loop at the same decode batch.
+def replay_decode_batch_gap(report) -> tuple[float, float]:
+    """The replay's mean decode batch and token gap over a run, as `decode_batch_gap` reads vLLM's: decode tokens
+    (each request's tokens after its first) per engine step, and its `token_gap_ms` mean (the same gaps pooled)."""
+    decodes = sum(max(r.output_tokens - 1, 0) for r in report.requests)
+    return decodes / report.steps, report.token_gap_ms.mean
+
+
+def _closed_over_open(label: str, runs: list[tuple[dict, tuple[float, float]]]) -> list[float]:
+    """Each closed-loop run's gap over the open loops' at its decode batch (linear between them, no
+    extrapolation); `runs` pairs each run with its (decode batch, gap)."""
+    opened = sorted(point for run, point in runs if run["kind"] == "open")
+    batches, gaps = [b for b, _ in opened], [g for _, g in opened]
+    ratios = []
+    for run, (batch, gap) in runs:
+        if run["kind"] != "closed" or not batches[0] <= batch <= batches[-1]:
+            continue
+        open_gap = float(np.interp(batch, batches, gaps))
+        ratios.append(gap / open_gap)
+        print(f"{label}: closed c={run['concurrency']}: {batch:.2f} decodes a step, gap {gap:.2f} ms; "
+              f"open loops at that batch {open_gap:.2f} ms: x{gap / open_gap:.2f}")
+    return ratios
+
+
+def closed_open_steps(files: list[Path], *, replay: bool = False, fits: Path | None = None) -> dict[str, list[float]]:
+    """How much slower vLLM's engine steps are in a closed loop than in an open loop at the same decode batch, and
+    with `replay` the replay's (each file fitted on its own closed loops, as `analyse`).
 
     The replay is fitted on closed loops and predicts open loops, so a step that costs more closed loop than open
     loop at the same batch (the client's and the front end's work landing between a closed loop's steps: each
-    answer's end sends the next request) carries into every open-loop prediction. Per closed-loop run, its
-    engine-side gap mean against the open loops' of the same file at its decode batch (linear between them, no
-    extrapolation); returns the ratios."""
-    ratios = []
+    answer's end sends the next request) carries into every open-loop prediction, unless the replay's own closed
+    loops step slower by as much. Per closed-loop run, its engine-side gap mean against the open loops' of the same
+    file at its decode batch; returns the ratios by source ("vllm", and "replay")."""
+    ratios: dict[str, list[float]] = {"vllm": []}
+    work = Path(tempfile.mkdtemp(prefix="replay-cpu-steps-")) if replay else None
     for path in files:
-        runs = json.loads(path.read_text())["runs"]
-        opened = sorted(decode_batch_gap(r) for r in runs if r["kind"] == "open")
-        batches, gaps = [b for b, _ in opened], [g for _, g in opened]
-        for run in (r for r in runs if r["kind"] == "closed"):
-            batch, gap = decode_batch_gap(run)
-            if not batches[0] <= batch <= batches[-1]:
-                continue
-            open_gap = float(np.interp(batch, batches, gaps))
-            ratios.append(gap / open_gap)
-            print(f"{path.name}: closed c={run['concurrency']}: {batch:.2f} decodes a step, gap {gap:.2f} ms; "
-                  f"open loops at that batch {open_gap:.2f} ms: x{gap / open_gap:.2f}")
-    if ratios:
-        print(f"closed / open engine-side gap at the same decode batch: median x{np.median(ratios):.2f} "
-              f"(x{min(ratios):.2f}-x{max(ratios):.2f}, {len(ratios)} closed-loop runs)")
+        data = json.loads(path.read_text())
+        ratios["vllm"] += _closed_over_open(path.name, [(r, decode_batch_gap(r)) for r in data["runs"]])
+        if replay:
+            perf, dep, workload = _setup(data, work)
+            model = perf.with_calibration(_fitted([data], work, fits))
+            ratios.setdefault("replay", []).extend(_closed_over_open(f"{path.name} replay", [
+                (r, replay_decode_batch_gap(_predict(model, dep, workload, r))) for r in data["runs"]]))
+    for source, found in ratios.items():
+        if found:
+            print(f"{source}: closed / open engine-side gap at the same decode batch: median x{np.median(found):.2f} "
+                  f"(x{min(found):.2f}-x{max(found):.2f}, {len(found)} closed-loop runs)")
     return ratios
 
 
@@ -1387,6 +1409,20 @@ def noise(files: list[Path], *, min_files: int | None = None, axis: str = "rate_
     return out
 
 
+def steps_cli(argv: list[str]) -> None:
+    """`steps [--replay] [--fits JSON] [FILE...]` (no FILE: QUIET)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="replay_cpu_validation.py steps")
+    parser.add_argument("files", nargs="*", type=Path, help="data sets (default: QUIET)")
+    parser.add_argument("--replay", action="store_true",
+                        help="the replay's closed / open step ratio beside vLLM's (each file fitted on its own "
+                             "closed loops)")
+    parser.add_argument("--fits", type=Path, default=None, help="as `noise --fits`: fitted calibrations kept in JSON")
+    args = parser.parse_args(argv)
+    closed_open_steps(args.files or list(QUIET), replay=args.replay, fits=args.fits)
+
+
 def noise_cli(command: str, argv: list[str]) -> None:
     """`floor [--min-files K] [--axis A] [--even N] [FILE...]` and `noise [--min-files K] [--axis A] [--even N]
     [--one-fit] [--fits JSON] [FILE...]` (no FILE: QUIET)."""
@@ -1442,8 +1478,8 @@ if __name__ == "__main__":
             raise SystemExit("repeat: give two or more data sets measured the same way, e.g. repeat "
                              "benchmarks/data/replay_cpu_validation_run{7,8}.json")
         repeat([Path(a) for a in sys.argv[2:]])
-    elif len(sys.argv) > 1 and sys.argv[1] == "steps":  # steps [FILE...]: closed against open engine steps
-        closed_open_steps([Path(a) for a in sys.argv[2:]] or list(QUIET))
+    elif len(sys.argv) > 1 and sys.argv[1] == "steps":  # steps [--replay] [--fits JSON] [FILE...]
+        steps_cli(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] in ("floor", "noise"):
         noise_cli(sys.argv[1], sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "agreement":

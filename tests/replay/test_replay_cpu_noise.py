@@ -239,4 +239,21 @@ def test_closed_loop_steps_are_held_against_open_loops_at_the_same_decode_batch(
         _counted_run("open", 1.0, 2.0), _counted_run("open", 3.0, 4.0),
         _counted_run("closed", 2.0, 3.6, concurrency=2), _counted_run("closed", 5.0, 9.0, concurrency=8)]}))
     assert bench.decode_batch_gap(_counted_run("open", 2.5, 3.5)) == pytest.approx((2.5, 3.5))
-    assert bench.closed_open_steps([path]) == pytest.approx([1.2])
+    assert bench.closed_open_steps([path]) == {"vllm": pytest.approx([1.2])}
+
+
+def test_the_replays_decode_batch_of_one_request_alone(dense, h200) -> None:
+    """`steps --replay` reads the replay as `decode_batch_gap` reads vLLM: one request of 200 tokens alone is one
+    prefill step (its first token) and 199 decode steps, so 199 decode tokens over 200 steps, and the gap is the
+    decode step's."""
+    from tuner.deployment import parse_deployment
+    from tuner.perf import RooflineModel
+    from tuner.replay import ArrivalProcess, ReplayPlan, replay
+    from tuner.workload import Workload
+
+    report = replay(RooflineModel(dense, h200), ReplayPlan(
+        deployment=parse_deployment("TP8"), workload=Workload.model_validate({"isl": 2000, "osl": 200}),
+        arrival=ArrivalProcess("closed", concurrency=1), num_requests=1))
+    batch, gap_ms = _bench().replay_decode_batch_gap(report)
+    assert batch == pytest.approx(199 / 200)
+    assert gap_ms == pytest.approx(report.itl_ms.p50, rel=0.02)
