@@ -223,20 +223,24 @@ def test_simulated_version_is_the_version_table_newest() -> None:
 def test_an_exported_recipe_names_the_version_it_was_verified_on(study: tuple[str, str], tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     url, name = study
+    # what export indexes: the composed front, or where this small study composes nothing, each phase's instances
+    # (a PD study without a composed front has no deployment: tests/study/test_trial_levels.py)
+    result, _, _ = load_campaign(url, name)
+    studies = [name] if result.composed_front else [f"{name}/{phase}" for phase in result.phases]
     for fmt in ("vllm", "compose", "srt-slurm"):
-        assert main(["export", name, "--storage", url, "--format", fmt]) == 0
+        assert main(["export", studies[-1], "--storage", url, "--format", fmt]) == 0
         # a simulated study: its figures say so, under the rules of the version its trials were tagged with (#46)
         assert f"# Figures: simulated (vLLM {SIMULATED_VLLM_VERSION.rsplit('.', 1)[0]} rules), not measured." in \
             capsys.readouterr().out
     report = reverify_study(url, name, LocalExecutor(SimulatedBackend(vllm_version="0.33.0")),
                             ReverifyOptions(budget=30, repeats=1, reopen=False), artifacts_dir=tmp_path)
     assert report.rows
-    result, _, _ = load_campaign(url, name)
     lines = []
-    for point, label in enumerate(recipe_versions(result)):
-        assert main(["export", name, "--storage", url, "--point", str(point)]) == 0
-        lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Figures")))
-        assert lines[-1] == f"# Figures: {simulated_label(label)}, not measured."
+    for study_name in studies:
+        for point, label in enumerate(recipe_versions(load_campaign(url, study_name)[0])):
+            assert main(["export", study_name, "--storage", url, "--point", str(point)]) == 0
+            lines.append(next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# Figures")))
+            assert lines[-1] == f"# Figures: {simulated_label(label)}, not measured."
     assert any("vLLM 0.33 rules" in ln for ln in lines)  # the re-measured configs' recipes name the new version
 
 

@@ -74,12 +74,18 @@ class CampaignResult:
     composed_front: list[ComposedPoint]
     composition_error: str | None = None
 
+    @property
+    def exports_composed(self) -> bool:
+        """Whether `export` indexes the composed front (a PD campaign, composed or not) rather than a single phase's
+        front: what `exportable_deployments` and `recipe_versions` both follow, point by point."""
+        return bool(self.composed_front) or {"prefill", "decode"} <= set(self.phases)
+
     def exportable_deployments(self) -> list[Deployment]:
         """What `export` indexes: the composed front, else the phase fronts (single-phase campaigns), each at its
         operating point: the decode (or aggregated) side's --max-num-seqs at the running requests the point
         measured, not the trial's ladder maximum (tuner.operating_point.at_running_requests). A PD campaign
         without a composed front has none: a lone prefill or decode instance is not a deployment."""
-        if self.composed_front or {"prefill", "decode"} <= set(self.phases):
+        if self.exports_composed:
             return [at_running_requests(p.deployment, p.decode.running_requests) for p in self.composed_front]
         return [at_running_requests(p.deployment, p.metrics.running_requests)
                 for pr in self.phases.values() for p in pr.front]

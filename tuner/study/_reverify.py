@@ -313,7 +313,7 @@ def recipe_targets(result: CampaignResult) -> list[_Target]:
 def recipe_versions(result: CampaignResult) -> list[str]:
     """What each exportable deployment's measurements ran on (VersionTag.label), in export order: an exported
     recipe names the version it was verified on."""
-    if result.composed_front:
+    if result.exports_composed:
         out = []
         for cp in result.composed_front:
             labels = []
