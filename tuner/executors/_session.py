@@ -33,11 +33,17 @@ from tuner.errors import ConfigError
 
 REDIS_PORT = 6379  # Redis holds it on our machines; Ray's own default
 PORT_SETTING = "TOPOTUNE_RAY_PORT"
-# How ray.init fails when a fixed GCS port was taken after the check: the GCS could not bind it (a RuntimeError,
-# after Ray's ~40 s wait when some other listener holds it), or another Ray head's GCS holds it and the new head
-# reached that one (an AssertionError: the session name in its store is the other head's; ray/_private/node.py).
-_LOST_PORT = ("Failed to start GCS", "does not match persisted value")
-_NEVER_REGISTERED = "timed out during startup"  # Ray's bare Exception when its node is not in the GCS after 30 s
+# How ray.init fails when a fixed GCS port was taken after the check, by what its error says -> why: the GCS could
+# not bind it (a RuntimeError, after Ray's ~40 s wait when some other listener holds it), another Ray head's GCS
+# holds it and the new head reached that one (an AssertionError: the session name in its store is the other head's;
+# ray/_private/node.py), or, under python -O where that assert is gone, the new node never registers with the GCS
+# that holds the port (a bare Exception after node.py's `raylet_start_wait_time_s`, 30 s).
+_LOST_PORT = {
+    "Failed to start GCS": "another process took it after it was checked",
+    "does not match persisted value": "another process took it after it was checked",
+    "timed out during startup": "Ray's node never registered with the GCS on it (another Ray head's, or a machine "
+                                "too loaded for Ray's 30 s)",
+}
 LOOPBACK = "127.0.0.1"
 OBJECT_STORE_BYTES = 200 * 2**20
 NAMESPACE = "topotune"
@@ -211,18 +217,13 @@ def _start_local(*, num_gpus: int, port: int | None, num_cpus: int) -> RaySessio
             ctx = ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
                            object_store_memory=OBJECT_STORE_BYTES, _node_ip_address=LOOPBACK,
                            **_quiet_init_kwargs())
-    except Exception as exc:  # Ray raises a bare Exception when its node never registers (node.py, below)
-        if port is not None and any(sign in str(exc) for sign in _LOST_PORT):
-            raise _port_error(port, "another process took it after it was checked (Ray's error is chained to this "
-                                    "one)") from exc
-        if port is not None and _NEVER_REGISTERED in str(exc):
-            # under python -O Ray's assert on the port is gone: it goes on against the GCS that holds the port, where
-            # its node never registers within its 30 s (ray/_private/node.py, `raylet_start_wait_time_s`)
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            raise _port_error(port, "Ray's node never registered with the GCS on it (another Ray head's, or a "
-                                    "machine too loaded for Ray's 30 s; Ray's error is chained to this one)") from exc
-        raise
+    except Exception as exc:  # Ray raises a bare Exception when its node never registers (_LOST_PORT)
+        why = next((why for sign, why in _LOST_PORT.items() if sign in str(exc)), None) if port is not None else None
+        if why is None:
+            raise
+        with contextlib.suppress(Exception):  # what the failed start left running
+            ray.shutdown()
+        raise _port_error(port, f"{why} (Ray's error is chained to this one)") from exc
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
         for name, value in (("RAY_GCS_SERVER_PORT", previous),
