@@ -840,13 +840,14 @@ def replay_decode_batch_gap(report) -> tuple[float, float]:
 def _closed_over_open(label: str, runs: list[tuple[dict, tuple[float, float]]]) -> list[float]:
     """Each closed-loop run's gap over the open loops' at its decode batch (linear between them, no
     extrapolation); `runs` pairs each run with its (decode batch, gap)."""
-    opened = sorted(point for run, point in runs if run["kind"] == "open")
-    batches, gaps = [b for b, _ in opened], [g for _, g in opened]
+    opened = [point for run, point in runs if run["kind"] == "open"]
     ratios = []
     for run, (batch, gap) in runs:
-        if run["kind"] != "closed" or not batches[0] <= batch <= batches[-1]:
+        found = _around(opened, batch, lambda point: point[0]) if run["kind"] == "closed" else None
+        if found is None:
             continue
-        open_gap = float(np.interp(batch, batches, gaps))
+        (_, gap_below), (_, gap_above), w = found
+        open_gap = gap_below + w * (gap_above - gap_below)
         ratios.append(gap / open_gap)
         print(f"{label}: closed c={run['concurrency']}: {batch:.2f} decodes a step, gap {gap:.2f} ms; "
               f"open loops at that batch {open_gap:.2f} ms: x{gap / open_gap:.2f}")
