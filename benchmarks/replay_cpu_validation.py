@@ -6,6 +6,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py agreement [FILE...]  # vLLM vs #45's bar
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py repeat FILE FILE...  # vLLM against itself
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py steps [FILE...]  # closed vs open engine steps
+    PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py events [FILE...]  # a decode's step and events
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cpu_validation.py placement [OUT]  # ~8 min; show-placement: stored
 
 Measured sets in benchmarks/data (the machine is shared with other jobs; the load average is stored with each run):
@@ -59,6 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -880,6 +882,115 @@ def closed_open_steps(files: list[Path], *, replay: bool = False, fits: Path | N
     return ratios
 
 
+#: `events`: what a request's decode time (its last token less its first, client side) is regressed on, over one
+#: open loop's requests: its gaps (the step at one decode), its gaps x the mean count of other requests decoding
+#: beside it (each one's cost a step), and the counts of other requests' sends, first tokens and ends inside its decode
+EVENT_TERMS = ("step_ms", "other_decode_ms", "send_ms", "first_token_ms", "end_ms")
+
+
+def vllm_request_times(data: dict, run: dict) -> np.ndarray:
+    """An open loop's requests as rows (sent, first token, last token: ms from the trace's start; output tokens).
+
+    AIPerf's records hold no send time, so each is matched to its trace row by (input, output) length (unique on
+    every stored trace; an ambiguous pair is left out) and sent when `_rescaled` schedules it (AIPerf's
+    --fixed-schedule); its TTFT and latency are from that send."""
+    rows = data["trace"]
+    scale = (len(rows) - 1) / run["rate_rps"] * 1000 / (rows[-1]["timestamp"] or 1.0)
+    counts = Counter((r["input_length"], r["output_length"]) for r in rows)
+    sent = {(r["input_length"], r["output_length"]): r["timestamp"] * scale for r in rows}
+    out = []
+    for q in run["requests"]:
+        key = (q["input_sequence_length"], q["output_sequence_length"])
+        if counts.get(key) == 1:
+            s = sent[key]
+            out.append((s, s + q["time_to_first_token"], s + q["request_latency"], q["output_sequence_length"]))
+    return np.array(out, dtype=float).reshape(-1, 4)
+
+
+def replay_request_times(report) -> np.ndarray:
+    """The replay's requests as `vllm_request_times` gives vLLM's (client-side first and last tokens)."""
+    return np.array([(r.sent_ms, r.sent_ms + r.ttft_ms, r.sent_ms + r.e2e_ms, r.output_tokens)
+                     for r in report.requests], dtype=float).reshape(-1, 4)
+
+
+def decode_events(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares of each request's decode time on EVENT_TERMS over the run's requests: (coefficients, their
+    standard errors), ms. Both sides are read alike from client-side times, so what one side's step costs and the
+    other's do not show up term by term: on the replay, whose costs are known, it gives back its own step."""
+    sent, first, end, tokens = times.T
+    rows, decode = [], []
+    for i in np.flatnonzero((tokens >= 2) & (end > first)):
+        overlap = np.clip(np.minimum(end, end[i]) - np.maximum(first, first[i]), 0.0, None)
+        overlap[i] = 0.0
+        gaps = tokens[i] - 1
+
+        def inside(t, i=i):
+            return float(np.sum((t > first[i]) & (t < end[i])))
+
+        rows.append((gaps, gaps * overlap.sum() / (end[i] - first[i]), inside(sent), inside(first), inside(end)))
+        decode.append(end[i] - first[i])
+    a, y = np.array(rows), np.array(decode)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    residual = y - a @ coef
+    var = float(residual @ residual) / max(len(y) - a.shape[1], 1)
+    return coef, np.sqrt(np.diag(np.linalg.pinv(a.T @ a)) * var)
+
+
+def lone_decode(decode_ms: np.ndarray, gaps: np.ndarray) -> tuple[float, float]:
+    """A closed loop at one client, where nothing runs beside a request: its decode time on its gaps, least squares
+    (ms a gap, ms a request)."""
+    (per_gap, per_request), *_ = np.linalg.lstsq(np.column_stack([gaps, np.ones_like(gaps)]), decode_ms, rcond=None)
+    return float(per_gap), float(per_request)
+
+
+def _events_line(coef: np.ndarray, se: np.ndarray) -> str:
+    step, other, send, first, end = (f"{c:+.2f}±{s:.2f}" if i < 2 else f"{c:+.1f}±{s:.1f}"
+                                     for i, (c, s) in enumerate(zip(coef, se, strict=True)))
+    return f"step {step}, a decode beside it {other}; each send {send}, first token {first}, end {end} ms"
+
+
+def open_loop_events(files: list[Path], fits: Path | None = None) -> dict[float, dict[str, np.ndarray]]:
+    """What a request's decode is made of in vLLM's open loops and in the replay's (each file fitted on its own
+    closed loops, as `analyse`): `decode_events` per run, the same regression on both sides, then pooled per share of
+    the closed-loop rate (inverse-variance mean over the files); returns {share: {"vllm"/"replay": coefficients}}."""
+    work = Path(tempfile.mkdtemp(prefix="replay-cpu-events-"))
+    by_share: dict[float, dict[str, list[tuple[np.ndarray, np.ndarray]]]] = {}
+    for path in files:
+        data = json.loads(path.read_text())
+        perf, dep, workload = _setup(data, work)
+        model = perf.with_calibration(_fitted([data], work, fits))
+        for run in (r for r in data["runs"] if r["kind"] == "closed" and r["concurrency"] == 1):
+            ours = [r for r in run["requests"] if r["output_sequence_length"] >= 2]
+            theirs = [r for r in _predict(model, dep, workload, run).requests if r.output_tokens >= 2]
+            vllm = lone_decode(np.array([r["request_latency"] - r["time_to_first_token"] for r in ours]),
+                               np.array([r["output_sequence_length"] - 1.0 for r in ours]))
+            replayed = lone_decode(np.array([r.e2e_ms - r.ttft_ms for r in theirs]),
+                                   np.array([r.output_tokens - 1.0 for r in theirs]))
+            print(f"{path.name} closed c=1: decode time = vLLM {vllm[0]:.2f} ms a gap {vllm[1]:+.1f} ms | replay "
+                  f"{replayed[0]:.2f} ms a gap {replayed[1]:+.1f} ms")
+        for run in sorted((r for r in data["runs"] if r["kind"] == "open"), key=lambda r: r["rate_rps"]):
+            times = vllm_request_times(data, run)
+            found = {"vllm": decode_events(times),
+                     "replay": decode_events(replay_request_times(_predict(model, dep, workload, run)))}
+            print(f"{path.name} {run['rate_rps']:g} req/s ({run['share_of_closed']:.0%}; {len(times)} of "
+                  f"{len(run['requests'])} requests matched): vLLM {_events_line(*found['vllm'])} | replay "
+                  f"{_events_line(*found['replay'])}")
+            for source, result in found.items():
+                by_share.setdefault(run["share_of_closed"], {}).setdefault(source, []).append(result)
+    pooled: dict[float, dict[str, np.ndarray]] = {}
+    print("pooled over the files (inverse-variance mean), per share of the closed-loop rate:")
+    for share, sources in sorted(by_share.items()):
+        line = []
+        for source, results in sources.items():
+            coef, se = np.array([c for c, _ in results]), np.array([s for _, s in results])
+            weight = 1.0 / np.square(se)
+            mean, mean_se = (coef * weight).sum(0) / weight.sum(0), 1.0 / np.sqrt(weight.sum(0))
+            pooled.setdefault(share, {})[source] = mean
+            line.append(f"{source} {_events_line(mean, mean_se)}")
+        print(f"  {share:.0%}: " + " | ".join(line))
+    return pooled
+
+
 def repeat(files: list[Path]) -> dict[str, float]:
     """Real vLLM against itself: two or more files measured the same way, each open-loop run of one "predicted" by
     another file's measured runs at its rate (linear between that file's rates), every ordered pair. The |errors|
@@ -1424,6 +1535,17 @@ def steps_cli(argv: list[str]) -> None:
     closed_open_steps(args.files or list(QUIET), replay=args.replay, fits=args.fits)
 
 
+def events_cli(argv: list[str]) -> None:
+    """`events [--fits JSON] [FILE...]` (no FILE: QUIET)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="replay_cpu_validation.py events")
+    parser.add_argument("files", nargs="*", type=Path, help="data sets (default: QUIET)")
+    parser.add_argument("--fits", type=Path, default=None, help="as `noise --fits`: fitted calibrations kept in JSON")
+    args = parser.parse_args(argv)
+    open_loop_events(args.files or list(QUIET), fits=args.fits)
+
+
 def noise_cli(command: str, argv: list[str]) -> None:
     """`floor [--min-files K] [--axis A] [--even N] [FILE...]` and `noise [--min-files K] [--axis A] [--even N]
     [--one-fit] [--fits JSON] [FILE...]` (no FILE: QUIET)."""
@@ -1481,6 +1603,8 @@ if __name__ == "__main__":
         repeat([Path(a) for a in sys.argv[2:]])
     elif len(sys.argv) > 1 and sys.argv[1] == "steps":  # steps [--replay] [--fits JSON] [FILE...]
         steps_cli(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "events":  # events [--fits JSON] [FILE...]
+        events_cli(sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] in ("floor", "noise"):
         noise_cli(sys.argv[1], sys.argv[2:])
     elif len(sys.argv) > 1 and sys.argv[1] == "agreement":

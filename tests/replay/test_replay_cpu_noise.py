@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import numpy as np
 import pytest
 from _support.benchmarks import load_benchmark
 
@@ -257,3 +258,64 @@ def test_the_replays_decode_batch_of_one_request_alone(dense, h200) -> None:
     batch, gap_ms = _bench().replay_decode_batch_gap(report)
     assert batch == pytest.approx(199 / 200)
     assert gap_ms == pytest.approx(report.itl_ms.p50, rel=0.02)
+
+
+def _fixed_point(c: float, k: float) -> float:
+    """d = c + k / d: a decode time whose share beside another request depends on its own length."""
+    d = c
+    for _ in range(200):
+        d = c + k / d
+    return d
+
+
+def test_decode_events_gives_back_the_costs_the_decode_times_were_made_of() -> None:
+    """`events`: decode times made of a 2.5 ms step, 0.2 ms a step per request decoding beside, and 6 / 4 / 3 ms per
+    other request's send / first token / end inside the decode; groups far apart, each laid out so the terms vary
+    apart (a send alone, a send and a first token, all three, an end alone, a request wholly beside another): the
+    regression gives each cost back."""
+    bench = _bench()
+    step, beside, send, first, end = 2.5, 0.2, 6.0, 4.0, 3.0
+    rows = []  # (sent, first token, last token, output tokens)
+    for group, gaps in enumerate((30.0, 45.0, 60.0)):
+        t = 100_000.0 * group
+        rows.append((t, t + 10, t + 10 + step * gaps, gaps + 1))  # alone
+        t += 20_000
+        d = step * gaps + send  # another's send inside, its first token after this one's end
+        rows += [(t, t + 10, t + 10 + d, gaps + 1), (t + 10 + d - 1, t + 20 + d, t + 20 + d + step * 20, 21)]
+        t += 20_000
+        # another sent 5 ms and first token 15 ms into this one's decode, ending after it
+        d = _fixed_point(step * gaps + beside * gaps + send + first, -beside * gaps * 15)
+        rows.append((t - 10, t, t + d, gaps + 1))
+        other = gaps + 20
+        d_other = _fixed_point(step * other + end, beside * other * (d - 15))
+        rows.append((t + 5, t + 15, t + 15 + d_other, other + 1))
+        assert t + 15 + d_other > t + d
+        t += 20_000
+        # another wholly inside this one's decode: sent, first token and end inside it
+        inner = step * 11 + beside * 11
+        d = _fixed_point(step * gaps + send + first + end, beside * gaps * inner)
+        rows += [(t - 10, t, t + d, gaps + 1), (t + 5, t + 10, t + 10 + inner, 12)]
+    coef, se = bench.decode_events(np.array(rows))
+    assert coef == pytest.approx([step, beside, send, first, end], abs=1e-6)
+    assert np.all(se < 1e-6)
+
+
+def test_lone_decode_splits_a_closed_loops_decode_times_into_per_gap_and_per_request() -> None:
+    bench = _bench()
+    gaps = np.array([15.0, 30.0, 45.0, 63.0])
+    assert bench.lone_decode(3.2 * gaps + 4.0, gaps) == pytest.approx((3.2, 4.0))
+
+
+def test_vllm_requests_are_sent_when_the_rescaled_trace_schedules_them() -> None:
+    """AIPerf's records matched to trace rows by (input, output) length, sent at the trace's time rescaled to the run's
+    rate (`_rescaled`: 3 rows over 2 s at 2 req/s -> x0.5); a length pair two rows share is left out."""
+    bench = _bench()
+    trace = [{"timestamp": 0.0, "input_length": 100, "output_length": 10},
+             {"timestamp": 1000.0, "input_length": 200, "output_length": 20},
+             {"timestamp": 2000.0, "input_length": 300, "output_length": 30},
+             {"timestamp": 3000.0, "input_length": 300, "output_length": 30}]
+    records = [{"input_sequence_length": n, "output_sequence_length": n // 10, "time_to_first_token": 5.0,
+                "request_latency": 50.0 + n} for n in (200, 300, 100)]
+    times = bench.vllm_request_times({"trace": trace}, {"rate_rps": 2.0, "requests": records})
+    # (4 - 1) / 2 req/s = 1.5 s over a 3 s trace: x0.5
+    assert times.tolist() == [[500.0, 505.0, 750.0, 20.0], [0.0, 5.0, 150.0, 10.0]]
