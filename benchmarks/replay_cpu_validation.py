@@ -220,15 +220,27 @@ def _aiperf(envs: Path, model: Path, trace: Path, out: Path, seed: int, *, concu
     argv += ["--concurrency", str(concurrency), "--no-fixed-schedule"] if concurrency else ["--fixed-schedule"]
     subprocess.run(argv, check=True, capture_output=True, timeout=1800, env=env,
                    preexec_fn=lambda: _priority(client_nice))
-    records = []
-    for line in (out / "profile_export.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        m = row.get("metrics", {})
-        if row.get("error") or "time_to_first_token" not in m:
-            continue
-        records.append({k: m[k]["value"] for k in ("time_to_first_token", "inter_token_latency", "request_latency",
-                                                    "output_sequence_length", "input_sequence_length") if k in m})
-    return records
+    records = (aiperf_record(json.loads(line)) for line in (out / "profile_export.jsonl").read_text().splitlines())
+    return [r for r in records if r is not None]
+
+
+#: What `measure` keeps of each AIPerf record's metrics (ms, tokens); since 2026-12-07 (halfload) also the chunks'
+#: gaps (`inter_chunk_latency`, ms, one per streamed chunk after the first) and the send time
+#: (`request_start_ns`, AIPerf's wall clock), so that `events` places each request where it was sent and a request's
+#: steps can be read one by one (runs before hold neither: `vllm_request_times` matches them to the trace)
+RECORD_METRICS = ("time_to_first_token", "inter_token_latency", "request_latency", "output_sequence_length",
+                  "input_sequence_length", "inter_chunk_latency")
+
+
+def aiperf_record(row: dict) -> dict | None:
+    """One row of AIPerf 0.13's profile_export.jsonl (`MetricRecordInfo`: metadata, metrics) as `measure` stores it;
+    None for a failed request."""
+    m = row.get("metrics", {})
+    if row.get("error") or "time_to_first_token" not in m:
+        return None
+    record = {k: m[k]["value"] for k in RECORD_METRICS if k in m}
+    start = row.get("metadata", {}).get("request_start_ns")
+    return record | ({"request_start_ns": start} if start is not None else {})
 
 
 SERVER_NICE = -10  # the server's and the client's priority over the machine's other jobs, where it may be raised
@@ -889,11 +901,17 @@ EVENT_TERMS = ("step_ms", "other_decode_ms", "send_ms", "first_token_ms", "end_m
 
 
 def vllm_request_times(data: dict, run: dict) -> np.ndarray:
-    """An open loop's requests as rows (sent, first token, last token: ms from the trace's start; output tokens).
+    """An open loop's requests as rows (sent, first token, last token: ms from the first send or the trace's start;
+    output tokens), each request's TTFT and latency from its send.
 
-    AIPerf's records hold no send time, so each is matched to its trace row by (input, output) length (unique on
-    every stored trace; an ambiguous pair is left out) and sent when `_rescaled` schedules it (AIPerf's
-    --fixed-schedule); its TTFT and latency are from that send."""
+    Where AIPerf's send time is stored (`aiperf_record`: every request's `request_start_ns`) it is used; else (every
+    run before 2026-12-07's halfload) each record is matched to its trace row by (input, output) length (unique on
+    every stored trace; an ambiguous pair is left out) and sent when `_rescaled` schedules it (--fixed-schedule)."""
+    if run["requests"] and all("request_start_ns" in q for q in run["requests"]):
+        first = min(q["request_start_ns"] for q in run["requests"])
+        sent = [(q["request_start_ns"] - first) / 1e6 for q in run["requests"]]
+        return np.array([(s, s + q["time_to_first_token"], s + q["request_latency"], q["output_sequence_length"])
+                         for s, q in zip(sent, run["requests"], strict=True)], dtype=float).reshape(-1, 4)
     rows = data["trace"]
     scale = (len(rows) - 1) / run["rate_rps"] * 1000 / (rows[-1]["timestamp"] or 1.0)
     counts = Counter((r["input_length"], r["output_length"]) for r in rows)

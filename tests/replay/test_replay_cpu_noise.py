@@ -319,3 +319,26 @@ def test_vllm_requests_are_sent_when_the_rescaled_trace_schedules_them() -> None
     times = bench.vllm_request_times({"trace": trace}, {"rate_rps": 2.0, "requests": records})
     # (4 - 1) / 2 req/s = 1.5 s over a 3 s trace: x0.5
     assert times.tolist() == [[500.0, 505.0, 750.0, 20.0], [0.0, 5.0, 150.0, 10.0]]
+
+
+def test_an_aiperf_record_keeps_its_send_time_and_chunk_gaps_and_events_reads_them() -> None:
+    """`measure` keeps AIPerf 0.13's send time (metadata.request_start_ns) and the chunks' gaps beside the latencies;
+    a failed request is dropped; `events` places requests at their stored send times (ms from the first), not at the
+    trace's schedule."""
+    bench = _bench()
+    row = {"metadata": {"request_start_ns": 2_000_000_000, "request_end_ns": 2_100_000_000},
+           "metrics": {"time_to_first_token": {"value": 5.0, "unit": "ms"},
+                       "request_latency": {"value": 100.0, "unit": "ms"},
+                       "inter_token_latency": {"value": 2.5, "unit": "ms"},
+                       "output_sequence_length": {"value": 39, "unit": "tokens"},
+                       "input_sequence_length": {"value": 300, "unit": "tokens"},
+                       "inter_chunk_latency": {"value": [2.0, 3.0], "unit": "ms"},
+                       "request_count": {"value": 1, "unit": "requests"}}}
+    record = bench.aiperf_record(row)
+    assert record == {"time_to_first_token": 5.0, "request_latency": 100.0, "inter_token_latency": 2.5,
+                      "output_sequence_length": 39, "input_sequence_length": 300,
+                      "inter_chunk_latency": [2.0, 3.0], "request_start_ns": 2_000_000_000}
+    assert bench.aiperf_record({**row, "error": {"code": 500}}) is None
+    later = record | {"request_start_ns": 2_250_000_000}
+    times = bench.vllm_request_times({"trace": []}, {"rate_rps": 1.0, "requests": [later, record]})
+    assert times.tolist() == [[250.0, 255.0, 350.0, 39.0], [0.0, 5.0, 100.0, 39.0]]
