@@ -30,7 +30,8 @@ loop's), then open-loop runs on the trace's timestamps rescaled to shares of tha
 closed-loop runs, so that both see the same load. Each run uses its own AIPerf seed, so no run hits another's
 prompts in the cache. vLLM's front end (API server, engine core) is pinned to the core its CPU worker is not
 bound to (`_pin_front_end`), AIPerf runs there too at CLIENT_NICE, below the server at SERVER_NICE where the user may
-raise priority. Per-request TTFT / ITL / latency, the /metrics counters (prefix
+raise priority. Per-request TTFT / ITL / latency (and, since 2026-12-07's halfload, AIPerf's send time and the
+request's chunk gaps: `aiperf_record`), the /metrics counters (prefix
 queries and hits, preemptions) and vLLM's step and latency histograms (sum and count) of every run, the buckets of
 its token-gap and TTFT histograms (BUCKETED, finer than vLLM's default: HISTOGRAM_BUCKETS; stored since 2026-12-07,
 so runs before hold only their means), the load average and the flags are written to OUT.
