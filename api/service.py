@@ -225,7 +225,7 @@ def tune_request(settings: ApiSettings, body: StudyCreate, model_path: Path, spa
 
 # The library request's fields under their StudyCreate body names (an error's loc and text).
 STUDY_FIELDS = {"backend.kind": "backend", "backend.noise": "noise", "backend.delay_s": "trial_delay_s",
-                "sla": "constraints"}
+                "sla": "constraints", **{f"sla.{name}": f"constraints.{name}" for name in SlaOverride.model_fields}}
 
 
 def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:

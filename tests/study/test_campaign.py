@@ -342,3 +342,23 @@ def test_a_rejected_proposal_is_repaired_with_a_config_that_launches(tmp_path: P
     screened = [t for t in study.trials if t.user_attrs.get("kind") == "screened"]
     assert screened and all(t.user_attrs.get("repaired_from") is None for t in screened)
     assert {r.user_attrs["repaired_from"] for r in repairs} <= {t.number for t in study.trials}
+
+
+def test_a_resume_under_other_bounds_names_the_request_fields_not_a_face_s() -> None:
+    """The library's refusal names its fields (`sla.max_itl_ms`, `storage`): the CLI shows them as flags, the API
+    as body fields (tests/cli/test_tune_cli.py, tests/api/test_api_tune_request.py); never a flag of its own."""
+    import json
+
+    from tuner.study._runner import check_same_sla
+    from tuner.study._trial_record import CampaignMeta
+
+    space = load_space(SPACE)
+    stored = json.loads(space.model_dump_json())
+    stored["constraints"]["max_itl_ms"] = 0.05  # an ITL in seconds where milliseconds are meant
+    meta = CampaignMeta.new(phase="decode", model="m", model_path=str(MODEL), gpu="gb300", space=stored,
+                            backend="simulated", sampler="random", seed=0, trials=1)
+    with pytest.raises(ConfigError) as err:
+        check_same_sla(meta, space, "m@gb300/8192x1024/decode")
+    assert err.value.field == "sla.max_itl_ms"
+    assert "`sla.max_itl_ms`" in (err.value.fix or "") and "`storage`" in (err.value.fix or "")
+    assert "--" not in str(err.value)
