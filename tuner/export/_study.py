@@ -21,10 +21,11 @@ def campaign_operating_point(result: CampaignResult, space: SearchSpace, *, mode
     from tuner.study import recipe_versions
 
     deployments = result.exportable_deployments()
-    if not deployments and result.composition_error:
-        raise ConfigError(f"no composed PD front to export: {result.composition_error}", field="--point",
-                          fix=f"that first, or export one phase's instance: `topotune export {study}/decode "
-                              "--point N`")
+    refusal = result.composition_refusal
+    if not deployments and refusal is not None:  # one fix: the refusal's own, or a phase's instances instead
+        phase_instead = f"export one phase's instance: `topotune export {study}/decode --point N`"
+        raise ConfigError(f"no composed PD front to export: {refusal.message}", field="--point",
+                          fix=f"{refusal.fix} to compose one, or {phase_instead}" if refusal.fix else phase_instead)
     if not 0 <= point < len(deployments):
         raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
                           fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)" if deployments else

@@ -72,7 +72,13 @@ class CampaignResult:
     phases: dict[str, PhaseResult]
     composed: list[ComposedPoint]  # every xPyD deployment composed from measured curves
     composed_front: list[ComposedPoint]
-    composition_error: str | None = None
+    # why there is no composed front: a refusal with its one fix, kept whole (export refuses on it, adding nothing)
+    composition_refusal: TopotuneError | None = None
+
+    @property
+    def composition_error(self) -> str | None:
+        """The refusal as one line, its fix once (what `show`, its JSON and the service's pages print)."""
+        return self.composition_refusal.user_message() if self.composition_refusal is not None else None
 
     @property
     def exports_composed(self) -> bool:
@@ -152,19 +158,20 @@ def _hypervolume_history(launches: list[TrialRecord], points: list[StoredPoint])
 
 
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
-                  ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+                  ) -> tuple[list[ComposedPoint], list[ComposedPoint], TopotuneError | None]:
     return compose_curves({phase: _per_topology_fronts(pr.points) for phase, pr in phases.items()}, space, model)
 
 
 def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], space: SearchSpace, model: ModelSpec
-                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], TopotuneError | None]:
     """(every composed deployment, the composed front, why there is none) from each phase's measured curves
     (each topology's own front is enough: its dominated levels can never be on the composed front)."""
     if "prefill" not in curves or "decode" not in curves:
         if not set(PHASES) <= set(space.phases):
-            return [], [], "the space has no prefill + decode pair of phases: no PD composition"
+            return [], [], TopotuneError("the space has no prefill + decode pair of phases: no PD composition")
         missing = next(p for p in PHASES if p not in curves)
-        return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
+        return [], [], TopotuneError(f"no {missing} trials yet: the PD front is composed once both phases have "
+                                     "measurements")
     # a deterministic order (by topology, then level): the same points give the same front, however they arrived
     prefill, decode = (sorted(curves[p], key=lambda tm: (str(tm[0]), tm[1].concurrency)) for p in ("prefill", "decode"))
     # each prefill point pairs with every decode depth, at that depth (a hybrid model's block size follows it)
@@ -175,7 +182,7 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
             percentile=c.percentile, min_tok_s_per_user=c.min_tok_s_per_user, pairing=pd_pairing(space, model)))
     except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
-        return [], [], exc.user_message()
+        return [], [], exc
     return composed, combined_front(composed), None
 
 
@@ -239,11 +246,11 @@ def load_campaign(storage_url: str, name: str) -> tuple[CampaignResult, SearchSp
     space = SearchSpace.model_validate(meta.space)
     model = load_model(meta.model_path)
     phases = {phase: _phase_result(study, phase) for phase, study in studies.items()}
-    composed, front, error = compose_front(phases, space, model)
+    composed, front, refusal = compose_front(phases, space, model)
     base, _ = split_name(name)
     return (CampaignResult(name=base, model=meta.model, gpu=meta.gpu, isl=space.isl,
                            osl=space.osl, phases=phases, composed=composed, composed_front=front,
-                           composition_error=error), space, meta)
+                           composition_refusal=refusal), space, meta)
 
 
 @dataclass
