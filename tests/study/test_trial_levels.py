@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 
 from tuner.backends import SimulatedBackend
 from tuner.cli._logs import trial_artifacts_dir
+from tuner.cli._tune import EXPORT_FLAGS
 from tuner.errors import ConfigError, InfeasibleError
 from tuner.executors import LocalExecutor
 from tuner.export import campaign_operating_point, study_operating_point
@@ -230,8 +231,13 @@ def test_a_pd_study_without_a_composed_front_exports_no_lone_instance(study: tup
     with pytest.raises(ConfigError) as err:
         campaign_operating_point(uncomposed, space, model_path=meta.model_path, model_name=meta.model, point=0,
                                  study=name, backend=meta.backend)
-    assert err.value.field == "--point" and "no composed PD front to export" in str(err.value)
-    assert f"topotune export {name}/decode --point N" in str(err.value)
-    # one fix, rendered once: the refusal's own (to compose a front) or a phase's instances instead
-    assert str(err.value).count("(fix: ") == 1 and "sweep prefill topologies with the decode topologies' TP to " \
-        "compose one, or export one phase's instance" in str(err.value)
+    assert err.value.field == "point" and "no composed PD front to export" in str(err.value)
+    # one fix, rendered once: the refusal's own (to compose a front) or a phase's instances instead, as STUDY/PHASE
+    shown = err.value.renamed(EXPORT_FLAGS).user_message()  # as `topotune export` shows it
+    assert shown.startswith("--point: no composed PD front to export: no prefill topology pairs") and \
+        shown.count("(fix: ") == 1, shown
+    assert "(fix: sweep prefill topologies with the decode topologies' TP to compose one, or export one phase's " \
+        f"instances instead: the STUDY {name}/decode or /prefill)" in shown
+    # the refusal follows the one rule: a phase study (STUDY/PHASE) exports its front, whatever composed or not
+    op = study_operating_point(url, f"{name}/decode", 0)
+    assert len(op.deployment.groups) == 1  # one decode instance (group), not a PD deployment

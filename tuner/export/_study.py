@@ -15,19 +15,23 @@ if TYPE_CHECKING:
 
 
 def campaign_operating_point(result: CampaignResult, space: SearchSpace, *, model_path: str, model_name: str,
-                             point: int, study: str, backend: str) -> OperatingPoint:
+                             point: int, study: str, backend: str, instead: str | None = None) -> OperatingPoint:
     """Row `point` of the composed front (else of the phase fronts) at its operating point: --max-num-seqs at the
-    running requests it measured, the space's workload for the context, prefix caching and the router."""
+    running requests it measured, the space's workload for the context, prefix caching and the router.
+
+    A PD campaign exports its composed front (CampaignResult.exports_composed, the one rule): without one, the
+    refusal says why, with the composition's fix and what the face offers instead (`instead`; by default exporting
+    one phase's instances, `study` as STUDY/PHASE)."""
     from tuner.study import recipe_versions
 
     deployments = result.exportable_deployments()
-    refusal = result.composition_refusal
-    if not deployments and refusal is not None:  # one fix: the refusal's own, or a phase's instances instead
-        phase_instead = f"export one phase's instance: `topotune export {study}/decode --point N`"
-        raise ConfigError(f"no composed PD front to export: {refusal.message}", field="--point",
-                          fix=f"{refusal.fix} to compose one, or {phase_instead}" if refusal.fix else phase_instead)
+    if result.exports_composed and not result.composed_front:
+        why = result.composition_refusal
+        instead = instead or f"export one phase's instances instead: the `study` {study}/decode or /prefill"
+        raise ConfigError("no composed PD front to export" + (f": {why.message}" if why else ""), field="point",
+                          fix=f"{why.fix} to compose one, or {instead}" if why and why.fix else instead)
     if not 0 <= point < len(deployments):
-        raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="--point",
+        raise ConfigError(f"no point {point}; the front has {len(deployments)}", field="point",
                           fix=f"use 0..{len(deployments) - 1} (see `topotune show {study}`)" if deployments else
                           "wait for the study to measure a front")
     version = recipe_versions(result)[point]
