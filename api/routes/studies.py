@@ -129,7 +129,7 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
                                              backend=record.backend,
                                              instead=f"see each phase's front at /v1/studies/{record.id}/pareto")
     except ConfigError as exc:
-        raise FieldError(("query", "point"), exc.renamed(STUDY_FIELDS).user_message()) from None
+        raise FieldError.of(("query", "point"), exc.renamed(STUDY_FIELDS)) from None
     text = render_point(operating, fmt)
     suffix = {"vllm": "sh"}.get(fmt, "yaml")
     return PlainTextResponse(text, headers={
