@@ -362,3 +362,15 @@ def test_a_resume_under_other_bounds_names_the_request_fields_not_a_face_s() -> 
     assert err.value.field == "sla.max_itl_ms"
     assert "`sla.max_itl_ms`" in (err.value.fix or "") and "`storage`" in (err.value.fix or "")
     assert "--" not in str(err.value)
+
+
+def test_a_new_users_small_study_of_the_reference_space_composes_a_pd_front(tmp_path: Path) -> None:
+    """`topotune tune` of the reference space with 6 trials and --parallel 4: the prefill study's front held TP8
+    only and the decode study, not warm-started (vLLM pairs TP1 with TP2, so the old "equal TP only" check said
+    no), measured TP2/TP4: nothing paired (hybrid_prefix_caching_blocks). The decode warm start now seeds the
+    prefill front's TP, which pairs."""
+    result = _campaign(f"sqlite:///{tmp_path}/s.db", tmp_path, SimulatedBackend(), trials=6, parallel=4).run()
+    prefill_tps = {p.deployment.groups[0].topology.tp for p in result.phases["prefill"].front}
+    decode_tps = {p.deployment.groups[0].topology.tp for p in result.phases["decode"].points if p.feasible}
+    assert prefill_tps & decode_tps, (prefill_tps, decode_tps)  # an equal TP measured on both sides
+    assert result.composed_front, result.composition_error

@@ -201,14 +201,18 @@ def pd_pairing(space: SearchSpace, model: ModelSpec) -> Callable[[Topology, Topo
     return pairing_predicate(settings.rules(), settings.pairing(model))
 
 
-def equal_tp_only(space: SearchSpace, model: ModelSpec) -> bool:
-    """Whether the pairing check refuses every pair of different TPs the space can propose (a hybrid model on
-    a vLLM without hetero-TP transfer, or whose TP-dependent block size meets prefix caching): the warm start
-    then seeds the second phase with the first phase's front TPs."""
+def pairing_limits_tp(space: SearchSpace, model: ModelSpec) -> bool:
+    """Whether the pairing check refuses some pair of different TPs the space can propose, at one of the decode
+    side's MTP depths (the composition pairs each prefill point at the decode point's depth, and a hybrid model's
+    block size follows TP and depth): the reference model pairs TP1 with TP2, never either with TP8, so a check of
+    every pair refusing ("equal TP only") said no. The warm start then seeds the second phase with the first
+    phase's front TPs: an equal TP, at any depth, pairs whenever the model pairs at all
+    (tuner.backends.vllm._pairing)."""
     pairing = pd_pairing(space, model)
     tps = sorted({tp for phase in space.phases.values() for tp in phase.tp})
+    depths = sorted({d for name, phase in space.phases.items() if name != "prefill" for d in phase.choices("mtp")})
     pairs = [(a, b) for a in tps for b in tps if a != b and max(a, b) % min(a, b) == 0]
-    return bool(pairs) and all(pairing(Topology(tp=a), Topology(tp=b)) for a, b in pairs)
+    return any(pairing(Topology(tp=a, mtp=d), Topology(tp=b, mtp=d)) for a, b in pairs for d in depths or [0])
 
 
 def _per_topology_fronts(points: list[StoredPoint]) -> list[tuple[Topology, ServingMetrics]]:
@@ -311,7 +315,7 @@ class Campaign:
                            warm_start_params=lambda p=phase, tps=pair_with, t=transfer: self._warm_start(p, tps, t),
                            pair_with_tps=pair_with, transfer=transfer)
             study = run.run()
-            if equal_tp_only(self.space, self.model):
+            if pairing_limits_tp(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp
                                       for p in _phase_result(study, phase).front)
         result, _, _ = load_campaign(self.storage_url, self.name)
