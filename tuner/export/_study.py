@@ -56,7 +56,14 @@ def study_operating_point(storage_url: str, study: str, point: int) -> Operating
 
 
 def simulated_label(version_label: str) -> str:
-    """'vLLM 0.32.0 · model e0f1e04' of a simulated trial -> 'simulated (vLLM 0.32 rules)'."""
-    found = re.search(r"vLLM (\d+)\.(\d+)", version_label)
-    return f"simulated (vLLM {found[1]}.{found[2]} rules)" if found else "simulated"
+    """'vLLM 0.32.0 · model e0f1e04' of a simulated trial -> 'simulated (vLLM 0.32 rules)'; a composed point whose
+    sides ran under different versions (one re-verified since: 'prefill vLLM 0.32.0 · ..., decode vLLM 0.33.0
+    · ...') names each side's, not the first one found."""
+    found = re.findall(r"(?:(prefill|decode) )?vLLM (\d+)\.(\d+)", version_label)
+    if not found:
+        return "simulated"
+    if len({(major, minor) for _, major, minor in found}) == 1:
+        return f"simulated (vLLM {found[0][1]}.{found[0][2]} rules)"
+    return "simulated (" + ", ".join(f"{side} vLLM {major}.{minor} rules".lstrip()
+                                     for side, major, minor in found) + ")"
 
