@@ -113,7 +113,7 @@ def answer(body: AdviceCreate, settings: ApiSettings) -> tuple[Advice, AdvicePub
 def _field_error(exc: TopotuneError) -> FieldError:
     named = exc.renamed(ADVICE_FIELDS)
     loc = tuple((named.field or "body").replace(": ", ".").split("."))
-    return FieldError(("body", *loc), named.user_message())
+    return FieldError.of(("body", *loc), named)
 
 
 def study_request(record: StudyRecord, settings: ApiSettings) -> AdviseRequest:

@@ -141,4 +141,4 @@ def trace_summary(raw: str, settings: ApiSettings) -> dict[str, Any]:
     try:
         return _summary(str(path), st.st_mtime_ns, st.st_size)
     except TopotuneError as exc:
-        raise FieldError(("query", "path"), exc.user_message()) from exc
+        raise FieldError.of(("query", "path"), exc) from exc

@@ -10,6 +10,8 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from tuner.errors import TopotuneError
+
 
 class FieldError(Exception):
     """A request that passed the schema but cannot be served as asked: 422 naming the field (or 404/409)."""
@@ -21,6 +23,14 @@ class FieldError(Exception):
         self.message = message
         self.status_code = status_code
         self.kind = kind
+
+    @classmethod
+    def of(cls, loc: tuple[str | int, ...], exc: TopotuneError) -> FieldError:
+        """A library error at `loc`, its field named once: by `loc` when `loc` ends with it (the message and the
+        fix alone), else in the message too (a field inside the one `loc` names, `constraints.x` of a space)."""
+        field = (exc.field or "").replace(": ", ".").split(".")
+        carried = bool(exc.field) and [str(p) for p in loc[-len(field):]] == field
+        return cls(loc, exc.detail() if carried else exc.user_message())
 
 
 class NotFound(FieldError):

@@ -24,7 +24,7 @@ from api.errors import FieldError
 from api.metrics import ServiceMetrics
 from api.models import EventRecord, ModelRecord, ModelStatus, StudyRecord, StudyStatus
 from api.schemas import ReverifyCreate
-from api.service import confine_model_path
+from api.service import STUDY_FIELDS, confine_model_path
 from tuner.backends import SimulatedConfig
 from tuner.errors import TopotuneError
 from tuner.reverify import ReverifyRequest, reverify
@@ -229,7 +229,7 @@ class StudyRunner:
                           stop=stop, name=record.campaign)
         except TopotuneError as exc:
             self._finish(study_id, StudyStatus.CANCELLED if stop.cancelled else StudyStatus.FAILED,
-                         exc.user_message())
+                         exc.renamed(STUDY_FIELDS).user_message())  # its request fields as the body names them
             return
         finally:
             with self._lock:

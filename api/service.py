@@ -124,7 +124,7 @@ def resolve_space(body: StudyCreate, settings: ApiSettings) -> SearchSpace:
         return _with_trace(space, settings.default_space.parent, settings, ("body", "space", "workload", "trace"))
     except TopotuneError as exc:
         loc = ("body", "space_path") if body.space_path is not None else ("body", "space")
-        raise FieldError(loc, exc.user_message()) from exc
+        raise FieldError.of(loc, exc) from exc
     except (ValueError, TypeError, RecursionError) as exc:  # yaml oddities the space loader does not wrap
         raise FieldError(("body", "space"), f"not a valid search space: {exc}") from exc
 
@@ -155,7 +155,7 @@ def with_workload(space: SearchSpace, body: StudyCreate, settings: ApiSettings) 
                                               "workload": block.model_dump(mode="json", exclude_none=True)})
     except ValidationError as exc:
         error = workload_error(exc, "workload")
-        raise FieldError(("body", *(error.field or "workload").split(".")), error.user_message()) from None
+        raise FieldError.of(("body", *(error.field or "workload").split(".")), error) from None
     if block.trace is None:
         return changed.with_base_dir(settings.default_space.parent)
     return _with_trace(changed, settings.default_space.parent, settings, (*loc, "trace"))
@@ -174,7 +174,7 @@ def resolve_model(raw: str, settings: ApiSettings, loc: tuple[str, ...]) -> tupl
     except ConfigNotReady as exc:
         raise FieldError(loc, str(exc)) from exc
     except TopotuneError as exc:
-        raise FieldError(loc, exc.user_message()) from exc
+        raise FieldError.of(loc, exc) from exc
 
 
 def new_study(session: Session, *, model_path: Path, model: ModelSpec, request: TuneRequest) -> StudyRecord:
@@ -188,7 +188,7 @@ def new_study(session: Session, *, model_path: Path, model: ModelSpec, request: 
         gpu = get_gpu(space.cluster.gpu)
         check_space(space, model_path, chosen)
     except TopotuneError as exc:
-        raise FieldError(("body", "space"), exc.user_message()) from exc
+        raise FieldError.of(("body", "space"), exc) from exc
     record = StudyRecord(campaign=f"pending-{uuid.uuid4().hex}", model_name=model.name,
                          model_path=str(model_path), space=json.loads(space.model_dump_json()), space_name=space.name,
                          backend=request.backend.kind, request_json=json.loads(request.model_dump_json()),
@@ -220,12 +220,12 @@ def tune_request(settings: ApiSettings, body: StudyCreate, model_path: Path, spa
                                   retry_risks=body.retry_risks)
     except TopotuneError as exc:
         named = exc.renamed(STUDY_FIELDS)
-        raise FieldError(("body", *(named.field or "backend").split(".")), named.user_message()) from exc
+        raise FieldError.of(("body", *(named.field or "backend").split(".")), named) from exc
 
 
 # The library request's fields under their StudyCreate body names (an error's loc and text).
 STUDY_FIELDS = {"backend.kind": "backend", "backend.noise": "noise", "backend.delay_s": "trial_delay_s",
-                "sla": "constraints"}
+                "sla": "constraints", **{f"sla.{name}": f"constraints.{name}" for name in SlaOverride.model_fields}}
 
 
 def create_study(session: Session, settings: ApiSettings, body: StudyCreate) -> StudyRecord:

@@ -28,13 +28,12 @@ class TopotuneError(Exception):
         super().__init__(self.user_message())
 
     def user_message(self) -> str:
-        parts = []
-        if self.field:
-            parts.append(f"{self.field}: ")
-        parts.append(_plain(self.message))
-        if self.fix:
-            parts.append(f" (fix: {_plain(self.fix)})")
-        return "".join(parts)
+        return f"{self.field}: {self.detail()}" if self.field else self.detail()
+
+    def detail(self) -> str:
+        """The message and its fix without the field: for a face that names the field beside it (an API 422's
+        `loc`)."""
+        return _plain(self.message) + (f" (fix: {_plain(self.fix)})" if self.fix else "")
 
     def renamed(self, names: Mapping[str, str]) -> TopotuneError:
         """The same error with request fields under a face's names (the CLI's flags, the API's body fields):

@@ -27,8 +27,9 @@ from api.schemas import (
     StudyPublic,
     TrialPage,
 )
+from api.service import STUDY_FIELDS
 from api.views import exportable, pareto, phase_progress, trial_public
-from tuner.errors import TopotuneError
+from tuner.errors import ConfigError, TopotuneError
 from tuner.export import campaign_operating_point
 from tuner.export import export_point as render_point
 from tuner.space import SearchSpace
@@ -117,13 +118,18 @@ def export_point(record: StudyDep, cache: CacheDep, point: Annotated[int, Query(
     """A recipe for row `point` of the composed front (or of the phase fronts when there is no PD front)."""
     snap = cache.snapshot(record, full=True)
     deployments = exportable(snap.result) if snap.result else []
-    if not snap.result or not 0 <= point < len(deployments):
-        raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} "
-                                             "(see /pareto)" if deployments else "the study has no front yet")
+    if not snap.result or not (deployments or snap.result.exports_composed):
+        raise FieldError(("query", "point"), "the study has no front yet")
+    if deployments and not 0 <= point < len(deployments):
+        raise FieldError(("query", "point"), f"no point {point}; the front has {len(deployments)} (see /pareto)")
     space = snap.space or SearchSpace.model_validate(record.space)
-    operating = campaign_operating_point(snap.result, space, model_path=record.model_path,
-                                         model_name=record.model_name, point=point, study=record.campaign,
-                                         backend=record.backend)
+    try:  # a PD study without a composed front: the library's refusal (exports_composed), its fix once
+        operating = campaign_operating_point(snap.result, space, model_path=record.model_path,
+                                             model_name=record.model_name, point=point, study=record.campaign,
+                                             backend=record.backend,
+                                             instead=f"see each phase's front at /v1/studies/{record.id}/pareto")
+    except ConfigError as exc:
+        raise FieldError.of(("query", "point"), exc.renamed(STUDY_FIELDS)) from None
     text = render_point(operating, fmt)
     suffix = {"vllm": "sh"}.get(fmt, "yaml")
     return PlainTextResponse(text, headers={

@@ -44,7 +44,7 @@ def _check_urls(urls: list[str]) -> list[str]:
         try:
             out.append(metrics_url(url))
         except MetricsError as exc:
-            raise FieldError(("body", "urls", i), exc.user_message()) from exc
+            raise FieldError.of(("body", "urls", i), exc) from exc
     return out
 
 
@@ -54,11 +54,11 @@ def _check_deployment(deployment: str, serve_flags: str) -> None:
     try:
         engine, _ = engine_from_flags(serve_flags)
     except TopotuneError as exc:
-        raise FieldError(("body", "serve_flags"), exc.user_message()) from exc
+        raise FieldError.of(("body", "serve_flags"), exc) from exc
     try:
         parse_deployment(deployment, **engine)
     except TopotuneError as exc:
-        raise FieldError(("body", "deployment"), exc.user_message()) from exc
+        raise FieldError.of(("body", "deployment"), exc) from exc
 
 
 def _latest_advice(session: Session, watch_id: int) -> WatchEventRecord | None:
@@ -89,7 +89,7 @@ def create_watch(body: WatchCreate, session: SessionDep, settings: SettingsDep) 
     try:
         get_gpu(body.hardware)
     except TopotuneError as exc:
-        raise FieldError(("body", "hardware"), exc.user_message()) from exc
+        raise FieldError.of(("body", "hardware"), exc) from exc
     record = WatchRecord(name=body.name, urls={"urls": urls}, deployment=body.deployment,
                          serve_flags=body.serve_flags, model_path=str(model_path), hardware=body.hardware,
                          max_gpus=body.max_gpus, max_ttft_ms=body.max_ttft_ms, max_itl_ms=body.max_itl_ms,

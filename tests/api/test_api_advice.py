@@ -75,6 +75,8 @@ def test_bad_input_is_a_422_naming_the_field(client, change: dict, loc: list[str
     detail = r.json()["detail"][0]
     assert detail["loc"][:len(loc)] == loc, detail
     assert says in detail["msg"], detail
+    # the loc names the field; the message does not repeat it (its fix stays)
+    assert not detail["msg"].startswith((f"{detail['loc'][-1]}:", ".".join(map(str, detail["loc"][1:])) + ":")), detail
 
 
 @pytest.mark.parametrize(("calibration", "loc", "says"), [
@@ -97,6 +99,7 @@ def test_a_bad_calibration_is_a_422_naming_the_factor(client, calibration: str, 
     detail = r.json()["detail"][0]
     assert detail["loc"][:len(loc)] == loc and says in detail["msg"], detail
     assert "(fix: " in detail["msg"] or loc == ["body", "calibration"], detail
+    assert not detail["msg"].startswith(".".join(map(str, detail["loc"][1:])) + ":"), detail  # the loc names it
 
 
 def test_a_calibration_answers_as_frontier_with_that_file(client, model_store: Path, tmp_path: Path,  # type: ignore[no-untyped-def]

@@ -194,3 +194,18 @@ def test_cancel_never_overwrites_the_drivers_end(database_url, make_settings, cl
     assert client.get(f"/v1/studies/{sid}").json()["status"] == "cancelled"
     client.post(f"/v1/studies/{sid}/cancel", headers=AUTH)  # stop the driver itself
     wait_for(client, sid, finished, timeout_s=30)
+
+
+def test_a_pd_study_without_a_composed_front_refuses_export_as_the_cli_does(sqlite_url, make_settings, client_for):
+    """The library's one rule (CampaignResult.exports_composed): a PD study whose phases compose nothing has no
+    deployment to export, and says why with the composition's fix once (it used to say "no front yet")."""
+    client = client_for(make_settings(sqlite_url))
+    study = client.post("/v1/studies", json={**FAST_STUDY, "constraints": {"max_ttft_ms": 1}}, headers=AUTH).json()
+    assert wait_for(client, study["id"], finished)["status"] == "succeeded"
+    front = client.get(f"/v1/studies/{study['id']}/pareto").json()
+    assert not front["composed_front"] and front["composition_error"]
+    refused = client.get(f"/v1/studies/{study['id']}/export", params={"point": 0})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "point"]
+    msg = refused.json()["detail"][0]["msg"]
+    assert "no composed PD front to export" in msg and msg.count("(fix: ") == 1, msg
+    assert f"/v1/studies/{study['id']}/pareto" in msg and "topotune export" not in msg

@@ -148,3 +148,33 @@ def test_the_forms_trace_summary(make_settings, sqlite_url: str, client_for, mod
     assert 0.5 < summary["prefix_reuse"] < 0.9
     refused = client.get("/ui/traces/summary", params={"path": "/etc/passwd"})
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "path"]
+
+
+def test_a_study_refused_on_resume_names_the_body_s_fields(sessions, make_settings, sqlite_url: str,  # type: ignore[no-untyped-def]
+                                                          tiny: str) -> None:
+    """The library's resume refusal (other bounds than the stored study's) names its request fields; the service
+    shows them as the body names them (`constraints.max_itl_ms`), as the CLI shows its flags."""
+    import optuna
+
+    from api.metrics import ServiceMetrics
+    from api.runner import StudyRunner
+    from tuner.study import open_storage
+    from tuner.study._trial_record import CampaignMeta
+
+    settings: ApiSettings = make_settings(sqlite_url, executor="local")
+    with sessions() as session:
+        record = create_study(session, settings, StudyCreate(model_path=tiny, space_path="cpu-tiny.yaml", trials=1,
+                                                             phases=["decode"], constraints={"max_itl_ms": 80}))
+        study_id, campaign, space = record.id, record.campaign, dict(record.space)
+    # the same campaign already stored under another ITL bound (in seconds where milliseconds are meant)
+    stored = optuna.create_study(study_name=f"{campaign}/decode", storage=open_storage(settings.database_url),
+                                 directions=["maximize", "maximize"])
+    CampaignMeta.new(phase="decode", model="tiny", model_path=str(record.model_path), gpu=space["cluster"]["gpu"],
+                     space={**space, "constraints": {**space["constraints"], "max_itl_ms": 0.05}},
+                     backend="simulated", sampler="random", seed=0, trials=1).write(stored)
+    StudyRunner(settings, sessions, ServiceMetrics(sessions, settings.database_url))._run(study_id)
+    with sessions() as session:
+        failed = session.get(StudyRecord, study_id)
+        assert failed is not None and failed.status is StudyStatus.FAILED
+        assert failed.error is not None and failed.error.startswith("constraints.max_itl_ms: ")
+        assert "the study's constraints.max_itl_ms (0.05)" in failed.error and "sla." not in failed.error

@@ -168,7 +168,7 @@ def test_5_hybrid_pairs_across_tp_where_the_version_allows_and_are_refused_namin
 def test_5_composition_and_warm_start_pair_the_campaigns_own_front(reference_model_path: Path) -> None:
     from tuner.models import load_model
     from tuner.space import parse_space
-    from tuner.study._campaign import equal_tp_only, pd_pairing
+    from tuner.study._campaign import pairing_limits_tp, pd_pairing
 
     model = load_model(reference_model_path)
     text = ("name: x\ncluster: {gpu: gb300, num_gpus: 72%s}\nworkload: {isl: 8192, osl: 1024}\n"
@@ -177,7 +177,10 @@ def test_5_composition_and_warm_start_pair_the_campaigns_own_front(reference_mod
     newest = pd_pairing(parse_space(text % ""), model)
     assert newest(Topology(tp=4), Topology(tp=4)) is None
     assert newest(Topology(tp=4), Topology(tp=8)).startswith("hybrid_prefix_caching_blocks")
-    assert equal_tp_only(parse_space(text % ""), model)
+    assert pairing_limits_tp(parse_space(text % ""), model)
+    # TP1 pairs with TP2 (equal blocks), neither with TP8: some pairs refused is enough to seed equal TPs
+    assert newest(Topology(tp=1, mtp=3), Topology(tp=2, mtp=3)) is None
+    assert pairing_limits_tp(parse_space(text.replace("tp: [4, 8]", "tp: [1, 2, 8]") % ""), model)
     assert newest(Topology(tp=4), Topology(tp=8, mtp=1)).startswith("speculative_config")
     # 0.21: prefix-caching check not there yet, but no GDN transfer at all
     assert pd_pairing(parse_space(text % ", vllm_version: 0.21.0"), model)(

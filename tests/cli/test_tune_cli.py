@@ -108,6 +108,9 @@ def test_show_table(tuned: str, capsys: pytest.CaptureFixture[str]) -> None:
     # a resume under other bounds (an ITL in seconds) would judge old and new trials differently: refused, not run
     (["tune", MODEL, "--space", SPACE, "--trials", "6", "--executor", "local", "--max-itl-ms", "0.05"],
      "error: --max-itl-ms: "),
+    # its fix names the flags too, the study's bound and another storage: the library's fields as the CLI's
+    (["tune", MODEL, "--space", SPACE, "--trials", "6", "--executor", "local", "--max-itl-ms", "0.05"],
+     "(fix: resume with the study's --max-itl-ms (50.0), or run the new bounds as a new study (another --storage))"),
     (["tune", MODEL, "--space", SPACE, "--trials", "6", "--executor", "local", "--percentile", "p99"],
      "error: --percentile: "),
 ])

@@ -342,3 +342,35 @@ def test_a_rejected_proposal_is_repaired_with_a_config_that_launches(tmp_path: P
     screened = [t for t in study.trials if t.user_attrs.get("kind") == "screened"]
     assert screened and all(t.user_attrs.get("repaired_from") is None for t in screened)
     assert {r.user_attrs["repaired_from"] for r in repairs} <= {t.number for t in study.trials}
+
+
+def test_a_resume_under_other_bounds_names_the_request_fields_not_a_face_s() -> None:
+    """The library's refusal names its fields (`sla.max_itl_ms`, `storage`): the CLI shows them as flags, the API
+    as body fields (tests/cli/test_tune_cli.py, tests/api/test_api_tune_request.py); never a flag of its own."""
+    import json
+
+    from tuner.study._runner import check_same_sla
+    from tuner.study._trial_record import CampaignMeta
+
+    space = load_space(SPACE)
+    stored = json.loads(space.model_dump_json())
+    stored["constraints"]["max_itl_ms"] = 0.05  # an ITL in seconds where milliseconds are meant
+    meta = CampaignMeta.new(phase="decode", model="m", model_path=str(MODEL), gpu="gb300", space=stored,
+                            backend="simulated", sampler="random", seed=0, trials=1)
+    with pytest.raises(ConfigError) as err:
+        check_same_sla(meta, space, "m@gb300/8192x1024/decode")
+    assert err.value.field == "sla.max_itl_ms"
+    assert "`sla.max_itl_ms`" in (err.value.fix or "") and "`storage`" in (err.value.fix or "")
+    assert "--" not in str(err.value)
+
+
+def test_a_new_users_small_study_of_the_reference_space_composes_a_pd_front(tmp_path: Path) -> None:
+    """`topotune tune` of the reference space with 6 trials and --parallel 4: the prefill study's front held TP8
+    only and the decode study, not warm-started (vLLM pairs TP1 with TP2, so the old "equal TP only" check said
+    no), measured TP2/TP4: nothing paired (hybrid_prefix_caching_blocks). The decode warm start now seeds the
+    prefill front's TP, which pairs."""
+    result = _campaign(f"sqlite:///{tmp_path}/s.db", tmp_path, SimulatedBackend(), trials=6, parallel=4).run()
+    prefill_tps = {p.deployment.groups[0].topology.tp for p in result.phases["prefill"].front}
+    decode_tps = {p.deployment.groups[0].topology.tp for p in result.phases["decode"].points if p.feasible}
+    assert prefill_tps & decode_tps, (prefill_tps, decode_tps)  # an equal TP measured on both sides
+    assert result.composed_front, result.composition_error

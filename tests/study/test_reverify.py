@@ -40,7 +40,7 @@ from tuner.study import (
 from tuner.study._reverify import front_targets
 
 SPACE = load_space(REFERENCE_SPACE)
-CANDIDATE_VERSIONS = [f"0.{minor}.{patch}" for minor in (33, 34, 35) for patch in range(4)]
+CANDIDATE_VERSIONS = [f"0.{minor}.{patch}" for minor in range(33, 41) for patch in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -287,3 +287,11 @@ def test_reverify_claims_the_study_and_always_leaves_a_report(study: tuple[str, 
                            artifacts_dir=tmp_path)
     assert again.status == "complete" and [r.status for r in stored_reports(url, name)][-2:] == ["failed",
                                                                                                   "complete"]
+
+
+def test_a_composed_recipe_re_verified_on_one_side_names_each_sides_version() -> None:
+    """A composed point whose decode side was re-measured on 0.33 (its prefill side still 0.32): the recipe's
+    figures name both, not the first version found (the export said 0.32 rules for it)."""
+    assert simulated_label("prefill vLLM 0.32.0 · model e0f1e04, decode vLLM 0.33.0 · model e0f1e04") == \
+        "simulated (prefill vLLM 0.32 rules, decode vLLM 0.33 rules)"
+    assert simulated_label("vLLM 0.32.0 · model e0f1e04") == "simulated (vLLM 0.32 rules)"

@@ -15,7 +15,8 @@ from optuna.trial import TrialState
 
 from tuner.backends import SimulatedBackend
 from tuner.cli._logs import trial_artifacts_dir
-from tuner.errors import ConfigError
+from tuner.cli._tune import EXPORT_FLAGS
+from tuner.errors import ConfigError, InfeasibleError
 from tuner.executors import LocalExecutor
 from tuner.export import campaign_operating_point, study_operating_point
 from tuner.operating_point import at_running_requests, read_operating_point
@@ -222,11 +223,21 @@ def test_a_pd_study_without_a_composed_front_exports_no_lone_instance(study: tup
     `export STUDY --point 0` used to write the prefill front's first instance alone, as if it served requests."""
     url, name = study
     result, space, meta = load_campaign(url, name)
-    uncomposed = dataclasses.replace(result, composed=[], composed_front=[],
-                                     composition_error="no prefill topology pairs with a decode topology")
+    refusal = InfeasibleError("no prefill topology pairs with a decode topology: vLLM refuses every pair",
+                              field="topologies", fix="sweep prefill topologies with the decode topologies' TP")
+    uncomposed = dataclasses.replace(result, composed=[], composed_front=[], composition_refusal=refusal)
     assert uncomposed.exportable_deployments() == []
+    assert uncomposed.composition_error == refusal.user_message()  # what `show` prints: its one fix
     with pytest.raises(ConfigError) as err:
         campaign_operating_point(uncomposed, space, model_path=meta.model_path, model_name=meta.model, point=0,
                                  study=name, backend=meta.backend)
-    assert err.value.field == "--point" and "no composed PD front to export" in str(err.value)
-    assert f"topotune export {name}/decode --point N" in str(err.value)
+    assert err.value.field == "point" and "no composed PD front to export" in str(err.value)
+    # one fix, rendered once: the refusal's own (to compose a front) or a phase's instances instead, as STUDY/PHASE
+    shown = err.value.renamed(EXPORT_FLAGS).user_message()  # as `topotune export` shows it
+    assert shown.startswith("--point: no composed PD front to export: no prefill topology pairs") and \
+        shown.count("(fix: ") == 1, shown
+    assert "(fix: sweep prefill topologies with the decode topologies' TP to compose one, or export one phase's " \
+        f"instances instead: the STUDY {name}/decode or /prefill)" in shown
+    # the refusal follows the one rule: a phase study (STUDY/PHASE) exports its front, whatever composed or not
+    op = study_operating_point(url, f"{name}/decode", 0)
+    assert len(op.deployment.groups) == 1  # one decode instance (group), not a PD deployment

@@ -61,7 +61,8 @@ TUNE_FLAGS: dict[str, str] = {
     "sla.max_ttft_ms": "--max-ttft-ms", "sla.max_itl_ms": "--max-itl-ms", "sla.percentile": "--percentile",
     "backend.kind": "--backend", "backend.noise": "--noise", "backend.vllm_version": "--emulate-vllm",
     "noise": "--noise", "emulate_vllm": "--emulate-vllm", "reopen": "--reopen",
-    "study": "STUDY", "budget": "--budget", "repeats": "--repeats", "noise_floor": "--noise-floor", "alpha": "--alpha",
+    "study": "STUDY", "storage": "--storage", "budget": "--budget", "repeats": "--repeats",
+    "noise_floor": "--noise-floor", "alpha": "--alpha",
 }
 
 

@@ -317,7 +317,13 @@ def export(study: Annotated[str | None, typer.Argument(help="a study (see `topot
     from tuner.export import study_operating_point
 
     settings = TunerSettings(**({"storage": storage} if storage else {}))
-    write_script(export_point(study_operating_point(settings.storage_url, study, point or 0), fmt), output, fmt)
+    with as_flags(EXPORT_FLAGS):
+        operating = study_operating_point(settings.storage_url, study, point or 0)
+    write_script(export_point(operating, fmt), output, fmt)
+
+
+# The fields `export`'s library errors name, as its arguments.
+EXPORT_FLAGS = {"point": "--point", "study": "STUDY"}
 
 
 @app.command()

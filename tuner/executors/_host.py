@@ -149,19 +149,9 @@ def run_trial(spec: BackendSpec, request_json: str, token: str, attempt: int, ag
 
 def tagged_pids(token: str, proc: Path = Path("/proc")) -> list[int]:
     """Processes of this user whose start-up environment carries the trial's tag."""
-    needle = f"{TRIAL_TAG_ENV}={token}".encode()
-    me = os.getpid()
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            env = (entry / "environ").read_bytes()
-        except OSError:  # gone, or another user's
-            continue
-        if needle in env.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    from tuner.executors._reaper import pids_tagged
+
+    return pids_tagged(TRIAL_TAG_ENV, token, proc)
 
 
 def reap(token: str, grace_s: float = 5.0) -> list[int]:

@@ -7,7 +7,13 @@ session, remembers the driver's descendants (pid and start time, so a reused pid
 driver is gone freezes them (SIGSTOP, so none spawns more), collects the children of the frozen ones until
 nothing new appears, then kills them all. Linux only (/proc); elsewhere it is not started.
 
-Run as: python -m tuner.executors._reaper DRIVER_PID
+A poll of the driver's tree misses what left it between two polls or before the first (the head's processes
+when the driver dies while ray.init starts them: re-parented to PID 1, they are no one's descendants). So the
+head is started with HEAD_TAG_ENV=<token> in its environment, which every process it starts inherits and
+/proc/<pid>/environ keeps, and the victims are also every process carrying the token (as the host agent finds
+a trial's processes, tuner.executors._host.tagged_pids).
+
+Run as: python -m tuner.executors._reaper DRIVER_PID [TOKEN]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from pathlib import Path
 
 POLL_S = 0.5
+HEAD_TAG_ENV = "TOPOTUNE_RAY_HEAD_TAG"
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -51,6 +58,27 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
+def pids_tagged(name: str, value: str, proc: Path = Path("/proc")) -> list[int]:
+    """Processes of this user (this one aside) whose start-up environment sets `name` to `value`."""
+    needle = f"{name}={value}".encode()
+    me = os.getpid()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _tagged(token: str) -> dict[int, int]:
+    return {pid: st[1] for pid in pids_tagged(HEAD_TAG_ENV, token) if (st := _stat(pid)) is not None}
+
+
 def _signal(pids: dict[int, int], sig: int) -> None:
     for pid, started in pids.items():
         st = _stat(pid)
@@ -76,7 +104,8 @@ def reap(known: dict[int, int]) -> int:
     return len(victims)
 
 
-def watch(driver: int) -> None:
+def watch(driver: int, token: str | None = None) -> None:
+    """Until `driver` is gone, then reap its known descendants and every process carrying `token`."""
     known: dict[int, int] = {}
     while True:
         st = _stat(driver)
@@ -86,8 +115,10 @@ def watch(driver: int) -> None:
         known = {pid: t for pid, t in known.items()
                  if pid != os.getpid() and (s := _stat(pid)) is not None and s[1] == t}
         time.sleep(POLL_S)
+    if token:
+        known.update(_tagged(token))
     reap(known)
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]))
+    watch(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

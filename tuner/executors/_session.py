@@ -25,11 +25,13 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
+from tuner.executors._reaper import HEAD_TAG_ENV
 
 REDIS_PORT = 6379  # Redis holds it on our machines; Ray's own default
 PORT_SETTING = "TOPOTUNE_RAY_PORT"
@@ -154,13 +156,19 @@ def _own_signal_handlers() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def _start_reaper() -> None:
+def _start_reaper() -> str | None:
+    """The watchdog of the head about to start, and the token the head's processes must carry (None: no watchdog
+    here). Started before ray.init: a driver killed while ray.init starts the head's processes used to leave them
+    with no watchdog (benchmarks/fault_injection.py --service: 1-2 processes left after a kill -9)."""
     global _REAPER
-    if sys.platform != "linux" or (_REAPER is not None and _REAPER.poll() is None):
-        return
-    _REAPER = subprocess.Popen([sys.executable, "-m", "tuner.executors._reaper", str(os.getpid())],
+    if sys.platform != "linux":
+        return None
+    _stop_reaper()  # a previous head's, if any: this one watches the head that starts now
+    token = uuid.uuid4().hex
+    _REAPER = subprocess.Popen([sys.executable, "-m", "tuner.executors._reaper", str(os.getpid()), token],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
+    return token
 
 
 def _stop_reaper() -> None:
@@ -204,6 +212,10 @@ def _start_local(*, num_gpus: int, port: int | None, num_cpus: int) -> RaySessio
     import ray
     from ray._private import ray_constants
 
+    token = _start_reaper()
+    previous_tag = os.environ.get(HEAD_TAG_ENV)
+    if token is not None:  # every process of the head inherits it: the watchdog finds them all (_reaper)
+        os.environ[HEAD_TAG_ENV] = token
     previous = os.environ.get("RAY_GCS_SERVER_PORT")
     os.environ["RAY_GCS_SERVER_PORT"] = str(port or 0)  # Ray's 0: its GCS binds any free port and publishes it
     # Ray resolves 127.0.0.1 to the machine's address on Linux unless "clusters" are off (its switch is named for
@@ -218,6 +230,7 @@ def _start_local(*, num_gpus: int, port: int | None, num_cpus: int) -> RaySessio
                            object_store_memory=OBJECT_STORE_BYTES, _node_ip_address=LOOPBACK,
                            **_quiet_init_kwargs())
     except Exception as exc:  # Ray raises a bare Exception when its node never registers (_LOST_PORT)
+        _stop_reaper()
         why = next((why for sign, why in _LOST_PORT.items() if sign in str(exc)), None) if port is not None else None
         if why is None:
             raise
@@ -226,7 +239,7 @@ def _start_local(*, num_gpus: int, port: int | None, num_cpus: int) -> RaySessio
         raise _port_error(port, f"{why} (Ray's error is chained to this one)") from exc
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = enable_cluster
-        for name, value in (("RAY_GCS_SERVER_PORT", previous),
+        for name, value in (("RAY_GCS_SERVER_PORT", previous), (HEAD_TAG_ENV, previous_tag),
                             (ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, previous_cluster)):
             if value is None:
                 os.environ.pop(name, None)
@@ -234,8 +247,8 @@ def _start_local(*, num_gpus: int, port: int | None, num_cpus: int) -> RaySessio
                 os.environ[name] = value
     if port is not None and not _joined_own_head(ctx.address_info.get("node_id", "")):
         ray.shutdown()
+        _stop_reaper()
         raise _port_error(port, "another Ray head's GCS took it since it was checked")
-    _start_reaper()
     return RaySession(address=ctx.address_info.get("gcs_address", ""), local=True, num_gpus=num_gpus)
 
 

@@ -72,7 +72,13 @@ class CampaignResult:
     phases: dict[str, PhaseResult]
     composed: list[ComposedPoint]  # every xPyD deployment composed from measured curves
     composed_front: list[ComposedPoint]
-    composition_error: str | None = None
+    # why there is no composed front: a refusal with its one fix, kept whole (export refuses on it, adding nothing)
+    composition_refusal: TopotuneError | None = None
+
+    @property
+    def composition_error(self) -> str | None:
+        """The refusal as one line, its fix once (what `show`, its JSON and the service's pages print)."""
+        return self.composition_refusal.user_message() if self.composition_refusal is not None else None
 
     @property
     def exports_composed(self) -> bool:
@@ -152,19 +158,20 @@ def _hypervolume_history(launches: list[TrialRecord], points: list[StoredPoint])
 
 
 def compose_front(phases: dict[str, PhaseResult], space: SearchSpace, model: ModelSpec
-                  ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+                  ) -> tuple[list[ComposedPoint], list[ComposedPoint], TopotuneError | None]:
     return compose_curves({phase: _per_topology_fronts(pr.points) for phase, pr in phases.items()}, space, model)
 
 
 def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], space: SearchSpace, model: ModelSpec
-                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], str | None]:
+                   ) -> tuple[list[ComposedPoint], list[ComposedPoint], TopotuneError | None]:
     """(every composed deployment, the composed front, why there is none) from each phase's measured curves
     (each topology's own front is enough: its dominated levels can never be on the composed front)."""
     if "prefill" not in curves or "decode" not in curves:
         if not set(PHASES) <= set(space.phases):
-            return [], [], "the space has no prefill + decode pair of phases: no PD composition"
+            return [], [], TopotuneError("the space has no prefill + decode pair of phases: no PD composition")
         missing = next(p for p in PHASES if p not in curves)
-        return [], [], f"no {missing} trials yet: the PD front is composed once both phases have measurements"
+        return [], [], TopotuneError(f"no {missing} trials yet: the PD front is composed once both phases have "
+                                     "measurements")
     # a deterministic order (by topology, then level): the same points give the same front, however they arrived
     prefill, decode = (sorted(curves[p], key=lambda tm: (str(tm[0]), tm[1].concurrency)) for p in ("prefill", "decode"))
     # each prefill point pairs with every decode depth, at that depth (a hybrid model's block size follows it)
@@ -175,7 +182,7 @@ def compose_curves(curves: dict[str, list[tuple[Topology, ServingMetrics]]], spa
             max_gpus=space.cluster.num_gpus, max_ttft_ms=c.max_ttft_ms, max_itl_ms=c.max_itl_ms,
             percentile=c.percentile, min_tok_s_per_user=c.min_tok_s_per_user, pairing=pd_pairing(space, model)))
     except TopotuneError as exc:  # constraints removed everything, or curves that cannot pair
-        return [], [], exc.user_message()
+        return [], [], exc
     return composed, combined_front(composed), None
 
 
@@ -194,14 +201,18 @@ def pd_pairing(space: SearchSpace, model: ModelSpec) -> Callable[[Topology, Topo
     return pairing_predicate(settings.rules(), settings.pairing(model))
 
 
-def equal_tp_only(space: SearchSpace, model: ModelSpec) -> bool:
-    """Whether the pairing check refuses every pair of different TPs the space can propose (a hybrid model on
-    a vLLM without hetero-TP transfer, or whose TP-dependent block size meets prefix caching): the warm start
-    then seeds the second phase with the first phase's front TPs."""
+def pairing_limits_tp(space: SearchSpace, model: ModelSpec) -> bool:
+    """Whether the pairing check refuses some pair of different TPs the space can propose, at one of the decode
+    side's MTP depths (the composition pairs each prefill point at the decode point's depth, and a hybrid model's
+    block size follows TP and depth): the reference model pairs TP1 with TP2, never either with TP8, so a check of
+    every pair refusing ("equal TP only") said no. The warm start then seeds the second phase with the first
+    phase's front TPs: an equal TP, at any depth, pairs whenever the model pairs at all
+    (tuner.backends.vllm._pairing)."""
     pairing = pd_pairing(space, model)
     tps = sorted({tp for phase in space.phases.values() for tp in phase.tp})
+    depths = sorted({d for name, phase in space.phases.items() if name != "prefill" for d in phase.choices("mtp")})
     pairs = [(a, b) for a in tps for b in tps if a != b and max(a, b) % min(a, b) == 0]
-    return bool(pairs) and all(pairing(Topology(tp=a), Topology(tp=b)) for a, b in pairs)
+    return any(pairing(Topology(tp=a, mtp=d), Topology(tp=b, mtp=d)) for a, b in pairs for d in depths or [0])
 
 
 def _per_topology_fronts(points: list[StoredPoint]) -> list[tuple[Topology, ServingMetrics]]:
@@ -239,11 +250,11 @@ def load_campaign(storage_url: str, name: str) -> tuple[CampaignResult, SearchSp
     space = SearchSpace.model_validate(meta.space)
     model = load_model(meta.model_path)
     phases = {phase: _phase_result(study, phase) for phase, study in studies.items()}
-    composed, front, error = compose_front(phases, space, model)
+    composed, front, refusal = compose_front(phases, space, model)
     base, _ = split_name(name)
     return (CampaignResult(name=base, model=meta.model, gpu=meta.gpu, isl=space.isl,
                            osl=space.osl, phases=phases, composed=composed, composed_front=front,
-                           composition_error=error), space, meta)
+                           composition_refusal=refusal), space, meta)
 
 
 @dataclass
@@ -304,7 +315,7 @@ class Campaign:
                            warm_start_params=lambda p=phase, tps=pair_with, t=transfer: self._warm_start(p, tps, t),
                            pair_with_tps=pair_with, transfer=transfer)
             study = run.run()
-            if equal_tp_only(self.space, self.model):
+            if pairing_limits_tp(self.space, self.model):
                 pair_with = frozenset(p.deployment.groups[0].topology.tp
                                       for p in _phase_result(study, phase).front)
         result, _, _ = load_campaign(self.storage_url, self.name)

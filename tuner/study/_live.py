@@ -160,7 +160,7 @@ class LiveCampaign:
         self.error: str | None = None
         self._model: ModelSpec | None = None
         self._phases: dict[str, _PhaseFold] = {}
-        self._composed: tuple[list, list, str | None] = ([], [], None)
+        self._composed: tuple[list, list, TopotuneError | None] = ([], [], None)
         self.lock = threading.Lock()
 
     @property
@@ -227,24 +227,24 @@ class LiveCampaign:
         self.version += 1
         return True
 
-    def _compose(self) -> tuple[list, list, str | None]:
+    def _compose(self) -> tuple[list, list, TopotuneError | None]:
         assert self.space is not None and self._model is not None
         curves = {phase: [(topo, p.metrics) for topo, pts in fold.curves.items() for p in pts]
                   for phase, fold in self._phases.items()}
         try:
             return compose_curves(curves, self.space, self._model)
         except TopotuneError as exc:
-            return [], [], exc.user_message()
+            return [], [], exc
 
     def _publish(self) -> None:
         if self.space is None:
             return
         if "prefill" not in self._phases or "decode" not in self._phases:
             self._composed = compose_curves({p: [] for p in self._phases}, self.space, self._model)  # type: ignore[arg-type]
-        composed, front, error = self._composed
+        composed, front, refusal = self._composed
         w = self.space
         assert self.meta is not None
         self.result = CampaignResult(name=self.name, model=self.meta.model, gpu=self.meta.gpu,
                                      isl=w.isl, osl=w.osl,
                                      phases={p: fold.result() for p, fold in self._phases.items()},
-                                     composed=composed, composed_front=front, composition_error=error)
+                                     composed=composed, composed_front=front, composition_refusal=refusal)

@@ -60,7 +60,7 @@ def check_same_sla(meta: CampaignMeta, space: SearchSpace, study_name: str) -> N
             raise ConfigError(f"{study_name} was run with `{field}` = {was}; resuming it with {now} would judge its "
                               "stored trials and the new ones by different bounds", field=field,
                               fix=f"resume with the study's `{field}` ({was}), or run the new bounds as a new "
-                                  "study (another --storage)")
+                                  "study (another `storage`)")
 
 
 @dataclass

@@ -44,9 +44,10 @@ def predicted_front_params(space: SearchSpace, phase: Phase, model: ModelSpec, g
                            skip: Callable[[Topology], bool] | None = None) -> list[dict[str, Any]]:
     """Configs on the predicted front, spread along it (alternating ends inward) so a small budget covers it.
 
-    pair_with_tps: for hybrid models a PD pair needs equal TP on both sides, so the best predicted config of
-    each TP already on the other phase's front comes first (otherwise nothing may compose). skip: configs never
-    enqueued (a known crash on this cluster).
+    pair_with_tps: where vLLM refuses some PD pairs of different TPs (a hybrid model's TP-dependent block size,
+    tuner.study._campaign.pairing_limits_tp), the best predicted config of each TP already on the other phase's
+    front comes first: an equal TP pairs (otherwise nothing may compose). skip: configs never enqueued (a known
+    crash on this cluster).
     """
     points = predicted_points(space, phase, model, gpu, calibration=calibration, skip=skip)
     front = pareto_front(points, x=lambda p: p[1][0], y=lambda p: p[1][1])
