@@ -1,13 +1,13 @@
 """Every backend passes tuner.testing's conformance checks: the simulated one, the hidden truth the benchmarks
-measure on, and the vLLM backend (on this machine's CPU vLLM with a tiny model; without a GPU, the trial its plan
-refuses is checked on every run)."""
+measure on, and the vLLM backend (without a GPU, the trial its plan refuses is checked here on every run; the real
+one on this machine's CPU vLLM with a tiny model is tests/backends/test_vllm_cpu_e2e.py's TP1 trial, which
+check_backend runs there, so the suite starts one TP1 trial for both)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from _support.cpu_vllm import CPU_SETTINGS, needs_envs
 from _support.paths import REFERENCE_MODEL
 from _support.truth_runs import truth
 
@@ -56,16 +56,3 @@ def test_a_backend_that_raises_does_not_conform(tmp_path: Path) -> None:
 
     with pytest.raises(ConformanceError, match="raised RuntimeError"):
         check_backend(Raising(), _request("ok", "TEP8", tmp_path), failing=_request("too-big", "TP1", tmp_path))
-
-
-@pytest.mark.slow
-@needs_envs
-def test_vllm_backend_conforms_on_cpu_vllm(tiny_model: Path, tmp_path: Path) -> None:
-    """A real vllm-cpu trial of the tiny model (two levels), and a refused plan as the failing trial."""
-    request = TrialRequest(trial_id="cpu", model_path=str(tiny_model), gpu="cpu", timeout_s=600,
-                           deployment=Deployment.single(Topology.parse("TP1", max_num_seqs=8)),
-                           workload=Workload(isl=64, osl=8, concurrency=(1, 2), requests_per_level=4),
-                           artifacts_dir=str(tmp_path / "cpu"))
-    refused = request.model_copy(update={"trial_id": "refused", "vllm_version": "0.11.0", "deployment": (
-        Deployment.single(Topology.parse("TP1", max_num_seqs=8, stream_interval=8)))})
-    check_backend(VllmBackend(CPU_SETTINGS), request, failing=refused)

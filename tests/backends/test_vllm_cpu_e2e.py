@@ -4,7 +4,8 @@ Needs the pinned venvs (`make cpu-vllm` or `topotune setup-cpu-vllm`); skipped w
 A KV cache too small for the context (KV_TOO_SMALL, vLLM's "max seq len" line, nothing left running) is checked
 by the real study in test_cpu_study_e2e.py, where it must also not stop the study. A PD 1P1D trial moving KV over
 NIXL is checked by tests/executors/test_host_launch.py, through the Ray host agents (the same VllmBackend; one
-real PD trial in the suite, not two).
+real PD trial in the suite, not two). tuner.testing's conformance check of the vLLM backend runs on this module's
+TP1 trial (one real TP1 trial for both, not one each).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from _support.cpu_vllm import CPU_SETTINGS as SETTINGS
 from _support.cpu_vllm import needs_envs
 from _support.processes import processes_mentioning
 
-from tuner.backends import TrialRequest, TrialStatus
-from tuner.backends.vllm import VllmBackend, VllmTrial
+from tuner.backends import TrialRequest, TrialResult, TrialStatus
+from tuner.backends.vllm import VllmBackend, VllmBackendSettings, VllmTrial
 from tuner.deployment import Deployment
+from tuner.launch import ProcessStarter
+from tuner.testing import ConformanceError, check_backend
 from tuner.topology import Topology
 from tuner.workload import Workload
 
@@ -58,6 +61,21 @@ def _watch_placement(trial_dir: Path, seen: dict[str, set[int]], stop: threading
             seen[Path(f"/proc/{pid}/comm").read_text().strip()] = os.sched_getaffinity(pid)
 
 
+class _KeptTrials(VllmBackend):
+    """VllmBackend whose run keeps each VllmTrial: run is run_trial(...).result, as VllmBackend's own, so the
+    conformance check drives the backend's code unchanged and the tests below read the same trial's plan and
+    timings."""
+
+    def __init__(self, settings: VllmBackendSettings) -> None:
+        super().__init__(settings)
+        self.trials: list[VllmTrial] = []
+
+    def run(self, request: TrialRequest, *, starter: ProcessStarter | None = None) -> TrialResult:
+        trial = self.run_trial(request, starter=starter)
+        self.trials.append(trial)
+        return trial.result
+
+
 @dataclass(frozen=True)
 class _PortTakenTrial:
     trial: VllmTrial
@@ -65,14 +83,17 @@ class _PortTakenTrial:
     temp_before: set[str]
     seen: dict[str, set[int]]  # process name -> its CPU affinity while the trial ran (_watch_placement)
     taken_port: int | None  # the port another process bound before the server did
+    conformance: ConformanceError | None  # check_backend's verdict on this trial (None: it conforms)
+    refused_dir: Path  # the conformance check's failing trial (a plan vLLM 0.11 refuses): nothing launched
 
 
 @pytest.fixture(scope="module")
 def port_taken_trial(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> _PortTakenTrial:
-    """One full trial (TP1, two levels, the accuracy gate) that both tests below read, one real vLLM trial less
-    in the suite: another process binds the server's port between the trial's choice of its block (plan.json
+    """One full trial (TP1, two levels, the accuracy gate) that the three tests below read, two real vLLM trials
+    less in the suite: another process binds the server's port between the trial's choice of its block (plan.json
     written) and the server's own bind (vLLM binds after seconds of imports), and, once it runs, the kernel's
-    CPU affinity of each of its processes is recorded."""
+    CPU affinity of each of its processes is recorded. It is run by tuner.testing's check_backend, with a trial
+    the plan refuses (vLLM 0.11 has no --stream-interval) as the failing one."""
     temp_before = set(glob.glob("/tmp/vllm_dist_*"))
     trial_dir = tmp_path_factory.mktemp("e2e") / "trial-tp1"
     taken: list[socket.socket] = []
@@ -97,9 +118,19 @@ def port_taken_trial(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
                threading.Thread(target=_watch_placement, args=(trial_dir, seen, stop), daemon=True)]
     for thread in threads:
         thread.start()
+    backend = _KeptTrials(SETTINGS)
+    measured = request(tiny_model, trial_dir, Deployment.single(Topology.parse("TP1", max_num_seqs=8)),
+                       min_accuracy=0.0)
+    refused_dir = trial_dir.parent / "trial-refused"
+    refused = measured.model_copy(update={"trial_id": "refused", "vllm_version": "0.11.0",
+                                          "artifacts_dir": str(refused_dir), "deployment": Deployment.single(
+                                              Topology.parse("TP1", max_num_seqs=8, stream_interval=8))})
+    conformance: ConformanceError | None = None
     try:
-        trial = VllmBackend(SETTINGS).run_trial(request(tiny_model, trial_dir, Deployment.single(
-            Topology.parse("TP1", max_num_seqs=8)), min_accuracy=0.0))
+        try:
+            check_backend(backend, measured, failing=refused)
+        except ConformanceError as exc:  # the measured trial is kept: the tests below say what went wrong
+            conformance = exc
         taken_port = taken[0].getsockname()[1] if taken else None
     finally:
         stop.set()
@@ -107,7 +138,8 @@ def port_taken_trial(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory)
             thread.join(timeout=60)
         for sock in taken:
             sock.close()
-    return _PortTakenTrial(trial, trial_dir, temp_before, seen, taken_port)
+    assert backend.trials, f"check_backend ran no trial: {conformance}"
+    return _PortTakenTrial(backend.trials[0], trial_dir, temp_before, seen, taken_port, conformance, refused_dir)
 
 
 @needs_envs
@@ -155,6 +187,15 @@ def test_a_port_taken_before_the_server_binds_it_starts_the_trial_again_on_a_fre
     assert (trial_dir / "logs-port-retry1" / "both0.log").exists()
     assert json.loads((trial_dir / "plan.json").read_text())["processes"][0]["port"] != taken_port
     assert not _our_processes(trial_dir)
+
+
+@needs_envs
+def test_vllm_backend_conforms_on_cpu_vllm(port_taken_trial: _PortTakenTrial) -> None:
+    """tuner.testing's check_backend on the real TP1 trial above (two levels), and a refused plan as the failing
+    trial: nothing of it launched."""
+    assert port_taken_trial.conformance is None, str(port_taken_trial.conformance)
+    assert len(port_taken_trial.trial.result.points) == 2
+    assert not (port_taken_trial.refused_dir / "logs").exists()  # the refused trial started no process
 
 
 @needs_envs
