@@ -111,9 +111,7 @@ def answer(body: AdviceCreate, settings: ApiSettings) -> tuple[Advice, AdvicePub
 
 
 def _field_error(exc: TopotuneError) -> FieldError:
-    named = exc.renamed(ADVICE_FIELDS)
-    loc = tuple((named.field or "body").replace(": ", ".").split("."))
-    return FieldError.of(("body", *loc), named)
+    return FieldError.in_body(exc, ADVICE_FIELDS)
 
 
 def study_request(record: StudyRecord, settings: ApiSettings) -> AdviseRequest:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import Request
@@ -31,6 +32,14 @@ class FieldError(Exception):
         field = (exc.field or "").replace(": ", ".").split(".")
         carried = bool(exc.field) and [str(p) for p in loc[-len(field):]] == field
         return cls(loc, exc.detail() if carried else exc.user_message())
+
+    @classmethod
+    def in_body(cls, exc: TopotuneError, names: Mapping[str, str], unnamed: str = "body") -> FieldError:
+        """A library error as a 422 at the body field it names, its request fields under the body's `names`; an
+        error naming no field (a deployment that does not fit) at `unnamed`."""
+        named = exc.renamed(names)
+        loc = tuple((named.field or unnamed).replace(": ", ".").split("."))
+        return cls.of(("body", *loc), named)
 
 
 class NotFound(FieldError):

@@ -29,7 +29,7 @@ from api.errors import FieldError, field_error_handler, validation_error_handler
 from api.limits import BodySizeLimitMiddleware
 from api.metrics import ServiceMetrics
 from api.models import StudyRecord
-from api.routes import advice, clusters, health, metrics, models, pages, signin, studies, watches
+from api.routes import advice, clusters, health, metrics, models, pages, replay, signin, studies, watches
 from api.runner import StudyRunner
 from api.schemas import ReverifyCreate
 from api.security import AuthMiddleware
@@ -145,7 +145,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     signer = SessionSigner(token, settings.session_hours * 3600) if token else None
     app.state.signer = signer
     app.add_middleware(AuthMiddleware, token=token, read_auth=settings.read_auth, signer=signer)
-    for module in (health, metrics, studies, advice, models, clusters, watches, pages, signin):
+    for module in (health, metrics, studies, advice, replay, models, clusters, watches, pages, signin):
         app.include_router(module.router)
 
     @app.get("/", include_in_schema=False)

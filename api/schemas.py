@@ -354,6 +354,52 @@ class AdviceCreate(_In):
         return _no_nul(value)
 
 
+MAX_SERVICE_REPLAY_REQUESTS = 20_000  # one request's answer (per-request records) stays a few MB and seconds
+
+
+class ReplayCreate(_In):
+    """POST /v1/replay: a request stream through one deployment, as vLLM's scheduler runs it (`topotune replay`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    model_path: str = Field(min_length=1, max_length=4096, description="model folder or config.json, under an "
+                            "allowed root; relative paths are taken from the models directory")
+    hardware: str = Field("gb300", min_length=1, max_length=64, description="GPU from the catalog")
+    deployment: str = Field("TP8", min_length=1, max_length=256, description='"2P:TP4,1D:TP8" (PD), "2x:TP8" '
+                            '(replicas) or "TP8" (one instance)')
+    knobs: dict[str, Any] = Field(default_factory=dict, max_length=32, description="engine knobs every instance "
+                                  "carries, by name (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization...)")
+    workload: dict[str, Any] | None = Field(None, description="a search space's workload block (as /v1/advice's); "
+                                            "default: isl 8192, osl 1024")
+    trace_jsonl: str | None = Field(None, max_length=MAX_TRACE_UPLOAD_CHARS, description="an uploaded mooncake "
+                                    "trace (as /v1/advice's); with no rate nor concurrency it replays at its own "
+                                    "timestamps")
+    request_rate: float | None = Field(None, gt=0, le=1e6, description="open loop: requests/s for the deployment")
+    concurrency: int | None = Field(None, ge=1, le=100_000, description="closed loop: clients, each sending its "
+                                    "next request when its answer ends")
+    arrival: Literal["poisson", "gamma", "trace"] | None = Field(None, description="open-loop arrivals (gamma: "
+                                                                 "bursty, at `burstiness_cv`)")
+    burstiness_cv: float = Field(1.0, description="gamma arrivals: inter-arrival CV (1 = Poisson)")
+    router: str = Field("cache_aware", max_length=32, description="cache_aware, round_robin or least_loaded")
+    turns: int | None = Field(None, description="multi-turn sessions of a distribution: turns each")
+    think_ms: float = Field(1000.0, description="sessions: pause between an answer and the next turn")
+    num_requests: int | None = Field(None, ge=1, le=MAX_SERVICE_REPLAY_REQUESTS, description="requests replayed "
+                                     "(a trace: its first N, at most the service's bound; a distribution: 1,000)")
+    warmup_share: float = Field(0.0, description="share of the requests replayed before measuring")
+    max_ttft_ms: float | None = Field(None, gt=0, description="SLA of goodput: TTFT bound")
+    max_itl_ms: float | None = Field(None, gt=0, description="SLA of goodput: ITL bound")
+    long_prefill_token_threshold: int = Field(0, ge=0, description="vLLM --long-prefill-token-threshold")
+    max_horizon_s: float | None = Field(None, gt=0, le=1e7, description="stop past this simulated time")
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    calibration: dict[str, Any] | None = Field(None, max_length=64, description="calibration factors over the GPU's "
+                                               "defaults (as /v1/advice's)")
+
+    @field_validator("model_path", "trace_jsonl")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return _no_nul(value)
+
+
 class AdvicePublic(BaseModel):
     """The advice: `recommendation` is the object `topotune frontier --json` prints (same keys), `front` and
     `aggregated_front` both fronts (throughput end first), `commands` the winner's `vllm serve` lines."""

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.advise import AdviseRequest, ServeOptions, Sla, advise, calibrated
+from tuner.advise import AdviseRequest, ServeOptions, Sla, advise
 from tuner.cli import main
 from tuner.cli._perf import ADVISE_FLAGS
 from tuner.errors import ConfigError, InfeasibleError
+from tuner.perf import calibrated
 from tuner.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,10 +30,10 @@ def test_the_replay_reads_either_spelling_and_keeps_one(given: str, policy: Rout
     assert plan.router is policy
 
 
-def test_a_policy_the_replay_does_not_simulate_names_the_option() -> None:
+def test_a_policy_the_replay_does_not_simulate_names_the_field() -> None:
     with pytest.raises(ConfigError) as bad:
         check_router("power_of_two")
-    assert bad.value.field == "--router" and "round_robin" in (bad.value.fix or "")
+    assert bad.value.field == "router" and "round_robin" in (bad.value.fix or "")
     with pytest.raises(ConfigError, match="unknown router policy 'sticky'"):
         check_router("sticky")
 

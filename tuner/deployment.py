@@ -199,8 +199,8 @@ def parse_deployment(text: str, *, mtp: int = 0, **engine: object) -> Deployment
     text, printed_mtp = _from_printed(text)
     if printed_mtp is not None:
         if mtp and mtp != printed_mtp:
-            raise ConfigError(f"--mtp {mtp} differs from the deployment's MTP{printed_mtp}", field="--mtp",
-                              fix="drop --mtp: the printed deployment names its depth")
+            raise ConfigError(f"MTP {mtp} differs from the deployment's MTP{printed_mtp}", field="mtp",
+                              fix="drop `mtp`: the printed deployment names its depth")
         mtp = printed_mtp
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from tuner.replay import Engine
-from tuner.replay._requests import ReplayRequest, RequestSpec
+from tuner.replay._requests import EngineRequest, RequestSpec
 
 
 class StepByStep(Engine):
@@ -26,14 +26,14 @@ class LinearStep:
         return 1.0 + self.slope * decode_context
 
 
-def drive(engine: Engine, timed: list[tuple[RequestSpec, int]]) -> list[ReplayRequest]:
+def drive(engine: Engine, timed: list[tuple[RequestSpec, int]]) -> list[EngineRequest]:
     """Each spec reaches the engine at its time (ms, ascending); advance until every request has finished."""
     pending = list(timed)
-    requests: list[ReplayRequest] = []
+    requests: list[EngineRequest] = []
     while pending or engine.has_work:
         while pending and pending[0][1] <= engine.clock + 1e-9:
             spec, arrive = pending.pop(0)
-            r = ReplayRequest(rid=len(requests), spec=spec, sent_ms=arrive, prompt_tokens=spec.prompt_tokens,
+            r = EngineRequest(rid=len(requests), spec=spec, sent_ms=arrive, prompt_tokens=spec.prompt_tokens,
                               output_tokens=spec.output_tokens, units=spec.units)
             requests.append(r)
             engine.add(r, float(arrive))

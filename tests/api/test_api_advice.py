@@ -91,7 +91,7 @@ def test_bad_input_is_a_422_naming_the_field(client, change: dict, loc: list[str
 ])
 def test_a_bad_calibration_is_a_422_naming_the_factor(client, calibration: str, loc: list[str],  # type: ignore[no-untyped-def]
                                                       says: str) -> None:
-    """The body's calibration is checked by the library's one reader (tuner.advise.calibrated), as the CLI's
+    """The body's calibration is checked by the library's one reader (tuner.perf.calibrated), as the CLI's
     --calibration file is (tests/cli/test_perf_cli.py); the body is sent raw so 1e400 arrives as JSON has it."""
     body = f'{{"model_path": "{REFERENCE_MODEL}", "gpus": 8, "max_mtp": 0, "calibration": {calibration}}}'
     r = client.post("/v1/advice", content=body, headers={**AUTH, "content-type": "application/json"})

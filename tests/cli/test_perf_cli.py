@@ -184,7 +184,7 @@ BAD_CALIBRATIONS = {
 @pytest.mark.parametrize("kind", list(BAD_CALIBRATIONS))
 def test_a_bad_calibration_file_names_the_flag_the_factor_and_the_fix(
         ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
-    """--calibration goes through the library's guarded reader (tuner.advise.calibrated: tuner/files.py,
+    """--calibration goes through the library's guarded reader (tuner.perf.calibrated: tuner/files.py,
     tuner/_yaml.py, each factor checked strictly): an unknown factor, a bound, a wrong type, a non-mapping, an alias
     bomb, absurd nesting, a directory, a FIFO (a naive read blocks forever) or a huge file is one line naming the
     flag (and the factor) and the fix, exit 2, in every command that takes the flag."""

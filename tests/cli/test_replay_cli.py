@@ -40,6 +40,12 @@ def test_replay_runs_a_trace_a_distribution_and_sessions(capsys: pytest.CaptureF
     (["--deployment", "2x:TPX8", "--concurrency", "1"], "--deployment"),  # the library's fields as this command's
     (["--deployment", "2x:TP3", "--concurrency", "1"], "--deployment"),  # flags (they read "topology:")
     (["--hardware", "h2000", "--concurrency", "1"], "--hardware"),
+    (["--concurrency", "0"], "--concurrency"),  # the replay request's fields, rendered as flags
+    (["--request-rate", "1", "--burstiness-cv", "50"], "--burstiness-cv"),
+    (["--concurrency", "1", "--turns", "0"], "--turns"),
+    (["--concurrency", "1", "--warmup", "1.5"], "--warmup"),
+    (["--concurrency", "1", "--num-requests", "0"], "--num-requests"),
+    (["--arrival", "sticky", "--request-rate", "1"], "--arrival"),
 ])
 def test_bad_replay_input_names_the_option(capsys: pytest.CaptureFixture[str], args: list[str], field: str) -> None:
     assert main(["replay", MODEL, "--hardware", "h200", "--isl", "100", "--osl", "10", *args]) == 2

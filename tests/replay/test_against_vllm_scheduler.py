@@ -18,7 +18,7 @@ from _support.cpu_vllm import needs_envs
 
 from tuner.backends.vllm import default_envs_dir
 from tuner.replay import Engine, SchedulerLimits
-from tuner.replay._requests import ReplayRequest, RequestSpec
+from tuner.replay._requests import EngineRequest, RequestSpec
 
 DRIVER = Path(__file__).with_name("vllm_scheduler_steps.py")
 BS = 16
@@ -75,7 +75,7 @@ def _replay_steps(spec: dict) -> tuple[list[dict[str, int]], dict[str, int], lis
             r = pending.pop(0)
             s = RequestSpec(prompt_tokens=len(r["prompt"]), output_tokens=r["max_tokens"],
                             units=_units(r["prompt"], r["max_tokens"]))
-            req = ReplayRequest(rid=int(r["id"]), spec=s, sent_ms=r["arrive_step"], prompt_tokens=s.prompt_tokens,
+            req = EngineRequest(rid=int(r["id"]), spec=s, sent_ms=r["arrive_step"], prompt_tokens=s.prompt_tokens,
                                 output_tokens=s.output_tokens, units=s.units)
             requests.append(req)
             engine.add(req, float(r["arrive_step"]))

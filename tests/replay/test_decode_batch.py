@@ -11,7 +11,7 @@ from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, ReplayPlan, SchedulerLimits, Sessions, replay
 from tuner.replay import _replay as replay_module
 from tuner.replay._gaps import token_gap_percentiles
-from tuner.replay._requests import ReplayRequest, RequestSpec
+from tuner.replay._requests import EngineRequest, RequestSpec
 from tuner.workload import Workload
 
 BS = 16
@@ -20,10 +20,10 @@ BS = 16
 class _OneByOne(Engine):
     """Every step and stretch request by request (`_step_each`, `_stretch_each`): the reference."""
 
-    def _step_batched(self) -> list[ReplayRequest] | None:
+    def _step_batched(self) -> list[EngineRequest] | None:
         return None
 
-    def _stretch(self, k: int) -> list[ReplayRequest]:
+    def _stretch(self, k: int) -> list[EngineRequest]:
         self._write_back()
         done = self._stretch_each(k)
         self._regroup()

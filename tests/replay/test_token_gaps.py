@@ -11,7 +11,7 @@ from tuner.perf import RooflineModel
 from tuner.replay import ArrivalProcess, Engine, Percentiles, ReplayPlan, SchedulerLimits, Sessions, replay
 from tuner.replay import _replay as replay_module
 from tuner.replay._gaps import token_gap_percentiles
-from tuner.replay._requests import ReplayRequest, RequestSpec
+from tuner.replay._requests import EngineRequest, RequestSpec
 from tuner.workload import Workload
 
 
@@ -27,18 +27,18 @@ class _ChunkCosts:
 
 
 def _run(arrivals: list[tuple[int, int, float]], *, mtp: int = 0, accepted: float = 1.0,
-         stream_interval: int = 1) -> tuple[Engine, list[ReplayRequest]]:
+         stream_interval: int = 1) -> tuple[Engine, list[EngineRequest]]:
     """(prompt tokens, output tokens, arrival ms) through one engine with room for everything."""
     limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=256, block_size=16, num_blocks=100, mtp=mtp,
                              stream_interval=stream_interval)
     engine = Engine("rank 0", _ChunkCosts(accepted), limits)  # type: ignore[arg-type]
     pending = sorted(arrivals, key=lambda a: a[2])
-    requests: list[ReplayRequest] = []
+    requests: list[EngineRequest] = []
     while pending or engine.has_work:
         while pending and pending[0][2] <= engine.clock + 1e-9:
             prompt, output, at = pending.pop(0)
             spec = RequestSpec(prompt_tokens=prompt, output_tokens=output)
-            r = ReplayRequest(rid=len(requests), spec=spec, sent_ms=at, prompt_tokens=prompt, output_tokens=output,
+            r = EngineRequest(rid=len(requests), spec=spec, sent_ms=at, prompt_tokens=prompt, output_tokens=output,
                               units=())
             requests.append(r)
             engine.add(r, at)
@@ -49,7 +49,7 @@ def _run(arrivals: list[tuple[int, int, float]], *, mtp: int = 0, accepted: floa
     return engine, requests
 
 
-def _per_request_itl(requests: list[ReplayRequest]) -> Percentiles:
+def _per_request_itl(requests: list[EngineRequest]) -> Percentiles:
     return Percentiles.of([(r.finish_ms - r.first_token_ms) / (r.output_tokens - 1) for r in requests])
 
 

@@ -7,7 +7,6 @@ answer; errors name the request's fields (`gpus`, `sla.max_ttft_ms`), which each
 """
 
 from tuner.advise._advise import Advice, advise, offered_traffic
-from tuner.advise._calibration import CalibrationSource, calibrated
 from tuner.advise._fronts import Fronts, SweepProgress
 from tuner.advise._recommend import (
     TIE_MARGIN,
@@ -21,9 +20,9 @@ from tuner.advise._request import MAX_MTP_DEPTH, SERVING_MODES, AdviseRequest, S
 from tuner.advise._verify import ReplayDecision, replay_verified
 
 __all__ = [
-    "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "CalibrationSource", "Fronts",
+    "MAX_MTP_DEPTH", "SERVING_MODES", "TIE_MARGIN", "Advice", "AdviseRequest", "Fronts",
     "Recommendation",
     "ReplayDecision", "ServeOptions",
-    "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json", "calibrated",
+    "ServingMode", "Sla", "SweepProgress", "advise", "aggregated_json",
     "offered_traffic", "operating_deployment", "point_json", "recommend", "replay_verified",
 ]

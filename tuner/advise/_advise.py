@@ -9,7 +9,6 @@ from functools import cached_property
 
 from pydantic import ValidationError
 
-from tuner.advise._calibration import calibrated
 from tuner.advise._fronts import Fronts, NoProgress, ReplayHint, SweepProgress, closed_loop_fronts, rate_fronts
 from tuner.advise._recommend import (
     Point,
@@ -37,7 +36,7 @@ from tuner.frontier import Constraints, binding_bound
 from tuner.hardware import GpuSpec, get_gpu
 from tuner.models import ModelSpec, load_model
 from tuner.operating_point import RouterChoice, choose_router_policy
-from tuner.perf import Calibration, RooflineModel, candidate_topologies
+from tuner.perf import Calibration, RooflineModel, calibrated, candidate_topologies
 from tuner.replay import Sla as ReplaySla
 from tuner.router import RouterPolicy
 from tuner.topology import Topology, knob_default

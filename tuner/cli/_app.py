@@ -77,8 +77,8 @@ def as_flags(names: dict[str, str]) -> Iterator[None]:
 
 def calibration_for(gpu_name: str, path: Path | None) -> Calibration:
     """The GPU's default calibration with --calibration's factors over it (the file read by the library's guarded
-    reader, tuner.advise.calibrated)."""
-    from tuner.advise import calibrated
+    reader, tuner.perf.calibrated)."""
+    from tuner.perf import calibrated
 
     try:
         return calibrated(gpu_name, path)

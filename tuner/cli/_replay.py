@@ -16,49 +16,23 @@ from tuner.cli._app import (
     ModelArg,
     app,
     as_flags,
-    calibration_for,
     console,
     print_json,
 )
 from tuner.cli._knobs import DEPLOYMENT_FLAGS, knob_options
 from tuner.cli._traffic import WorkloadOpt, load_workload
-from tuner.deployment import parse_deployment
-from tuner.errors import ConfigError, TopotuneError
-from tuner.hardware import get_gpu
-from tuner.models import load_model
-from tuner.perf import RooflineModel
-from tuner.replay import ArrivalProcess, ReplayPlan, Sessions, Sla, check_router, replay
-from tuner.workload import Workload
+from tuner.replay import ReplayRequest, replay_stream
 
-
-def _arrival(traffic: Workload, *, request_rate: float | None, concurrency: int | None, arrival: str | None,
-             burstiness_cv: float) -> ArrivalProcess:
-    """--concurrency: a closed loop; --request-rate: open loop (poisson, gamma, or the trace's timestamps
-    rescaled); neither, with a timestamped trace: its own arrivals."""
-    if concurrency is not None and request_rate is not None:
-        raise ConfigError("give --request-rate or --concurrency, not both", field="--concurrency",
-                          fix="open loop at a rate, or a closed loop of clients")
-    if arrival is not None and arrival not in ("poisson", "gamma", "trace"):
-        raise ConfigError(f"unknown arrival {arrival!r}", field="--arrival", fix="use poisson, gamma or trace")
-    if concurrency is not None:
-        return ArrivalProcess("closed", concurrency=concurrency)
-    timestamps = traffic.trace is not None and traffic.trace.arrival_rps is not None
-    if request_rate is not None:
-        if request_rate <= 0:
-            raise ConfigError(f"must be positive, got {request_rate:g}", field="--request-rate",
-                              fix="give requests/s, e.g. 2.5")
-        kind = arrival or ("gamma" if burstiness_cv != 1.0 else "poisson")
-        return ArrivalProcess(kind, rate_rps=request_rate, cv=burstiness_cv)  # type: ignore[arg-type]
-    if arrival in (None, "trace") and timestamps:
-        return ArrivalProcess("trace")
-    raise ConfigError("no load given", field="--request-rate",
-                      fix="give --request-rate R (requests/s) or --concurrency C (clients); a trace with "
-                          "timestamps replays at its own rate")
+# The replay request's fields as this command's flags (its errors go through them).
+REPLAY_FLAGS: dict[str, str] = {**DEPLOYMENT_FLAGS, **{name: "--" + name.replace("_", "-") for name in (
+    "request_rate", "concurrency", "arrival", "burstiness_cv", "router", "turns", "think_ms", "num_requests",
+    "max_ttft_ms", "max_itl_ms", "long_prefill_token_threshold", "max_horizon_s", "seed", "workload")},
+    "warmup_share": "--warmup"}
 
 
 @app.command(name="replay")
 @knob_options()
-@as_flags(DEPLOYMENT_FLAGS)
+@as_flags(REPLAY_FLAGS)
 def replay_command(
     model: ModelArg,
     hardware: HardwareOpt = "gb300",
@@ -97,33 +71,23 @@ def replay_command(
 ) -> None:
     """Replay a request stream through a deployment as vLLM's scheduler runs it: per-request TTFT and ITL."""
     traffic = load_workload(workload, isl=isl, osl=osl, concurrency=(1,))
-    process = _arrival(traffic, request_rate=request_rate, concurrency=concurrency, arrival=arrival,
-                       burstiness_cv=burstiness_cv)
-    spec = load_model(model)
-    gpu = get_gpu(hardware, hardware_file)
-    try:
-        deployed = parse_deployment(deployment, **knobs or {})
-    except TopotuneError as exc:
-        raise exc.renamed({"deployment": "--deployment", "topology": "--deployment"}) from None
-    for group in deployed.groups:
-        group.topology.check(spec)
-    perf = RooflineModel(spec, gpu, calibration_for(gpu.name, calibration))
-    plan = ReplayPlan(deployment=deployed, workload=traffic, arrival=process, router=check_router(router),
-                      num_requests=num_requests, warmup_share=warmup,
-                      sessions=Sessions(turns=turns, think_ms=think_ms) if turns else None,
-                      sla=Sla(max_ttft_ms=max_ttft_ms, max_itl_ms=max_itl_ms), seed=seed,
-                      long_prefill_token_threshold=long_prefill_token_threshold, max_horizon_s=max_horizon_s)
-    report = replay(perf, plan)
+    answer = replay_stream(ReplayRequest(
+        model=model, workload=traffic, deployment=deployment, hardware=hardware, hardware_file=hardware_file,
+        calibration=calibration, knobs=knobs or {}, request_rate=request_rate, concurrency=concurrency,
+        arrival=arrival, burstiness_cv=burstiness_cv, router=router, turns=turns,  # type: ignore[arg-type]
+        think_ms=think_ms, num_requests=num_requests, warmup_share=warmup, max_ttft_ms=max_ttft_ms,
+        max_itl_ms=max_itl_ms, long_prefill_token_threshold=long_prefill_token_threshold,
+        max_horizon_s=max_horizon_s, seed=seed))
+    report = answer.report
     if html is not None:
         from tuner.report import replay_figures, write_figures
 
-        write_figures(html, f"{spec.name}: {report.deployment}, {report.arrival}", replay_figures(report))
+        write_figures(html, f"{answer.model}: {report.deployment}, {report.arrival}", replay_figures(report))
     if json_out:
-        print_json({"model": spec.name, "gpu": gpu.name, "workload": traffic.describe(load=False),
-                    **report.as_json()})
+        print_json(answer.as_json())
         return
-    table = Table(title=f"{spec.name} on {report.num_gpus} x {gpu.name}, {report.deployment}: "
-                        f"{traffic.describe(load=False)}; {report.arrival}", title_justify="left")
+    table = Table(title=f"{answer.model} on {report.num_gpus} x {answer.gpu}, {report.deployment}: "
+                        f"{answer.workload}; {report.arrival}", title_justify="left")
     for col in ("", "mean", "p50", "p90", "p99"):
         table.add_column(col, justify="right")
     for name, p in (("TTFT ms", report.ttft_ms), ("ITL ms", report.itl_ms), ("token gap ms", report.token_gap_ms),

@@ -27,6 +27,7 @@ from tuner.perf._sweep import (
     sweep_rate_curves,
 )
 from tuner.perf._traffic import SaturatedLevel, TrafficCurve, predict_traffic, prefix_hit_share
+from tuner.perf._user_factors import CalibrationSource, calibrated
 
 __all__ = [
     "DECODE_LADDER",
@@ -35,6 +36,7 @@ __all__ = [
     "AggregatedPoint",
     "BurstRun",
     "Calibration",
+    "CalibrationSource",
     "Curves",
     "DecodeStep",
     "FitResult",
@@ -51,6 +53,7 @@ __all__ = [
     "SaturatedLevel",
     "TrafficCurve",
     "accepted_tokens",
+    "calibrated",
     "candidate_topologies",
     "default_calibration",
     "factor_range",

@@ -10,17 +10,21 @@ from tuner.replay._engine import Engine, Sample, SchedulerLimits
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import Percentiles, QueueTrend, ReplayReport, RequestRecord, Sla, TimelinePoint
 from tuner.replay._router import check_router
+from tuner.replay._stream import ARRIVALS, ReplayAnswer, ReplayRequest, replay_stream
 from tuner.replay._verify import Candidate, Verified, VerifiedChoice, fewest_instances_for_rate, verify_candidates
 
 __all__ = [
+    "ARRIVALS",
     "MAX_REPLAY_REQUESTS",
     "ArrivalProcess",
     "Candidate",
     "Engine",
     "Percentiles",
     "QueueTrend",
+    "ReplayAnswer",
     "ReplayPlan",
     "ReplayReport",
+    "ReplayRequest",
     "RequestRecord",
     "Sample",
     "SchedulerLimits",
@@ -32,5 +36,6 @@ __all__ = [
     "check_router",
     "fewest_instances_for_rate",
     "replay",
+    "replay_stream",
     "verify_candidates",
 ]

@@ -43,13 +43,13 @@ class ArrivalProcess:
 
     def __post_init__(self) -> None:
         if self.kind == "closed" and self.concurrency < 1:
-            raise ConfigError("a closed loop needs a concurrency >= 1", field="--concurrency",
-                              fix="give --concurrency C (clients)")
+            raise ConfigError("a closed loop needs a concurrency >= 1", field="concurrency",
+                              fix="give `concurrency` C (clients)")
         if self.kind in ("poisson", "gamma") and not (self.rate_rps and self.rate_rps > 0):
-            raise ConfigError(f"{self.kind} arrivals need a rate", field="--request-rate",
-                              fix="give --request-rate R (requests/s)")
+            raise ConfigError(f"{self.kind} arrivals need a rate", field="request_rate",
+                              fix="give `request_rate` R (requests/s)")
         if self.kind == "gamma" and not (0 < self.cv <= 20):
-            raise ConfigError(f"burstiness CV must be in (0, 20], got {self.cv:g}", field="--burstiness-cv",
+            raise ConfigError(f"burstiness CV must be in (0, 20], got {self.cv:g}", field="burstiness_cv",
                               fix="give the inter-arrival coefficient of variation, e.g. 2 (1 = Poisson)")
 
     @property
@@ -75,10 +75,10 @@ class Sessions:
 
     def __post_init__(self) -> None:
         if not 1 <= self.turns <= 1000:
-            raise ConfigError(f"turns must be 1..1000, got {self.turns}", field="--turns",
+            raise ConfigError(f"turns must be 1..1000, got {self.turns}", field="turns",
                               fix="give the turns per conversation, e.g. 4")
         if not (self.think_ms >= 0 and math.isfinite(self.think_ms)):
-            raise ConfigError("think time must be >= 0 ms", field="--think-ms", fix="give milliseconds, e.g. 2000")
+            raise ConfigError("think time must be >= 0 ms", field="think_ms", fix="give milliseconds, e.g. 2000")
 
 
 def _chunk_units(key: tuple, first_block: int, last_block: int, block_size: int) -> list[Unit]:
@@ -188,8 +188,8 @@ def arrival_times_ms(count: int, process: ArrivalProcess, trace_ms: list[float |
     rng = np.random.default_rng(seed + 1)
     if process.kind == "trace":
         if trace_ms is None or any(t is None for t in trace_ms[:count]):
-            raise ConfigError("trace arrivals need a trace with timestamps", field="--arrival",
-                              fix="give a JSONL trace with timestamps, or --arrival poisson with --request-rate")
+            raise ConfigError("trace arrivals need a trace with timestamps", field="arrival",
+                              fix="give a JSONL trace with timestamps, or `arrival` poisson with `request_rate`")
         times = [float(t) - float(trace_ms[0]) for t in trace_ms[:count]]  # type: ignore[arg-type]
         if process.rate_rps and count > 1 and times[-1] > 0:
             scale = (count - 1) / process.rate_rps * 1e3 / times[-1]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right, insort
 
-from tuner.replay._requests import ReplayRequest
+from tuner.replay._requests import EngineRequest
 
 _EPS = 1e-9
 
@@ -51,14 +51,14 @@ class DecodeSet:
         self.blocks = 0  # blocks the members hold, as the pool counted them
         self.base_sum = 0  # sum of base + 1 + state over the members counted by phase
         self.phases: list[float] = []
-        self.excess: list[ReplayRequest] = []
-        self.finish: list[tuple[float, int, ReplayRequest]] = []
-        self.units: list[tuple[float, int, ReplayRequest]] = []
+        self.excess: list[EngineRequest] = []
+        self.finish: list[tuple[float, int, EngineRequest]] = []
+        self.units: list[tuple[float, int, EngineRequest]] = []
         self.joins: list[int] = []
-        self.members: dict[int, ReplayRequest] = {}
+        self.members: dict[int, EngineRequest] = {}
 
     # -- members -----------------------------------------------------------------------------------
-    def enter(self, r: ReplayRequest) -> None:
+    def enter(self, r: EngineRequest) -> None:
         """`r` (running, first token sampled, decoding) joins at the current counter, holding r.blocks."""
         g = self.g
         r.g0 = g0 = g - r.generated
@@ -80,21 +80,21 @@ class DecodeSet:
         r.in_decode = True
         self.watch_units(r)
 
-    def _count(self, r: ReplayRequest, phase: float) -> None:
+    def _count(self, r: EngineRequest, phase: float) -> None:
         insort(self.phases, phase)
         self.base_sum += r.d_base + 1 + self.state
 
-    def _formula(self, r: ReplayRequest, g: float) -> int:
+    def _formula(self, r: EngineRequest, g: float) -> int:
         gq, gm = divmod(g, self.bs)
         return r.d_base + 1 + self.state + int(gq) + (r.d_phase > self.bs - gm)
 
-    def held(self, r: ReplayRequest) -> int:
+    def held(self, r: EngineRequest) -> int:
         """The blocks member `r` holds now."""
         if self.g == r.g_entry:
             return r.blocks
         return max(r.blocks, self._formula(r, self.g))
 
-    def leave(self, r: ReplayRequest) -> None:
+    def leave(self, r: EngineRequest) -> None:
         """`r` leaves the batch with its state written back (generated, computed, blocks)."""
         g = self.g
         blocks = self.held(r)
@@ -118,7 +118,7 @@ class DecodeSet:
         if not self.n:
             self.clear()
 
-    def watch_units(self, r: ReplayRequest) -> None:
+    def watch_units(self, r: EngineRequest) -> None:
         """Heap the counter value at the end of the step that caches r's next cacheable unit, if it has one left:
         the step that starts with r's num_tokens (prompt + g - g0) covering the unit."""
         if r.units and r.published < len(r.units):
@@ -162,7 +162,7 @@ class DecodeSet:
                 self.excess.remove(r)
                 self._count(r, r.d_phase)
 
-    def finished(self) -> list[ReplayRequest]:
+    def finished(self) -> list[EngineRequest]:
         """Members whose answer is complete at the current counter (not yet removed)."""
         out = []
         finish, g = self.finish, self.g
@@ -177,7 +177,7 @@ class DecodeSet:
                 break
         return out
 
-    def units_now(self, g: float) -> list[ReplayRequest]:
+    def units_now(self, g: float) -> list[EngineRequest]:
         """Members whose next unit the steps up to counter g may cache (the caller checks and publishes)."""
         out = []
         units = self.units

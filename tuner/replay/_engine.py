@@ -61,7 +61,7 @@ from tuner.errors import ConfigError
 from tuner.replay._decoding import DecodeSet
 from tuner.replay._gaps import TokenGaps
 from tuner.replay._kvcache import BlockPool
-from tuner.replay._requests import ReplayRequest
+from tuner.replay._requests import EngineRequest
 
 _EPS = 1e-9
 
@@ -105,16 +105,16 @@ class Engine:
     """The scheduler and KV cache of one DP rank; `advance` runs the next step (or stretch)."""
 
     def __init__(self, name: str, pricer: Pricer, limits: SchedulerLimits, *,
-                 transfer_ms: Callable[[ReplayRequest], float] | None = None, front_output_ms: float = 0.0,
+                 transfer_ms: Callable[[EngineRequest], float] | None = None, front_output_ms: float = 0.0,
                  shared_host_ms: tuple[float, float] = (0.0, 0.0)) -> None:
         self.name = name
         self.pricer = pricer
         self.limits = limits
         self.pool = BlockPool(limits.num_blocks)
         self.clock = 0.0
-        self.waiting: deque[ReplayRequest] = deque()
-        self.running: list[ReplayRequest] = []
-        self.transferring: list[ReplayRequest] = []  # PD decode: blocks held, KV on its way
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.transferring: list[EngineRequest] = []  # PD decode: blocks held, KV on its way
         self.transfer_ms = transfer_ms
         self._samples: list[tuple[float, int, int, int]] = []  # (t_ms, waiting, running, used blocks) per step
         self.steps = 0
@@ -136,11 +136,11 @@ class Engine:
         self._joins = 0
         self.gaps = TokenGaps(limits.stream_interval, self.accepted)  # streamed chunks' gaps (measured requests)
         self._regular = 0  # this step's gaps of one step time (requests that got a token in the step before)
-        self._pending: list[ReplayRequest] = []  # joined the batch after a step that skipped them
+        self._pending: list[EngineRequest] = []  # joined the batch after a step that skipped them
         self.front_output_ms = front_output_ms  # the front end's time per request output of a step (0: none)
         self.front_free_ms = -math.inf  # when the front end has handed on every output so far
         self._outputs = 0  # this step's request outputs (requests given a token), with a front-end cost
-        self._firsts: list[ReplayRequest] = []  # this step's first tokens, with a front-end cost
+        self._firsts: list[EngineRequest] = []  # this step's first tokens, with a front-end cost
         # the step's host time on the front end's core (per step, per decoding request; ms): shared with the front
         # end while it is busy (`_share_core`); only with a front-end cost (else it is never busy)
         self._host_step_ms, self._host_request_ms = shared_host_ms
@@ -176,7 +176,7 @@ class Engine:
     def kv_usage(self) -> float:
         return self.pool.used_blocks / self.pool.num_blocks if self.pool.num_blocks else 0.0
 
-    def add(self, request: ReplayRequest, t_ms: float) -> None:
+    def add(self, request: EngineRequest, t_ms: float) -> None:
         """A request reaches this rank's waiting queue at `t_ms`; the engine takes it in (`queued_ms`) then, or when
         the step running at `t_ms` ends (see RequestRecord.queued_ms)."""
         if not (self.running or self.waiting or self.transferring) and t_ms > self.clock:
@@ -188,7 +188,7 @@ class Engine:
     def _blocks_for(self, tokens: float) -> int:
         return -int(-(tokens - _EPS) // self.limits.block_size) if tokens > 0 else 0
 
-    def _grow(self, r: ReplayRequest, slots: float) -> bool:
+    def _grow(self, r: EngineRequest, slots: float) -> bool:
         if slots <= (r.blocks - self._state) * self._bs + _EPS and r.blocks:
             return True
         need = self._blocks_for(slots) + self._state - r.blocks
@@ -200,7 +200,7 @@ class Engine:
         r.own_blocks += need
         return True
 
-    def _publish(self, r: ReplayRequest, tokens: float) -> None:
+    def _publish(self, r: EngineRequest, tokens: float) -> None:
         """Cache the request's units its first `tokens` tokens complete: a step's scheduled tokens, capped at the
         request's num_tokens, are cached when the step is scheduled (see the module doc), in scheduling order."""
         units = r.units
@@ -216,19 +216,19 @@ class Engine:
             r.published += 1
             r.published_end = end
 
-    def _publish_step(self, r: ReplayRequest, new: float) -> None:
+    def _publish_step(self, r: EngineRequest, new: float) -> None:
         """Cache what a running request's scheduled step completes: its computed tokens and the step's `new`,
         capped at num_tokens (vLLM's `allocate_slots`: min(num_computed + num_new, num_tokens))."""
         end, tokens = r.computed + new, r.prompt_tokens + r.generated
         self._publish(r, end if end < tokens else tokens)
 
-    def _free(self, r: ReplayRequest) -> None:
+    def _free(self, r: EngineRequest) -> None:
         self.pool.release(r.held, r.own_blocks)
         r.held = []
         r.blocks = r.own_blocks = 0
         r.published = r.published_end = 0
 
-    def _preempt(self) -> ReplayRequest:
+    def _preempt(self) -> EngineRequest:
         victim = self.running.pop()
         self._free(victim)
         victim.computed = 0.0
@@ -238,7 +238,7 @@ class Engine:
         return victim
 
     # -- one step ----------------------------------------------------------------------------------
-    def advance(self, limit_ms: float) -> list[ReplayRequest]:
+    def advance(self, limit_ms: float) -> list[EngineRequest]:
         """Run the next step, or a closed-form stretch of decode steps ending at the first step end at or after
         `limit_ms` (or at the next event); returns the requests that finished."""
         if self.transferring:
@@ -260,7 +260,7 @@ class Engine:
                 still.append(r)
         self.transferring = still
 
-    def _join(self, r: ReplayRequest) -> None:
+    def _join(self, r: EngineRequest) -> None:
         """Append to the running list, which stays in join order; the first time, the step starting now is the
         one that first schedules it (`scheduled_ms`, vLLM's SCHEDULED event: a preempted request's return is not)."""
         if r.scheduled_ms is None:
@@ -279,7 +279,7 @@ class Engine:
             decode.leave(r)
         self._pending = []
 
-    def _enter(self, r: ReplayRequest) -> None:
+    def _enter(self, r: EngineRequest) -> None:
         """`r` joins the decode batch; if the step that just ended skipped it, its next gap is its own."""
         self.decode.enter(r)
         if r.last_token_ms != self.clock:
@@ -321,7 +321,7 @@ class Engine:
             if not r.in_decode and r.generated >= 1 and r.prompt_tokens + r.generated - r.computed <= 1.0 + _EPS:
                 self._enter(r)
 
-    def _admissible(self, r: ReplayRequest) -> bool:
+    def _admissible(self, r: EngineRequest) -> bool:
         """Whether the head of the queue would be admitted now (blocks only; the caller checked the rest)."""
         if r.remote:
             return self._blocks_for(r.prompt_tokens + 1) + self.limits.state_blocks <= self.pool.available_blocks
@@ -332,12 +332,12 @@ class Engine:
                 full -= u.blocks
         return full <= self.pool.available_blocks
 
-    def _hits(self, r: ReplayRequest) -> list:
+    def _hits(self, r: EngineRequest) -> list:
         if not self.limits.prefix_caching or not r.units:
             return []
         return self.pool.lookup(r.units, int(r.num_tokens - 1) // self.limits.block_size)
 
-    def _step(self, limit_ms: float) -> list[ReplayRequest]:
+    def _step(self, limit_ms: float) -> list[EngineRequest]:
         if self.decode.n:
             done = self._step_batched()
             if done is not None:
@@ -347,12 +347,12 @@ class Engine:
         self._regroup()
         return done
 
-    def _step_each(self, limit_ms: float) -> list[ReplayRequest]:
+    def _step_each(self, limit_ms: float) -> list[EngineRequest]:
         """One step, request by request (the reference the batched step must equal)."""
         lim = self.limits
         budget = float(lim.max_num_batched_tokens)
         threshold = lim.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
-        scheduled: list[tuple[ReplayRequest, float, bool]] = []
+        scheduled: list[tuple[EngineRequest, float, bool]] = []
         preempted = False
         running = self.running
         i = 0
@@ -443,7 +443,7 @@ class Engine:
             budget -= new
         return budget
 
-    def _idle(self, limit_ms: float) -> list[ReplayRequest]:
+    def _idle(self, limit_ms: float) -> list[EngineRequest]:
         """Nothing could run: wait for a KV transfer to land, or the request can never fit."""
         if self.transferring:
             self.clock = max(self.clock, min(min(r.ready_ms for r in self.transferring), max(limit_ms, self.clock)))
@@ -457,7 +457,7 @@ class Engine:
                     "--gpu-memory-utilization)")
         return []
 
-    def _execute(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> list[ReplayRequest]:
+    def _execute(self, scheduled: list[tuple[EngineRequest, float, bool]]) -> list[EngineRequest]:
         if self.log is not None:
             self.log.append({r.rid: new for r, new, _ in scheduled})
         before = self.clock
@@ -467,7 +467,7 @@ class Engine:
             self._record(ms)
         return self._finish(finished)
 
-    def _update(self, r: ReplayRequest, new: float, decoding: bool, before: float) -> bool:
+    def _update(self, r: EngineRequest, new: float, decoding: bool, before: float) -> bool:
         """A scheduled request after the step that started at `before`: its tokens, first token, the gap since
         its last token (vLLM streams every step's new tokens at once); whether it finished (its units were
         cached when the step was scheduled)."""
@@ -494,7 +494,7 @@ class Engine:
         r.last_token_ms = self.clock
         return r.generated >= r.output_tokens - _EPS
 
-    def _finish(self, finished: list[ReplayRequest]) -> list[ReplayRequest]:
+    def _finish(self, finished: list[EngineRequest]) -> list[EngineRequest]:
         now = self.clock
         if finished:
             running = self.running
@@ -509,7 +509,7 @@ class Engine:
                               - pool.evictable_blocks))
         return finished
 
-    def _front_step(self, finished: list[ReplayRequest]) -> None:
+    def _front_step(self, finished: list[EngineRequest]) -> None:
         """The front end takes this step's outputs (after its earlier ones); its first and last tokens are seen
         when it is done."""
         if self._outputs:
@@ -659,7 +659,7 @@ class Engine:
             return k
         return steps if steps >= 1 else 1
 
-    def _stretch(self, k: int) -> list[ReplayRequest]:
+    def _stretch(self, k: int) -> list[EngineRequest]:
         decode = self.decode
         g = decode.g + k * self.accepted
         blocks = decode.blocks_at(g)
@@ -689,7 +689,7 @@ class Engine:
         self.steps += k
         return before, first, slope
 
-    def _decoded(self) -> list[ReplayRequest]:
+    def _decoded(self) -> list[EngineRequest]:
         """After the batch advanced: publish the units its requests completed, take out the finished ones."""
         decode = self.decode
         if decode.units:
@@ -699,19 +699,19 @@ class Engine:
             return self._leave_finished()
         return []
 
-    def _units_due(self, g: float) -> list[ReplayRequest]:
+    def _units_due(self, g: float) -> list[EngineRequest]:
         """The batch's members whose steps up to the one ending at counter g cache a unit, in running order."""
         decode = self.decode
         return sorted(decode.units_now(g), key=_join_order) if decode.units_due(g) else []
 
-    def _publish_batch(self, due: list[ReplayRequest], g_start: float) -> None:
+    def _publish_batch(self, due: list[EngineRequest], g_start: float) -> None:
         """Cache what the members' num_tokens at counter `g_start` (their last step's start) complete."""
         decode = self.decode
         for r in due:
             self._publish(r, r.prompt_tokens + (g_start - r.g0))
             decode.watch_units(r)
 
-    def _leave_finished(self) -> list[ReplayRequest]:
+    def _leave_finished(self) -> list[EngineRequest]:
         """The batch's finished requests, out of it with their state, in running order."""
         decode = self.decode
         finished = decode.finished()
@@ -721,7 +721,7 @@ class Engine:
                 decode.leave(r)
         return finished
 
-    def _stretch_each(self, k: int) -> list[ReplayRequest]:
+    def _stretch_each(self, k: int) -> list[EngineRequest]:
         """A stretch, request by request (the reference the batched stretch must equal)."""
         before, first, slope = self._stretch_clock(k)
         if self.front_output_ms:
@@ -751,7 +751,7 @@ class Engine:
         return self._finish(finished)
 
     # -- a step with the decode batch held together -------------------------------------------------
-    def _step_batched(self) -> list[ReplayRequest] | None:
+    def _step_batched(self) -> list[EngineRequest] | None:
         """The step `_step_each` would run, when it preempts nothing and every decode gets its tokens: the
         batch's requests take 1 + drafts tokens each; the others (prefilling, or a PD decode's first step)
         are scheduled one by one in their place in the running order; then admission. None: run it one by one."""
@@ -793,7 +793,7 @@ class Engine:
         if 0 < threshold < q:
             return None
         outside = len(running) - decode.n
-        others: list[tuple[ReplayRequest, float, bool, float]] = []
+        others: list[tuple[EngineRequest, float, bool, float]] = []
         if outside:
             for r in reversed(running):
                 if not r.in_decode:
@@ -822,7 +822,7 @@ class Engine:
         left = budget - spent - q * decode.n
         return (others, left, need) if left >= 0 else None
 
-    def _publish_scheduled(self, scheduled: list[tuple[ReplayRequest, float, bool]], g: float) -> None:
+    def _publish_scheduled(self, scheduled: list[tuple[EngineRequest, float, bool]], g: float) -> None:
         """The running requests' units this step caches, before admission and in running order: the batch's
         (its step ends at counter g) and the others' (their scheduled tokens, capped at num_tokens)."""
         due = self._units_due(g)
@@ -836,7 +836,7 @@ class Engine:
             elif r.units and r.published < len(r.units):
                 self._publish_step(r, new)
 
-    def _execute_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]]) -> float:
+    def _execute_batched(self, scheduled: list[tuple[EngineRequest, float, bool]]) -> float:
         """Price and clock the step: the batch's decodes from its sums, the others one by one; its time."""
         decode = self.decode
         if self.log is not None:
@@ -845,7 +845,7 @@ class Engine:
             self.log.append({rid: new for _, rid, new in batch})
         return self._clock_step(scheduled, decode.n, decode.context_sum())
 
-    def _clock_step(self, scheduled: list[tuple[ReplayRequest, float, bool]], decode_n: int,
+    def _clock_step(self, scheduled: list[tuple[EngineRequest, float, bool]], decode_n: int,
                     context: float) -> float:
         """Price one step (`decode_n` decodes of summed context `context` besides the scheduled requests) and
         move the clock by it; its time."""
@@ -867,8 +867,8 @@ class Engine:
         self.steps += 1
         return ms
 
-    def _finish_batched(self, scheduled: list[tuple[ReplayRequest, float, bool]], before: float,
-                        ms: float) -> list[ReplayRequest]:
+    def _finish_batched(self, scheduled: list[tuple[EngineRequest, float, bool]], before: float,
+                        ms: float) -> list[EngineRequest]:
         """The others' tokens, the finished (in running order), and the requests that now decode joining the
         batch."""
         done = [r for r, new, decoding in scheduled if self._update(r, new, decoding, before)]
@@ -886,5 +886,5 @@ class Engine:
         return self._finish(finished)
 
 
-def _join_order(r: ReplayRequest) -> int:
+def _join_order(r: EngineRequest) -> int:
     return r.join

@@ -46,13 +46,14 @@ from tuner.replay._report import (
     downsample,
     queue_trend,
 )
-from tuner.replay._requests import ReplayRequest, RequestSpec
+from tuner.replay._requests import EngineRequest, RequestSpec
 from tuner.replay._router import DpBalancer, Router, check_router
 from tuner.router import RouterPolicy
 from tuner.topology import Role
 from tuner.workload import Workload
 
 DEFAULT_SAMPLED_REQUESTS = 1000
+MAX_REPLAY_GPUS = 16_384  # every rank is an engine object: a fleet past this is a slice's traffic replayed
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,14 @@ class ReplayPlan:
     def __post_init__(self) -> None:
         if self.num_requests is not None and not 1 <= self.num_requests <= MAX_REPLAY_REQUESTS:
             raise ConfigError(f"{self.num_requests:,} requests; a replay takes 1..{MAX_REPLAY_REQUESTS:,}",
-                              field="--num-requests", fix="replay a representative window of the traffic")
+                              field="num_requests", fix="replay a representative window of the traffic")
         if not 0.0 <= self.warmup_share < 1.0:
-            raise ConfigError(f"warm-up share must be in [0, 1), got {self.warmup_share:g}", field="--warmup",
+            raise ConfigError(f"warm-up share must be in [0, 1), got {self.warmup_share:g}", field="warmup_share",
                               fix="give the share of requests replayed before measuring, e.g. 0.1")
+        if self.deployment.num_gpus > MAX_REPLAY_GPUS:
+            raise ConfigError(f"{self.deployment.num_gpus:,} GPUs; a replay simulates up to {MAX_REPLAY_GPUS:,}",
+                              field="deployment", fix="replay one slice of the fleet (the router's share of the "
+                              "traffic through fewer instances)")
         object.__setattr__(self, "router", check_router(self.router))  # either spelling in, the enum kept
 
 
@@ -116,9 +121,9 @@ def _instances(perf: RooflineModel, plan: ReplayPlan, isl: int, osl: int) -> lis
                                  num_blocks=max(1, memory.num_gpu_blocks // token_groups - 1),  # vLLM's null block
                                  mtp=topo.mtp, prefix_caching=plan.prefix_caching, state_blocks=state_blocks,
                                  stream_interval=topo.stream_interval)
-        transfer: Callable[[ReplayRequest], float] | None = None
+        transfer: Callable[[EngineRequest], float] | None = None
         if group.role is Role.DECODE:
-            def transfer(r: ReplayRequest, _s=state) -> float:
+            def transfer(r: EngineRequest, _s=state) -> float:
                 return perf.kv_transfer_ms(_s, r.prompt_tokens)
         for i in range(group.count):
             engines = [Engine(f"{group.role.value} instance {i} rank {rank}", pricer, limits, transfer_ms=transfer,
@@ -135,8 +140,8 @@ def _requests(plan: ReplayPlan, block_size: int) -> tuple[list[RequestSpec], boo
     if w.trace is not None:
         specs = trace_requests(w.trace.path, block_size, plan.num_requests, w.trace.block_tokens)
         if plan.sessions is not None:
-            raise ConfigError("a trace carries its own turns (hash_ids re-send the history)", field="--turns",
-                              fix="drop --turns with a trace, or replay a distribution as sessions")
+            raise ConfigError("a trace carries its own turns (hash_ids re-send the history)", field="turns",
+                              fix="drop `turns` with a trace, or replay a distribution as sessions")
         return specs, all(s.arrival_ms is not None for s in specs)
     count = plan.num_requests or DEFAULT_SAMPLED_REQUESTS
     return sampled_requests(w, count, block_size, plan.seed, plan.sessions), False
@@ -150,7 +155,7 @@ def replay(perf: RooflineModel, plan: ReplayPlan) -> ReplayReport:
     block_size = instances[0].engines[0].limits.block_size
     specs, _ = _requests(plan, block_size)
     if len(specs) > MAX_REPLAY_REQUESTS:
-        raise ConfigError(f"more than {MAX_REPLAY_REQUESTS:,} requests", field="--num-requests",
+        raise ConfigError(f"more than {MAX_REPLAY_REQUESTS:,} requests", field="num_requests",
                           fix="replay a representative window of the traffic")
     return _Run(perf, plan, instances, specs).run()
 
@@ -172,7 +177,7 @@ class _Run:
         self.engine_instance = {id(e): i for i in instances for e in i.engines}
         self.heap: list[tuple[float, int, int, object]] = []
         self.seq = 0
-        self.requests: list[ReplayRequest] = []
+        self.requests: list[EngineRequest] = []
         self.sent_order: list[tuple[float, int]] = []  # (sent, in flight then) for the queue trend
         self.in_flight = 0
         self.specs = specs
@@ -208,7 +213,7 @@ class _Run:
         self.seq += 1
 
     def _send(self, spec: RequestSpec, t: float, rest: tuple[RequestSpec, ...]) -> None:
-        r = ReplayRequest(rid=len(self.requests), spec=spec, sent_ms=t, prompt_tokens=spec.prompt_tokens,
+        r = EngineRequest(rid=len(self.requests), spec=spec, sent_ms=t, prompt_tokens=spec.prompt_tokens,
                           output_tokens=1 if self.pd else spec.output_tokens, units=spec.units)
         r.warmup = len(self.requests) < self.warmup
         r.rest = rest
@@ -224,7 +229,7 @@ class _Run:
         self.next_group += 1
         self._send(group[0], t, tuple(group[1:]))
 
-    def _route(self, r: ReplayRequest, t: float) -> None:
+    def _route(self, r: EngineRequest, t: float) -> None:
         if r.remote:
             index = self.decode_router.pick(r.spec, [i.in_flight for i in self.back])  # type: ignore[union-attr]
             inst = self.back[index]
@@ -236,7 +241,7 @@ class _Run:
         engine = inst.engines[inst.balancer.pick(inst.engines)]
         engine.add(r, t)
 
-    def _finished(self, engine: Engine, r: ReplayRequest) -> None:
+    def _finished(self, engine: Engine, r: EngineRequest) -> None:
         inst = self.engine_instance[id(engine)]
         inst.in_flight -= 1
         t = r.finish_ms or engine.clock
@@ -245,7 +250,7 @@ class _Run:
         if self.pd and not r.remote:
             # the prefill side is done: the request moves to a decode instance with its KV
             r.prefill_done_ms = t
-            d = ReplayRequest(rid=r.rid, spec=r.spec, sent_ms=r.sent_ms, prompt_tokens=r.prompt_tokens,
+            d = EngineRequest(rid=r.rid, spec=r.spec, sent_ms=r.sent_ms, prompt_tokens=r.prompt_tokens,
                               output_tokens=r.spec.output_tokens, units=r.units, remote=True,
                               hit_tokens=r.hit_tokens, warmup=r.warmup, preemptions=r.preemptions)
             d.rest = r.rest
@@ -320,8 +325,8 @@ class _Run:
             f"replay stopped at {t_ms / 1e3:,.0f} s simulated, far past the last request sent at "
             f"{self.last_send_ms / 1e3:,.0f} s: {len(done):,} of {len(self.specs):,} requests answered "
             f"(TTFT p50 {ttft.p50:,.0f} ms, p90 {ttft.p90:,.0f} ms so far), {self.in_flight:,} in flight; the "
-            "offered load is far past what the deployment carries", field="--max-horizon-s",
-            fix="lower --request-rate, add instances, or raise --max-horizon-s to replay the backlog to its end")
+            "offered load is far past what the deployment carries", field="max_horizon_s",
+            fix="lower `request_rate`, add instances, or raise `max_horizon_s` to replay the backlog to its end")
 
     # -- the report --------------------------------------------------------------------------------
     def _report(self) -> ReplayReport:
@@ -344,7 +349,7 @@ class _Run:
                 instance=front.instance if front is not None else r.instance, queued_ms=scheduled - r.queued_ms,
                 prefill_ms=first - scheduled))
         if not records:
-            raise ConfigError("no request was measured", field="--warmup", fix="lower the warm-up share")
+            raise ConfigError("no request was measured", field="warmup_share", fix="lower `warmup_share`")
         start = min(r.sent_ms for r in records)
         end = max(r.sent_ms + r.e2e_ms for r in records)
         duration_s = max(1e-9, (end - start) / 1e3)

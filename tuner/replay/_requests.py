@@ -1,4 +1,4 @@
-"""A request as the replay sees it: what it asks for (`RequestSpec`) and how far it got (`ReplayRequest`)."""
+"""A request as the replay sees it: what it asks for (`RequestSpec`) and how far it got (`EngineRequest`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class RequestSpec:
 
 
 @dataclass(slots=True, eq=False)
-class ReplayRequest:
+class EngineRequest:
     """A request inside one engine (vLLM's `Request`: num_computed_tokens, output tokens, its blocks)."""
 
     rid: int
@@ -61,7 +61,7 @@ class ReplayRequest:
     warmup: bool = False
     rest: tuple[RequestSpec, ...] = ()  # the session's later turns, sent once this one is answered
     instance: int = 0  # the instance the router picked
-    front: ReplayRequest | None = None  # PD: the prefill side of this request
+    front: EngineRequest | None = None  # PD: the prefill side of this request
     join: int = -1  # when it joined its engine's running list (that list is in join order)
     in_decode: bool = False  # a member of the engine's DecodeSet: generated, computed, blocks are held there
     g0: float = 0.0  # DecodeSet: generated = counter - g0

@@ -26,7 +26,7 @@ BALANCE_ABS_THRESHOLD = 32
 BALANCE_REL_THRESHOLD = 1.1
 
 
-def check_router(name: str, field: str = "--router") -> RouterPolicy:
+def check_router(name: str, field: str = "router") -> RouterPolicy:
     """The replayed policy `name` names (vllm-router's spelling, or the older hyphenated one)."""
     return RouterPolicy.parse(name, field=field, allowed=REPLAYED_POLICIES)
 

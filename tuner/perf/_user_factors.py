@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from tuner._yaml import safe_load_bounded
 from tuner.errors import ConfigError, config_error
 from tuner.files import read_text
-from tuner.perf import Calibration, default_calibration
+from tuner.perf._calibration import Calibration, default_calibration
 
 MAX_CALIBRATION_FILE_BYTES = 64 * 1024  # a mapping of two dozen factors
 FACTOR_LIST = "the factor list in docs/perf-model.md"
