@@ -2,6 +2,8 @@
 #   make demo   the main job: a study on the built-in simulator (SQLite storage, a local Ray)
 #   make test   ruff + the whole test suite (CI runs exactly this through .ci/run)
 # `make test PYTEST_ARGS=--skip-slow` skips the real-process tests (real vLLM on CPU, multi-node Ray).
+# `make test` runs pytest twice: the tests not marked slow on TEST_WORKERS processes (pytest-xdist), then the slow
+# ones (and the few marked serial) alone, one at a time; PYTEST_ARGS goes to both, and it fails if either part fails.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -65,10 +67,24 @@ aisimulate: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Two parts (docs/README.md#the-test-suite): the non-slow tests on TEST_WORKERS pytest-xdist workers (--dist worksteal:
+# each worker starts with one contiguous half of the tests, so a module's fixtures are mostly built once, and takes
+# tests from the other's queue when its own runs out), then the slow real-process tests and the `serial` ones (Ray
+# heads that must start within Ray's fixed 30 s) in one process, alone on the machine. The second part runs after any
+# outcome of the first but an interrupted or unusable run (exit 2-4); a part that selects nothing (exit 5: PYTEST_ARGS
+# naming only non-slow tests, say) is not a failure unless both select nothing.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	@case "$(PYTEST_ARGS)" in *--skip-slow*) ;; *) $(MAKE) --no-print-directory cpu-vllm prometheus ;; esac
-	TOPOTUNE_ENVS_DIR=$(CPU_ENVS) $(BIN)/pytest $(PYTEST_ARGS)
+	@export TOPOTUNE_ENVS_DIR=$(CPU_ENVS); \
+	echo "== make test, part 1 of 2: not slow (nor serial), on $(TEST_WORKERS) workers"; \
+	$(BIN)/pytest -m "not slow and not serial" -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS); one=$$?; \
+	case $$one in 0|1|5) ;; *) echo "== make test: part 1 ended with exit $$one; part 2 not run"; exit $$one ;; esac; \
+	echo "== make test, part 2 of 2: slow and serial, one at a time"; \
+	$(BIN)/pytest -m "slow or serial" $(PYTEST_ARGS); two=$$?; \
+	echo "== make test: part 1 exit $$one, part 2 exit $$two (0 passed, 1 failed, 5 none selected)"; \
+	case $$one$$two in 55) exit 5 ;; *[!05]*) [ $$one = 1 ] && exit 1; exit $$two ;; esac
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

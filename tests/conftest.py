@@ -25,11 +25,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--skip-slow") or os.environ.get("TOPOTUNE_SKIP_SLOW") == "1":
-        skip = pytest.mark.skip(reason="--skip-slow")
-        for item in items:
-            if "slow" in item.keywords:
-                item.add_marker(skip)
+    skip_slow = config.getoption("--skip-slow") or os.environ.get("TOPOTUNE_SKIP_SLOW") == "1"
+    for item in items:
+        if skip_slow and "slow" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="--skip-slow"))
+        # Serial: the 3-node cluster's raylets must register within Ray's fixed 30 s, which a second xdist worker's
+        # tests beside them pushed past (14 errors in one run); with the slow tests it is also built once, not twice.
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.serial)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist, Ray's token (~/.ray/auth_token) is made before the workers start: a machine's first local
+    Ray head writes it, and two first heads at once (one per worker) could each write their own, leaving one head's
+    processes with the other's token."""
+    config = session.config
+    if not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput"):
+        return  # one process, or a worker (the controller ran this before starting it)
+    if (Path.home() / ".ray" / "auth_token").is_file():
+        return  # the usual case: no need to import Ray here
+    from ray._private.authentication.authentication_token_setup import generate_and_save_token
+    from ray._raylet import AuthenticationTokenLoader
+
+    if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        generate_and_save_token()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def topotune_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """topotune's data folder (trial logs, HTML reports) in this test process's own temporary folder: not the
+    user's (~/.local/share/topotune), and not shared by two pytest-xdist workers tuning studies of one name."""
+    folder = tmp_path_factory.mktemp("topotune-data")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOPOTUNE_DATA_DIR", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")
