@@ -272,7 +272,10 @@ def main() -> None:
                            allowed_roots=[models, REPO / "search_spaces", spaces], max_parallel_studies=1)
     tracebacks = _Tracebacks()
     logging.getLogger().addHandler(tracebacks)
-    sock = socket.socket()  # bound here and handed to uvicorn: no window for another process to take the port
+    # bound here and handed to uvicorn: no window for another process to take the port;
+    # proto IPPROTO_TCP, not socket()'s 0: asyncio disables Nagle only on sockets whose proto says TCP
+    # (base_events._set_nodelay), and without it every keep-alive request waited ~44 ms for a delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=sock.getsockname()[1],
                                            log_level="warning"))

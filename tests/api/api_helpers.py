@@ -77,7 +77,9 @@ def served(app: Any) -> Iterator[str]:
     bound here and handed to uvicorn, so no other process can take the port between its choice and the bind."""
     import uvicorn
 
-    sock = socket.socket()
+    # proto IPPROTO_TCP, not socket()'s 0: asyncio disables Nagle only on sockets whose proto says TCP
+    # (base_events._set_nodelay), and without it every keep-alive request waited ~44 ms for a delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     # keep-alive longer than any pause a loaded machine puts between two polls: at uvicorn's 5 s the server can
