@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from api.models import ModelStatus, StudyStatus
+from tuner.replay import Arrival as ReplayArrival
 from tuner.space import StudyConstraints
 
 PhaseName = Literal["prefill", "decode", "aggregated"]
@@ -377,7 +378,7 @@ class ReplayCreate(_In):
     request_rate: float | None = Field(None, gt=0, le=1e6, description="open loop: requests/s for the deployment")
     concurrency: int | None = Field(None, ge=1, le=100_000, description="closed loop: clients, each sending its "
                                     "next request when its answer ends")
-    arrival: Literal["poisson", "gamma", "trace"] | None = Field(None, description="open-loop arrivals (gamma: "
+    arrival: ReplayArrival | None = Field(None, description="open-loop arrivals (gamma: "
                                                                  "bursty, at `burstiness_cv`)")
     burstiness_cv: float = Field(1.0, description="gamma arrivals: inter-arrival CV (1 = Poisson)")
     router: str = Field("cache_aware", max_length=32, description="cache_aware, round_robin or least_loaded")

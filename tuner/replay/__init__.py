@@ -10,12 +10,12 @@ from tuner.replay._engine import Engine, Sample, SchedulerLimits
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import Percentiles, QueueTrend, ReplayReport, RequestRecord, Sla, TimelinePoint
 from tuner.replay._router import check_router
-from tuner.replay._stream import ARRIVALS, ReplayAnswer, ReplayRequest, replay_stream
+from tuner.replay._stream import Arrival, ReplayAnswer, ReplayRequest, replay_stream
 from tuner.replay._verify import Candidate, Verified, VerifiedChoice, fewest_instances_for_rate, verify_candidates
 
 __all__ = [
-    "ARRIVALS",
     "MAX_REPLAY_REQUESTS",
+    "Arrival",
     "ArrivalProcess",
     "Candidate",
     "Engine",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from tuner.deployment import parse_deployment
 from tuner.errors import ConfigError
@@ -17,12 +17,11 @@ from tuner.perf import CalibrationSource, RooflineModel, calibrated
 from tuner.replay._arrivals import ArrivalProcess, Sessions
 from tuner.replay._replay import ReplayPlan, replay
 from tuner.replay._report import ReplayReport, Sla
-from tuner.replay._router import check_router
 from tuner.topology import KNOBS
 from tuner.workload import Workload
 
 Arrival = Literal["poisson", "gamma", "trace"]
-ARRIVALS: tuple[str, ...] = ("poisson", "gamma", "trace")
+ARRIVALS: tuple[str, ...] = get_args(Arrival)
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def replay_stream(request: ReplayRequest) -> ReplayAnswer:
     perf = RooflineModel(spec, gpu, calibrated(gpu.name, request.calibration))
     sessions = Sessions(turns=request.turns, think_ms=request.think_ms) if request.turns is not None else None
     plan = ReplayPlan(deployment=deployed, workload=request.workload, arrival=process,
-                      router=check_router(request.router), num_requests=request.num_requests,
+                      router=request.router, num_requests=request.num_requests,  # type: ignore[arg-type]
                       warmup_share=request.warmup_share,
                       sessions=sessions,
                       sla=Sla(max_ttft_ms=request.max_ttft_ms, max_itl_ms=request.max_itl_ms), seed=request.seed,
